@@ -1,0 +1,290 @@
+"""The inventory: hosts, the links between them, and the lanes that run on them.
+
+`hosts.yaml` is loaded into these pydantic models. Every way a file can be wrong ends in
+one `ConfigError` naming the file, the field and the fix, so the CLI can print one line
+and exit 2 instead of a traceback.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+# Values that end up on a command line are checked against these before they are quoted.
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+_SAFE_FLAG = re.compile(r"^[A-Za-z0-9_./:=,@+%{}\[\]\"' -]*$")
+
+
+class ConfigError(Exception):
+    """A bad configuration: says which file, which field, and how to fix it."""
+
+    def __init__(self, file: str | Path, field: str, problem: str, fix: str) -> None:
+        self.file, self.field, self.problem, self.fix = str(file), field, problem, fix
+        super().__init__(f"{file}: {field}: {problem}. Fix: {fix}")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class HostPaths(_Strict):
+    models: str = "."
+    artifacts: str = "artifacts"
+
+
+class Host(_Strict):
+    """A machine lanes run on. `transport: local` runs commands here; `ssh` reaches it over SSH."""
+
+    address: str = "127.0.0.1"
+    transport: Literal["local", "ssh"] = "local"
+    user: str | None = None
+    port: Annotated[int, Field(ge=1, le=65535)] = 22
+    gpus: Annotated[int, Field(ge=0)] = 0
+    paths: HostPaths = HostPaths()
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, v: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9.:-]+", v):
+            raise ValueError("must be a host name or an IP address (letters, digits, '.', ':', '-')")
+        return v
+
+
+class LinkEnd(_Strict):
+    host: str
+    interface: str
+    address: str
+
+
+class Link(_Strict):
+    """A direct cable between two hosts (e.g. the Spark1<->Spark2 RoCE link)."""
+
+    name: str
+    a: LinkEnd
+    b: LinkEnd
+    mtu: int | None = None
+    min_gbps: float | None = None
+
+
+class FileRef(_Strict):
+    """A model or drafter file with the size it must have (and optionally its sha256)."""
+
+    path: str
+    bytes: Annotated[int, Field(gt=0)] | None = None
+    sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")] | None = None
+    revision: str | None = None
+
+
+class Speculative(_Strict):
+    """Speculative decoding: the engine's method name and the draft width K."""
+
+    method: str = "draft-simple"
+    k: Annotated[int, Field(ge=1, le=64)] = 4
+
+
+class DecodePlan(_Strict):
+    concurrency: Annotated[list[Annotated[int, Field(ge=1, le=1024)]], Field(min_length=1)] = [1, 2, 4, 8]
+    max_tokens: Annotated[int, Field(ge=1)] = 64
+    requests_per_stream: Annotated[int, Field(ge=1)] = 2
+    prompts: str
+
+
+class AcceptancePlan(_Strict):
+    classes: Annotated[dict[str, str], Field(min_length=1)]
+    max_tokens: Annotated[int, Field(ge=1)] = 96
+    prompts_per_class: Annotated[int, Field(ge=1)] = 8
+
+
+class BenchPlan(_Strict):
+    repeats: Annotated[int, Field(ge=1, le=50)] = 3
+    decode: DecodePlan
+    acceptance: AcceptancePlan | None = None
+
+
+class CounterGate(_Strict):
+    """A metric or log counter that must meet a condition after a probe request.
+
+    With `metric`, the value is the counter's increase over the probe (a counter that did
+    not move reads 0). With `log_pattern`, the value is the named group `value` of the
+    last match in the boot log after the probe.
+    """
+
+    kind: Literal["counter"]
+    name: str
+    metric: str | None = None
+    log_pattern: str | None = None
+    op: Literal[">", ">=", "<", "<=", "==", "!="]
+    threshold: float
+
+    @model_validator(mode="after")
+    def _one_source(self) -> CounterGate:
+        if (self.metric is None) == (self.log_pattern is None):
+            raise ValueError("give exactly one of 'metric' or 'log_pattern'")
+        if self.log_pattern is not None:
+            try:
+                if "value" not in re.compile(self.log_pattern).groupindex:
+                    raise ValueError("log_pattern needs a named group (?P<value>...)")
+            except re.error as e:
+                raise ValueError(f"log_pattern is not a valid regular expression: {e}") from e
+        return self
+
+
+class CapacityGate(_Strict):
+    """Fails the boot when the bench asks for more concurrent requests than the server runs."""
+
+    kind: Literal["capacity"]
+    name: str = "capacity"
+
+
+Gate = Annotated[CounterGate | CapacityGate, Field(discriminator="kind")]
+
+
+class Lane(_Strict):
+    """One serving configuration on one or more hosts."""
+
+    host: str
+    engine: Literal["llamacpp", "sglang", "vllm"]
+    binary: str | None = None  # engine executable; llamacpp lanes default to the pinned local build
+    image: Annotated[str, Field(pattern=r"^[a-z0-9._/:-]+@sha256:[0-9a-f]{64}$")] | None = None
+    model: FileRef
+    drafter: FileRef | None = None
+    speculative: Speculative | None = None
+    port: Annotated[int, Field(ge=1024, le=65535)] = 18080
+    slots: Annotated[int, Field(ge=1)] = 4
+    context: Annotated[int, Field(ge=64)] = 4096
+    threads: Annotated[int, Field(ge=1)] | None = None
+    flags: list[str] = []
+    env: dict[str, str] = {}
+    boot_timeout_s: Annotated[float, Field(gt=0)] = 180.0
+    bench: BenchPlan
+    gates: list[Gate] = []
+
+    @field_validator("flags")
+    @classmethod
+    def _flags(cls, v: list[str]) -> list[str]:
+        for flag in v:
+            if not _SAFE_FLAG.fullmatch(flag):
+                raise ValueError(f"flag {flag!r} has characters not allowed on a command line ($, `, ;, |, &, <, >, newline)")
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        for key, value in v.items():
+            if not re.fullmatch(r"[A-Z_][A-Z0-9_]*", key):
+                raise ValueError(f"environment name {key!r} must be upper-case letters, digits and '_'")
+            if not _SAFE_FLAG.fullmatch(value):
+                raise ValueError(f"environment value of {key} has characters not allowed on a command line")
+        return v
+
+
+class Inventory(_Strict):
+    """Everything `hosts.yaml` declares, cross-checked (lanes name known hosts, links name known ends)."""
+
+    hosts: Annotated[dict[str, Host], Field(min_length=1)]
+    links: list[Link] = []
+    lanes: Annotated[dict[str, Lane], Field(min_length=1)]
+
+    @model_validator(mode="after")
+    def _references(self) -> Inventory:
+        for name in [*self.hosts, *self.lanes]:
+            if not _NAME.fullmatch(name):
+                raise ValueError(f"name {name!r} must be letters, digits, '_', '.', '-' (at most 63)")
+        for lane_name, lane in self.lanes.items():
+            if lane.host not in self.hosts:
+                raise _RefError(f"lanes.{lane_name}.host", f"names host {lane.host!r}, which is not under 'hosts'",
+                                f"use one of: {', '.join(self.hosts)}")
+        for i, link in enumerate(self.links):
+            for end in ("a", "b"):
+                host = getattr(link, end).host
+                if host not in self.hosts:
+                    raise _RefError(f"links[{i}].{end}.host", f"names host {host!r}, which is not under 'hosts'",
+                                    f"use one of: {', '.join(self.hosts)}")
+        return self
+
+
+class _RefError(ValueError):
+    def __init__(self, field: str, problem: str, fix: str) -> None:
+        self.field, self.problem, self.fix = field, problem, fix
+        super().__init__(problem)
+
+
+_FIXES = {
+    "missing": "add this field",
+    "extra_forbidden": "remove it, or check its spelling against the documented fields in hosts.yaml",
+    "literal_error": "use one of the allowed values",
+    "int_parsing": "use a whole number",
+    "int_type": "use a whole number",
+    "float_parsing": "use a number",
+    "string_pattern_mismatch": "write it in the documented form",
+    "greater_than": "use a larger value",
+    "greater_than_equal": "use a larger value",
+    "less_than_equal": "use a smaller value",
+    "too_short": "give at least one entry",
+    "dict_type": "write a mapping (key: value lines)",
+    "list_type": "write a list (- item lines)",
+    "union_tag_invalid": "use kind: counter or kind: capacity",
+    "union_tag_not_found": "add 'kind: counter' or 'kind: capacity'",
+}
+
+
+def _field_path(loc: tuple) -> str:
+    out = ""
+    for item in loc:
+        if isinstance(item, int):
+            out += f"[{item}]"
+        elif item in ("counter", "capacity") and out.endswith("]"):
+            continue  # the discriminated union's branch name, not a field
+        else:
+            out += ("." if out else "") + str(item)
+    return out or "(top level)"
+
+
+def load_inventory(path: str | Path) -> Inventory:
+    """Read and validate an inventory file; any problem is one ConfigError."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(path, "(file)", "no such file", "pass an existing file with --hosts, or run without --hosts for the rehearsal lane")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "(syntax)"
+        raise ConfigError(path, where, f"not valid YAML ({getattr(e, 'problem', e)})", "fix the YAML syntax at that place") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(path, "(top level)", "must be a mapping with 'hosts' and 'lanes'", "start from the shipped hosts.yaml")
+    try:
+        return Inventory.model_validate(raw)
+    except ValidationError as e:
+        err = e.errors()[0]
+        ctx_err = (err.get("ctx") or {}).get("error")
+        if isinstance(ctx_err, _RefError):
+            raise ConfigError(path, ctx_err.field, ctx_err.problem, ctx_err.fix) from None
+        field = _field_path(tuple(err["loc"]))
+        problem = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "literal_error":
+            fix = f"use {err['ctx']['expected']}"
+        else:
+            fix = _FIXES.get(err["type"], "correct the value as the message says")
+        more = len(e.errors()) - 1
+        if more:
+            problem += f" (and {more} more problem{'s' if more > 1 else ''} after this one)"
+        raise ConfigError(path, field, problem, fix) from None
+
+
+def check_prompt_files(inventory: Inventory, path: str | Path) -> None:
+    """Prompt sets are input, not preconditions: a missing one is a ConfigError before anything runs."""
+    base = Path(path).resolve().parent
+    for name, lane in inventory.lanes.items():
+        files = {f"lanes.{name}.bench.decode.prompts": lane.bench.decode.prompts}
+        if lane.bench.acceptance is not None:
+            files |= {f"lanes.{name}.bench.acceptance.classes.{c}": p for c, p in lane.bench.acceptance.classes.items()}
+        for field, rel in files.items():
+            target = Path(rel) if Path(rel).is_absolute() else base / rel
+            if not target.is_file():
+                raise ConfigError(path, field, f"prompt file {target} does not exist",
+                                  "point it at a JSONL file of {id, class, prompt} lines (paths are relative to this file)")

@@ -1,0 +1,110 @@
+"""Every class of bad input: one line naming file, field and fix; exit 2; no traceback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tasks.config import load_inventory
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def shipped() -> dict:
+    return yaml.safe_load((REPO / "hosts.yaml").read_text())
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "flows.cli", *args], capture_output=True, text=True, cwd=REPO,
+                          timeout=120)
+
+
+def write(tmp_path: Path, data: dict | str) -> Path:
+    path = tmp_path / "hosts.yaml"
+    path.write_text(data if isinstance(data, str) else yaml.safe_dump(data))
+    for name in ("testbed",):  # keep shipped relative paths valid from tmp_path
+        (tmp_path / name).symlink_to(REPO / name)
+    return path
+
+
+def test_shipped_inventory_is_valid():
+    inv = load_inventory(REPO / "hosts.yaml")
+    assert "rehearsal" in inv.lanes
+
+
+def _mutate(path: str, value):
+    def apply(d: dict) -> dict:
+        keys = path.split(".")
+        node = d
+        for k in keys[:-1]:
+            node = node[int(k)] if isinstance(node, list) else node[k]
+        last = keys[-1]
+        if value is KeyError:
+            del node[last]
+        elif isinstance(node, list):
+            node[int(last)] = value
+        else:
+            node[last] = value
+        return d
+    return apply
+
+
+CASES = {
+    # name: (mutation, field expected in message, words expected in the fix/problem)
+    "unknown field (typo)": (_mutate("lanes.rehearsal.enigne", "llamacpp"), "lanes.rehearsal.enigne", "remove it"),
+    "engine not supported": (_mutate("lanes.rehearsal.engine", "tgi"), "lanes.rehearsal.engine", "'llamacpp'"),
+    "port not a number": (_mutate("lanes.rehearsal.port", "eighty"), "lanes.rehearsal.port", "whole number"),
+    "port out of range": (_mutate("lanes.rehearsal.port", 80), "lanes.rehearsal.port", "larger value"),
+    "unknown host": (_mutate("lanes.rehearsal.host", "gb300"), "lanes.rehearsal.host", "localhost"),
+    "missing bench": (_mutate("lanes.rehearsal.bench", KeyError), "lanes.rehearsal.bench", "add this field"),
+    "shell metacharacters in a flag": (_mutate("lanes.rehearsal.flags", ["--foo", "x; rm -rf /"]),
+                                       "lanes.rehearsal.flags", "not allowed on a command line"),
+    "image without digest": (_mutate("lanes.rehearsal.image", "lmsysorg/sglang:latest"), "lanes.rehearsal.image",
+                             "documented form"),
+    "gate without a source": (_mutate("lanes.rehearsal.gates.0.metric", KeyError), "lanes.rehearsal.gates[0]",
+                              "exactly one of"),
+    "gate regex without value group": (_mutate("lanes.rehearsal.gates.0", {"kind": "counter", "name": "g",
+                                                                           "log_pattern": "steps=(\\d+)", "op": ">",
+                                                                           "threshold": 0}),
+                                       "lanes.rehearsal.gates[0]", "(?P<value>"),
+    "gate of unknown kind": (_mutate("lanes.rehearsal.gates.1", {"kind": "vibes"}), "lanes.rehearsal.gates[1]",
+                             "kind: counter"),
+    "empty concurrency list": (_mutate("lanes.rehearsal.bench.decode.concurrency", []),
+                               "lanes.rehearsal.bench.decode.concurrency", "at least one"),
+    "missing prompt file": (_mutate("lanes.rehearsal.bench.acceptance.classes.prose", "nope/prose.jsonl"),
+                            "lanes.rehearsal.bench.acceptance.classes.prose", "JSONL"),
+    "bad host address": (_mutate("hosts.localhost.address", "127.0.0.1; reboot"), "hosts.localhost.address",
+                         "host name or an IP"),
+    "bad sha256": (_mutate("lanes.rehearsal.model.sha256", "xyz"), "lanes.rehearsal.model.sha256", "documented form"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_invalid_config_class_gives_one_clear_error(tmp_path, case):
+    mutate, field, words = CASES[case]
+    path = write(tmp_path, mutate(shipped()))
+    r = run_cli("nightly", "--hosts", str(path), "--artifacts", str(tmp_path / "artifacts"))
+    assert r.returncode == 2, r.stderr
+    assert "Traceback" not in r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert str(path) in lines[0] and field in lines[0] and "Fix:" in lines[0] and words in lines[0], lines[0]
+    assert not (tmp_path / "artifacts").exists()  # nothing ran
+
+
+@pytest.mark.parametrize("text,where", [("hosts: [unclosed\n", "line"), ("- just\n- a list\n", "(top level)")])
+def test_malformed_yaml(tmp_path, text, where):
+    path = write(tmp_path, text)
+    r = run_cli("nightly", "--hosts", str(path))
+    assert r.returncode == 2 and "Traceback" not in r.stderr and where in r.stderr and "Fix:" in r.stderr
+
+
+def test_missing_file_and_unknown_lane(tmp_path):
+    r = run_cli("nightly", "--hosts", str(tmp_path / "absent.yaml"))
+    assert r.returncode == 2 and "absent.yaml" in r.stderr and "Fix:" in r.stderr
+    r = run_cli("nightly", "--lane", "gb300-daily")
+    assert r.returncode == 2 and "--lane gb300-daily" in r.stderr and "rehearsal" in r.stderr
