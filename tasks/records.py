@@ -34,6 +34,12 @@ class Metrics(_Record):
     def get(self, name: str, default: float = 0.0) -> float:
         return self.values.get(name, default)
 
+    def total(self, name: str) -> float:
+        """A counter summed over all its label sets (vLLM/SGLang label every series)."""
+        if "{" in name:
+            return self.values.get(name, 0.0)
+        return sum(v for k, v in self.values.items() if k == name or k.startswith(name + "{"))
+
 
 class StreamEvent(_Record):
     """One parsed streaming chunk, in the same shape for every engine."""

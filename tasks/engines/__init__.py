@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
+from importlib import import_module
+
 from tasks.engines.base import Engine
-from tasks.engines.llamacpp import LlamaCpp
+
+_ADAPTERS = {"llamacpp": "tasks.engines.llamacpp:LlamaCpp", "sglang": "tasks.engines.sglang:SGLang",
+             "vllm": "tasks.engines.vllm:VLLM"}
 
 
 def engine_for(name: str) -> Engine:
-    """The adapter for a lane's engine name (validated by the config schema)."""
-    from tasks.engines.sglang import SGLang
-    from tasks.engines.vllm import VLLM
-
-    adapters: dict[str, type[Engine]] = {"llamacpp": LlamaCpp, "sglang": SGLang, "vllm": VLLM}
-    return adapters[name]()
+    """The adapter for a lane's engine name (the config schema admits only known names)."""
+    module, cls = _ADAPTERS[name].split(":")
+    return getattr(import_module(module), cls)()
 
 
 __all__ = ["Engine", "engine_for"]

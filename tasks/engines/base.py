@@ -22,6 +22,7 @@ class Engine(ABC):
     name: ClassVar[str]
     health_path: ClassVar[str] = "/health"
     metrics_path: ClassVar[str] = "/metrics"
+    info_path: ClassVar[str | None] = None  # a JSON endpoint describing the resolved server settings
 
     @abstractmethod
     def launch_command(self, lane: Lane, binary: str, host: str) -> list[str]:
@@ -33,6 +34,10 @@ class Engine(ABC):
     @abstractmethod
     def boot_facts(self, log: str) -> BootFacts:
         """Parse what the server resolved at boot (running-request cap, context, speculation)."""
+
+    def info_facts(self, facts: BootFacts, info: dict) -> BootFacts:
+        """Complete the log's boot facts from the info endpoint's JSON (default: nothing to add)."""
+        return facts
 
     def metrics(self, text: str) -> Metrics:
         """Parse Prometheus text exposition into {series: value}; labels sorted into the key."""

@@ -27,6 +27,7 @@ _P = "llamacpp:"
 
 class LlamaCpp(Engine):
     name = "llamacpp"
+    info_path = "/props"
 
     def launch_command(self, lane: Lane, binary: str, host: str) -> list[str]:
         argv = [
@@ -58,6 +59,16 @@ class LlamaCpp(Engine):
             facts.extra["draft_model"] = m[1]
         if m := _SPEC_IMPL.search(log) or _SPEC_TYPE.search(log):
             facts.speculative_type = m[1]
+        return facts
+
+    def info_facts(self, facts: BootFacts, info: dict) -> BootFacts:
+        """/props: `total_slots`, and `speculative.types` in default_generation_settings.params."""
+        params = (info.get("default_generation_settings") or {}).get("params") or {}
+        spec = params.get("speculative.types")
+        if spec and spec != "none":
+            facts.speculative_type = spec
+        if facts.max_running_requests is None and isinstance(info.get("total_slots"), int):
+            facts.max_running_requests = info["total_slots"]
         return facts
 
     def acceptance(self, before: Metrics, after: Metrics, requests: list[RequestRecord], k: int) -> Acceptance | None:

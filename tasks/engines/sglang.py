@@ -1,0 +1,273 @@
+"""SGLang (`python3 -m sglang.launch_server`): lanes with DFlash/EAGLE drafters on hybrid models.
+
+Why the adapter looks the way it does (facts read from sgl-project/sglang, cited by path):
+- The resolved running-request cap lives only in the log, never in the flags: hybrid
+  (mamba/linear-attention) models cut it to `max_mamba_cache_size // state slots per request`
+  and say `max_running_requests is capped to N by the mamba state cache
+  (max_mamba_cache_size=M, S state slots per request). To raise it: ...` (ratio constants in
+  python/sglang/srt/mem_cache/kv_cache_configurator.py: base 3 + 2 for the overlap scheduler
+  = 5; exact line as printed by released builds, seeds/002 and field logs). The scheduler then
+  prints `max_total_num_tokens=T, chunked_prefill_size=C, max_prefill_tokens=P,
+  max_running_requests=R, context_len=L, available_gpu_mem=G GB`
+  (python/sglang/srt/managers/scheduler.py). The smallest wins per data-parallel replica.
+- `server_args=ServerArgs(...)` echoes what was *asked*; we read only the speculative algorithm
+  and draft path from it (python/sglang/srt/server_args.py repr, engine.py logs it).
+- Every model runner logs `Load weight end. ... type=<class>, ...`
+  (python/sglang/srt/model_executor/model_runner.py); a second one on the same rank is the draft
+  worker, which is how we know the drafter actually loaded.
+- /metrics has only interval gauges for speculation (`sglang:spec_accept_length`,
+  `sglang:spec_accept_rate`) plus one counter, `sglang:spec_verify_calls_total` (PR #25689,
+  python/sglang/srt/observability/metrics_collector.py): no accepted-token or per-position
+  counter, so acceptance comes from the requests' own `meta_info` (source="requests").
+- `meta_info` (python/sglang/srt/managers/tokenizer_manager_components/spec_decoding_meta.py):
+  `spec_verify_ct`, `spec_num_correct_drafts` (bonus excluded), `spec_num_proposed_drafts`,
+  `spec_correct_drafts_histogram` (hist[j] = verify steps that accepted exactly j drafts,
+  `Req.update_spec_correct_drafts_histogram` in python/sglang/srt/managers/schedule_batch.py);
+  older releases: `spec_accepted_drafts`/`spec_proposed_drafts`/`spec_accept_histogram`, and
+  before those `spec_accept_token_num`/`spec_draft_token_num` (PR #13754). All are read.
+- Native /generate streams cumulative `text`/`output_ids` unless the server runs with
+  `--incremental-streaming-output` (older builds: `--stream-output`), which makes each chunk a
+  disjoint segment (tokenizer_manager.py, `_handle_batch_output`). Adapters are shared across
+  concurrent requests, so we launch with that flag instead of keeping per-request state.
+- `/server_info` (`/get_server_info` on older builds) returns the server args flat plus
+  `internal_states[i].effective_max_running_requests_per_dp` (the scheduler's resolved cap,
+  python/sglang/srt/managers/scheduler.py `get_internal_state`; shape as in SGLang's native
+  API docs output) and `version`; used only where the log said nothing.
+- `extra_key` on GenerateReqInput namespaces the radix cache (python/sglang/srt/managers/
+  io_struct.py, "e.g. cache_salt"): a fresh key per request guarantees no prefix reuse.
+
+K (lanebench's draft width: drafted tokens per verification step) maps per method:
+chain methods EAGLE/EAGLE3/NEXTN/STANDALONE -> `--speculative-num-steps K --speculative-eagle-topk 1
+--speculative-num-draft-tokens K+1` (num_draft_tokens counts the verified root; proposed drafts
+per step = num_draft_tokens - 1 in spec_decoding_meta.py); DFLASH -> `--speculative-dflash-block-size
+K+1` (block includes the anchor token; DFLASH forces num_steps=1, topk=1 and block=num_draft_tokens,
+server_args DFLASH hook); DSPARK -> `--speculative-dspark-block-size K` (proposed = verify_ct x block,
+histogram has block+1 buckets: sgl-project/sglang PR #33518); NGRAM -> `--speculative-num-draft-tokens K+1`.
+
+`binary` is the Python interpreter of the environment that has sglang installed (e.g. "python3"
+inside the image): SGLang has no console entry point of its own.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from typing import Any
+
+from tasks.config import Lane
+from tasks.engines.base import Engine, per_position_from_counts
+from tasks.records import Acceptance, BootFacts, Metrics, RequestRecord, RequestSpec, StreamEvent
+
+_PREFIX = re.compile(r"\[[\d-]+ [\d:.]+((?: [A-Z]+\d+)*)\] ?")
+_MAMBA_CAP = re.compile(
+    r"max_running_requests is capped to (\d+) by the mamba state cache\s+"
+    r"\(max_mamba_cache_size=(\d+), (\d+) state slots per request\)"
+)
+_SCHED = re.compile(
+    r"max_total_num_tokens=(\d+), chunked_prefill_size=(-?\d+|None), max_prefill_tokens=(\d+), "
+    r"max_running_requests=(\d+), context_len=(\d+)"
+)
+_WEIGHT_END = re.compile(r"Load weight end\..*?type=(\w+)")
+_SPEC_ALGO = re.compile(r"server_args=ServerArgs\(.*?speculative_algorithm='([^']+)'")
+_DRAFT_PATH = re.compile(r"server_args=ServerArgs\(.*?speculative_draft_model_path='([^']+)'")
+_ASKED_CAP = re.compile(r"server_args=ServerArgs\(.*?max_running_requests=(\d+)")
+
+_CHAIN = {"EAGLE", "EAGLE3", "NEXTN", "STANDALONE"}
+_ALIASES = {"SIMPLE": "STANDALONE", "DRAFT_MODEL": "STANDALONE", "MTP": "NEXTN"}
+
+# Per-request speculation fields, canonical name first, then older releases' names.
+_CORRECT = ("spec_num_correct_drafts", "spec_accepted_drafts", "spec_accept_token_num")
+_PROPOSED = ("spec_num_proposed_drafts", "spec_proposed_drafts", "spec_draft_token_num")
+_HIST = ("spec_correct_drafts_histogram", "spec_accept_histogram")
+
+
+def sglang_method(method: str) -> str:
+    """Lane method name -> SGLang's `--speculative-algorithm` value ("draft-eagle3" -> "EAGLE3")."""
+    name = method.upper().replace("-", "_").removeprefix("DRAFT_")
+    return _ALIASES.get(name, name)
+
+
+def _first(meta: dict, names: tuple[str, ...]) -> Any:
+    return next((meta[n] for n in names if meta.get(n) is not None), None)
+
+
+def _num(spec: dict[str, float | list[float]], key: str) -> float:
+    value = spec.get(key, 0.0)
+    return float(value) if not isinstance(value, list) else 0.0
+
+
+def _dp(tag: str) -> str:
+    """The data-parallel part of a rank tag ("DP1 TP0" -> "DP1"): replicas whose caps add up."""
+    return " ".join(t for t in tag.split() if t.startswith("DP"))
+
+
+def _log_lines(log: str) -> list[tuple[str, str]]:
+    """(rank tag, message) per line; SGLang prefixes `[date time DP0 TP0]`, tag '' without ranks."""
+    out = []
+    for line in log.splitlines():
+        m = _PREFIX.search(line)
+        out.append(((m[1] or "").strip(), line[m.end():]) if m else ("", line))
+    return out
+
+
+class SGLang(Engine):
+    name = "sglang"
+    info_path = "/server_info"  # /get_server_info before it was renamed
+
+    def launch_command(self, lane: Lane, binary: str, host: str) -> list[str]:
+        argv = [
+            binary, "-m", "sglang.launch_server",
+            "--model-path", lane.model.path,
+            "--host", host,
+            "--port", str(lane.port),
+            "--context-length", str(lane.context),
+            "--enable-metrics",
+            "--incremental-streaming-output",
+        ]
+        # No --max-running-requests from lane.slots: SGLang resolves its own cap (memory, mamba
+        # state) and logs it; boot_facts reads that and the capacity gate compares. A lane that
+        # wants a lower ceiling says so in lane.flags.
+        if lane.speculative is not None:
+            algo, k = sglang_method(lane.speculative.method), lane.speculative.k
+            argv += ["--speculative-algorithm", algo]
+            if lane.drafter is not None:
+                argv += ["--speculative-draft-model-path", lane.drafter.path]
+            if algo in _CHAIN:
+                argv += ["--speculative-num-steps", str(k), "--speculative-eagle-topk", "1",
+                         "--speculative-num-draft-tokens", str(k + 1)]
+            elif algo == "DFLASH":
+                argv += ["--speculative-dflash-block-size", str(k + 1)]
+            elif algo == "DSPARK":
+                argv += ["--speculative-dspark-block-size", str(k)]
+            elif algo == "NGRAM":
+                argv += ["--speculative-num-draft-tokens", str(k + 1)]
+        return argv + list(lane.flags)
+
+    def boot_facts(self, log: str) -> BootFacts:
+        facts = BootFacts()
+        caps: dict[str, list[int]] = {}  # per data-parallel group: every resolved cap seen
+        weights: dict[str, list[str]] = {}  # per rank: model classes loaded, target first
+        for tag, msg in _log_lines(log):
+            if m := _SCHED.search(msg):
+                caps.setdefault(_dp(tag), []).append(int(m[4]))
+                facts.context_per_slot = int(m[5])
+                facts.extra["max_total_num_tokens"] = int(m[1])
+            if m := _WEIGHT_END.search(msg):
+                weights.setdefault(tag, []).append(m[1])
+            if m := _SPEC_ALGO.search(msg):
+                facts.speculative_type = m[1]
+            if m := _DRAFT_PATH.search(msg):
+                facts.extra["draft_model_path"] = m[1]
+            if m := _ASKED_CAP.search(msg):
+                facts.extra["requested_max_running_requests"] = int(m[1])
+        # Searched over the whole text so a line wrapped by a report still counts.
+        for m in _MAMBA_CAP.finditer(log):
+            p = _PREFIX.search(log, log.rfind("\n", 0, m.start()) + 1, m.start())
+            tag = (p[1] or "").strip() if p else ""
+            caps.setdefault(_dp(tag), []).append(int(m[1]))
+            facts.extra["mamba_capped_to"] = int(m[1])
+            facts.extra["max_mamba_cache_size"] = int(m[2])
+            facts.extra["mamba_state_slots_per_request"] = int(m[3])
+        if caps:
+            # Within a replica the tightest resolved cap wins; data-parallel replicas add up.
+            facts.max_running_requests = sum(min(v) for v in caps.values())
+        drafts = [w[1] for w in weights.values() if len(w) >= 2]
+        if drafts:
+            facts.draft_model_loaded = True
+            facts.extra["draft_model_type"] = drafts[0]
+        return facts
+
+    def info_facts(self, facts: BootFacts, info: dict) -> BootFacts:
+        """/server_info: flat server args plus `internal_states[i].effective_max_running_requests_per_dp`.
+
+        That value is the scheduler's resolved cap (the same number as the log's scheduler line,
+        mamba cut included); it only fills what the log did not state.
+        """
+        states = [s for s in info.get("internal_states") or [] if isinstance(s, dict)]
+        per_dp = [s["effective_max_running_requests_per_dp"] for s in states
+                  if isinstance(s.get("effective_max_running_requests_per_dp"), int)]
+        if facts.max_running_requests is None and per_dp:
+            facts.max_running_requests = min(per_dp) * int(info.get("dp_size") or 1)
+        if facts.speculative_type is None and info.get("speculative_algorithm"):
+            facts.speculative_type = str(info["speculative_algorithm"])
+        if facts.context_per_slot is None and isinstance(info.get("context_length"), int):
+            facts.context_per_slot = info["context_length"]
+        if isinstance(info.get("version"), str):
+            facts.extra["version"] = info["version"]
+        return facts
+
+    def acceptance(self, before: Metrics, after: Metrics, requests: list[RequestRecord], k: int) -> Acceptance | None:
+        # /metrics has no accepted-draft counter (module docstring): sum the requests' own counts.
+        specs = [r.spec for r in requests
+                 if r.spec and _num(r.spec, "spec_verify_ct") > 0 and "spec_num_correct_drafts" in r.spec]
+        if not specs:
+            return None
+        steps = sum(_num(s, "spec_verify_ct") for s in specs)
+        accepted = sum(_num(s, "spec_num_correct_drafts") for s in specs)
+        per_pos: list[float] = []
+        hists = [h for s in specs if isinstance(h := s.get("spec_correct_drafts_histogram"), list)]
+        if len(hists) == len(specs):
+            # Draft position i (0-based) was accepted in every step that kept more than i drafts.
+            per_pos = per_position_from_counts([sum(sum(h[i + 1 :]) for h in hists) for i in range(k)], steps)
+        proposed = None
+        if all("spec_num_proposed_drafts" in s for s in specs):
+            proposed = sum(_num(s, "spec_num_proposed_drafts") for s in specs)
+        return Acceptance(
+            verify_steps=steps,
+            accepted=accepted,
+            draft_tokens=proposed,
+            acceptance_length=1.0 + accepted / steps,
+            per_position=per_pos,
+            source="requests",
+        )
+
+    def completion_request(self, prompt: str, max_tokens: int) -> RequestSpec:
+        # Native /generate, not /v1/completions: only it returns meta_info with the spec fields.
+        return RequestSpec(
+            path="/generate",
+            body={
+                "text": prompt,
+                "sampling_params": {"temperature": 0.0, "max_new_tokens": max_tokens},
+                "stream": True,
+                "extra_key": uuid.uuid4().hex,
+            },
+        )
+
+    def parse_event(self, data: dict) -> StreamEvent:
+        if "error" in data:
+            return StreamEvent(done=True, finish_reason="error")
+        meta = data.get("meta_info") or {}
+        text, tokens = data.get("text", ""), len(data.get("output_ids") or [])
+        finish = meta.get("finish_reason")
+        if finish is None:
+            return StreamEvent(text=text, tokens=tokens)
+        # {"type": "length"|"stop"|"abort", ...}: the type is already lanebench's word.
+        kind = finish.get("type") if isinstance(finish, dict) else str(finish)
+        return StreamEvent(
+            text=text,
+            tokens=tokens,
+            done=True,
+            completion_tokens=meta.get("completion_tokens"),
+            prompt_tokens=meta.get("prompt_tokens"),
+            finish_reason=kind,
+            spec=_spec_fields(meta),
+        )
+
+
+def _spec_fields(meta: dict) -> dict[str, float | list[float]] | None:
+    """The final chunk's cumulative speculation counts, under the current field names."""
+    if meta.get("spec_verify_ct") is None:
+        return None
+    spec: dict[str, float | list[float]] = {"spec_verify_ct": float(meta["spec_verify_ct"])}
+    hist = _first(meta, _HIST)
+    if isinstance(hist, list):
+        spec["spec_correct_drafts_histogram"] = [float(x) for x in hist]
+    correct = _first(meta, _CORRECT)
+    if correct is None and isinstance(hist, list):
+        correct = sum(j * x for j, x in enumerate(hist))
+    if correct is not None:
+        spec["spec_num_correct_drafts"] = float(correct)
+    proposed = _first(meta, _PROPOSED)
+    if proposed is not None:
+        spec["spec_num_proposed_drafts"] = float(proposed)
+    return spec

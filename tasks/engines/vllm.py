@@ -1,0 +1,192 @@
+"""vLLM (`vllm serve`): lanes with EAGLE3/DFlash/MTP drafters behind the V1 engine.
+
+Why the adapter looks the way it does (facts read from vllm-project/vllm, cited by path):
+- Spec-decode counters (vllm/v1/spec_decode/metrics.py, `SpecDecodingProm`):
+  `vllm:spec_decode_num_drafts` (one per request per verification step),
+  `vllm:spec_decode_num_draft_tokens`, `vllm:spec_decode_num_accepted_tokens`,
+  `vllm:spec_decode_num_accepted_tokens_per_pos{position="k"}` (+1 at every position below the
+  accepted count, so it never rises with k). prometheus_client exports them with `_total`
+  (plus `_created` gauges), labelled `model_name` and `engine` (one series per data-parallel
+  engine, vllm/v1/metrics/loggers.py `labelnames = ["model_name", "engine"]`). We sum every
+  series of a name over those labels, keeping only `position` apart. The module's own PromQL
+  defines mean acceptance length as 1 + accepted / drafts: lanebench's definition.
+- Boot log (vllm/v1/core/kv_cache_utils.py): `GPU KV cache size: N tokens` and
+  `Maximum concurrency for L tokens per request: X.XXx` (one line or two, by version; numbers
+  with thousands separators). `max_num_seqs` is resolved at DEBUG level only
+  (vllm/engine/arg_utils.py), so we pass `--max-num-seqs lane.slots` and read it back from the
+  `non-default args: {...}` line. The running cap we report is min(max_num_seqs,
+  floor(max concurrency)): how many requests of `lane.context` tokens run without preemption,
+  the same meaning llama.cpp's slot count has.
+- `Initializing a V1 LLM engine (vX) with config: ..., speculative_config=SpeculativeConfig(
+  method='eagle3', model='...', num_spec_tokens=3), ...` (vllm/v1/engine/core.py) names the
+  method actually configured; `Loading drafter model...` (vllm/v1/worker/gpu_model_runner.py)
+  proves the drafter loaded.
+- `--speculative-config` JSON keys `method`, `model`, `num_speculative_tokens`
+  (vllm/config/speculative.py; methods are lower case: eagle, eagle3, dflash, dspark, mtp,
+  draft_model, ngram, ...). K (drafted tokens per verification step) is `num_speculative_tokens`
+  for every method: it is also the number of per-position series.
+- /v1/completions streaming (vllm/entrypoints/openai/serving_completion.py): each choice chunk
+  carries the text delta, `finish_reason` ("length"/"stop"/"abort") and, with
+  `return_token_ids`, the delta `token_ids`; `stream_options.continuous_usage_stats` adds the
+  running `usage` to every chunk (so the finish chunk is a complete final event), and
+  `include_usage` a last chunk with `choices: []` and the totals, then `data: [DONE]`.
+  `cache_salt` (protocol.py) keeps the request out of every other request's prefix cache;
+  `model` may be omitted (the first served model answers).
+
+`binary` is the `vllm` executable of the environment (e.g. "vllm" or "/opt/venv/bin/vllm").
+Per-request spec fields need `--per-request-spec-decode-metrics` on recent builds and are not
+used: the counters are exact over the window.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import uuid
+
+from tasks.config import Lane
+from tasks.engines.base import Engine, per_position_from_counts
+from tasks.records import Acceptance, BootFacts, Metrics, RequestRecord, RequestSpec, StreamEvent
+
+_CONCURRENCY = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x")
+_KV_TOKENS = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
+_MAX_NUM_SEQS = re.compile(r"non-default args: .*'max_num_seqs': (\d+)")
+_MAX_MODEL_LEN = re.compile(r"Using max model len (\d+)")
+_ENGINE = re.compile(r"Initializing a V1 LLM engine \(v([^)]+)\)")
+_SPEC = re.compile(
+    r"speculative_config=SpeculativeConfig\(method='([^']+)'(?:, model='([^']*)')?(?:, num_spec_tokens=(\d+))?"
+)
+_DRAFTER = re.compile(r"Loading drafter model")
+
+_P = "vllm:spec_decode_"
+_KEY = re.compile(r"^([^{]+)(?:\{(.*)\})?$")
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+_ALIASES = {"simple": "draft_model", "standalone": "draft_model", "nextn": "mtp"}
+
+
+def vllm_method(method: str) -> str:
+    """Lane method name -> vLLM's `method` ("EAGLE3" -> "eagle3", "draft-simple" -> "draft_model")."""
+    name = method.lower().removeprefix("draft-")
+    return _ALIASES.get(name, name)
+
+
+def counter_by_position(metrics: Metrics, name: str) -> dict[str, float]:
+    """One counter summed over its series' extra labels, keyed by `position` ('' when unlabelled).
+
+    Label sets vary (model_name, engine per data-parallel rank, ...); only the position matters.
+    """
+    out: dict[str, float] = {}
+    for key, value in metrics.values.items():
+        m = _KEY.match(key)
+        if m is None or m[1] not in (name, name + "_total"):
+            continue
+        position = dict(_LABEL.findall(m[2] or "")).get("position", "")
+        out[position] = out.get(position, 0.0) + value
+    return out
+
+
+class VLLM(Engine):
+    name = "vllm"
+
+    def launch_command(self, lane: Lane, binary: str, host: str) -> list[str]:
+        argv = [
+            binary, "serve", lane.model.path,
+            "--host", host,
+            "--port", str(lane.port),
+            "--max-model-len", str(lane.context),
+            "--max-num-seqs", str(lane.slots),
+        ]
+        if lane.speculative is not None:
+            config: dict[str, str | int] = {"method": vllm_method(lane.speculative.method)}
+            if lane.drafter is not None:
+                config["model"] = lane.drafter.path
+            config["num_speculative_tokens"] = lane.speculative.k
+            argv += ["--speculative-config", json.dumps(config)]
+        return argv + list(lane.flags)
+
+    def boot_facts(self, log: str) -> BootFacts:
+        facts = BootFacts()
+        seqs = concurrency = None
+        if m := _MAX_NUM_SEQS.search(log):
+            seqs = facts.extra["max_num_seqs"] = int(m[1])
+        if ms := _CONCURRENCY.findall(log):
+            length, factor = ms[-1]
+            facts.context_per_slot = int(length.replace(",", ""))
+            concurrency = math.floor(float(factor))
+            facts.extra["kv_max_concurrency"] = float(factor)
+        elif m := _MAX_MODEL_LEN.search(log):
+            facts.context_per_slot = int(m[1])
+        if m := _KV_TOKENS.search(log):
+            facts.extra["kv_cache_tokens"] = int(m[1].replace(",", ""))
+        if m := _ENGINE.search(log):
+            facts.extra["version"] = m[1]
+        known = [c for c in (seqs, concurrency) if c is not None]
+        if known:
+            facts.max_running_requests = min(known)
+        if m := _SPEC.search(log):
+            facts.speculative_type = m[1]
+            if m[2]:
+                facts.extra["draft_model"] = m[2]
+            if m[3]:
+                facts.extra["num_spec_tokens"] = int(m[3])
+        facts.draft_model_loaded = bool(_DRAFTER.search(log))
+        return facts
+
+    def acceptance(self, before: Metrics, after: Metrics, requests: list[RequestRecord], k: int) -> Acceptance | None:
+        def delta(name: str) -> dict[str, float]:
+            b, a = counter_by_position(before, _P + name), counter_by_position(after, _P + name)
+            return {pos: a.get(pos, 0.0) - b.get(pos, 0.0) for pos in a.keys() | b.keys()}
+
+        steps = delta("num_drafts").get("", 0.0)
+        if steps <= 0:
+            return None
+        accepted = delta("num_accepted_tokens").get("", 0.0)
+        per_pos = delta("num_accepted_tokens_per_pos")
+        return Acceptance(
+            verify_steps=steps,
+            accepted=accepted,
+            draft_tokens=delta("num_draft_tokens").get("", 0.0),
+            acceptance_length=1.0 + accepted / steps,
+            per_position=per_position_from_counts([per_pos.get(str(i), 0.0) for i in range(k)], steps),
+            source="counters",
+        )
+
+    def completion_request(self, prompt: str, max_tokens: int) -> RequestSpec:
+        return RequestSpec(
+            path="/v1/completions",
+            body={
+                "prompt": prompt,
+                "max_tokens": max_tokens,
+                "temperature": 0.0,
+                "stream": True,
+                # continuous usage puts the running counts on every chunk, so the chunk that
+                # carries finish_reason is a complete final event on its own (stages stop there).
+                "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+                "return_token_ids": True,
+                "cache_salt": uuid.uuid4().hex,
+            },
+        )
+
+    def parse_event(self, data: dict) -> StreamEvent:
+        if "error" in data or data.get("object") == "error":
+            return StreamEvent(done=True, finish_reason="error")
+        choices = data.get("choices") or []
+        if not choices:
+            usage = data.get("usage")
+            if usage is None:
+                return StreamEvent()
+            # The usage chunk is the last data chunk: the stream's totals.
+            return StreamEvent(done=True, completion_tokens=usage.get("completion_tokens"),
+                               prompt_tokens=usage.get("prompt_tokens"))
+        choice = choices[0]
+        finish = choice.get("finish_reason")
+        usage = data.get("usage") or {}
+        return StreamEvent(
+            text=choice.get("text") or "",
+            tokens=len(choice.get("token_ids") or []),
+            done=finish is not None,
+            completion_tokens=usage.get("completion_tokens") if finish is not None else None,
+            prompt_tokens=usage.get("prompt_tokens") if finish is not None else None,
+            finish_reason=finish,
+        )
