@@ -45,6 +45,9 @@ class Host(_Strict):
     port: Annotated[int, Field(ge=1, le=65535)] = 22
     gpus: Annotated[int, Field(ge=0)] = 0
     paths: HostPaths = HostPaths()
+    # What an hour of this box costs (amortized hardware, rent or cloud price): prices the
+    # tool gate as dollars per 1,000 solved cases, the seeds' "$0.20 per 1,000 solved".
+    dollars_per_hour: Annotated[float, Field(ge=0)] | None = None
 
     @field_validator("address")
     @classmethod
@@ -143,6 +146,160 @@ class CapacityGate(_Strict):
 Gate = Annotated[CounterGate | CapacityGate, Field(discriminator="kind")]
 
 
+# The values that turn thinking on and off, per chat-template switch, unless a lane says otherwise.
+# reasoning_effort "none" is OpenAI's word for no reasoning; a template may want "low" instead.
+THINKING_DEFAULTS: dict[str, tuple[bool | str, bool | str]] = {
+    "enable_thinking": (True, False),
+    "reasoning_effort": ("high", "none"),
+}
+
+
+class ThinkingSwitch(_Strict):
+    """One way to toggle thinking: a chat-template kwarg and the values that mean on and off.
+
+    The seeds met a template that honours `enable_thinking` and ignores `reasoning_effort`,
+    and one that does the reverse: a client sending the wrong switch silently gets the wrong
+    regime. The thinking check sends `chat_template_kwargs: {name: on}` and `{name: off}` and
+    fails naming the switch when the regime does not change.
+    """
+
+    name: Literal["enable_thinking", "reasoning_effort"]
+    on: bool | str
+    off: bool | str
+
+    @model_validator(mode="before")
+    @classmethod
+    def _defaults(cls, v: object) -> object:
+        if isinstance(v, str):
+            v = {"name": v}
+        if isinstance(v, dict) and v.get("name") in THINKING_DEFAULTS:
+            on, off = THINKING_DEFAULTS[v["name"]]
+            v = {"on": on, "off": off, **v}
+        return v
+
+    @model_validator(mode="after")
+    def _differ(self) -> ThinkingSwitch:
+        if self.on == self.off:
+            raise ValueError(f"thinking switch {self.name}: 'on' and 'off' are the same value ({self.on!r})")
+        return self
+
+
+class Agentic(_Strict):
+    """What the lane serves beyond plain text, and how the engine is told.
+
+    In the seeds the server aced every throughput bench while tool calls never fired and
+    chain-of-thought leaked into replies: two parser flags were missing. A lane declares here
+    what it serves; the agentic smoke gate then proves it on the booted server, and the engine
+    adapter turns it into flags (tasks/engines/*.py `agentic_flags`):
+
+    - `tools`: a tool request must come back as structured `tool_calls`, not text.
+    - `tool_parser`: SGLang/vLLM `--tool-call-parser NAME` (vLLM adds `--enable-auto-tool-choice`);
+      llama.cpp has no such flag: it reads the tool-call format from the chat template.
+    - `reasoning`: reasoning must come back apart from the content (`reasoning_content`).
+    - `reasoning_parser`: SGLang/vLLM `--reasoning-parser NAME`; llama.cpp `--reasoning-format NAME`
+      (`deepseek` when `reasoning` is true and no name is given).
+    - `chat_template`: a Jinja template file (llama.cpp `--jinja --chat-template-file`, SGLang and
+      vLLM `--chat-template`); relative to this file.
+    - `thinking_switch`: how thinking is toggled, e.g. `[enable_thinking]` or
+      `[{name: reasoning_effort, on: high, off: low}]`; each is checked on the booted server.
+    """
+
+    tools: bool = False
+    tool_parser: str | None = None
+    reasoning: bool = False
+    reasoning_parser: str | None = None
+    chat_template: str | None = None
+    thinking_switch: list[ThinkingSwitch] = []
+
+    @field_validator("tool_parser", "reasoning_parser")
+    @classmethod
+    def _parser_name(cls, v: str | None) -> str | None:
+        if v is not None and not _NAME.fullmatch(v):
+            raise ValueError(f"parser name {v!r} must be letters, digits, '_', '.', '-'")
+        return v
+
+    @field_validator("chat_template")
+    @classmethod
+    def _template_path(cls, v: str | None) -> str | None:
+        if v is not None and not _SAFE_FLAG.fullmatch(v):
+            raise ValueError(f"chat template path {v!r} has characters not allowed on a command line")
+        return v
+
+    @field_validator("thinking_switch", mode="before")
+    @classmethod
+    def _one_or_many(cls, v: object) -> object:
+        return [v] if isinstance(v, str | dict) else v
+
+
+class ToolGatePlan(_Strict):
+    """The tool-call gate: suites graded AST-style under a pinned protocol (toolsuites/README.md).
+
+    `dev` runs on every lane run; `held_out` only when asked (`lanebench tools --held-out`),
+    and every run of it is counted in the manifest, so a held-out score that was looked at
+    twenty times is seen as such. With `min_solved_pct` the dev score gates the lane;
+    without it the score is reported only.
+    """
+
+    dev: str
+    held_out: str | None = None
+    protocol: str = "toolsuites/protocol.yaml"
+    min_solved_pct: Annotated[float, Field(ge=0, le=100)] | None = None
+
+
+NeedleKind = Literal["one_key", "five_keys", "distractors"]
+
+
+class NeedlePlan(_Strict):
+    """The needle ladder: each needle kind at each rung (prompt tokens), up to the lane's context.
+
+    Without `rungs`, three rungs at about a quarter, a half and all of what the context per
+    slot leaves after `max_tokens`. With `must_pass` every rung must pass (a truncated answer
+    is not a pass); otherwise the ladder is reported only.
+    """
+
+    kinds: Annotated[list[NeedleKind], Field(min_length=1)] = ["one_key", "five_keys", "distractors"]
+    rungs: Annotated[list[Annotated[int, Field(ge=32)]], Field(min_length=1)] | None = None
+    max_tokens: Annotated[int, Field(ge=1)] = 32
+    must_pass: bool = False
+
+
+class ToolProtocol(_Strict):
+    """How every tool-gate request is sent (toolsuites/protocol.yaml). Changing any of it makes
+    scores incomparable, so the protocol is copied into the manifest with every score."""
+
+    temperature: Annotated[float, Field(ge=0)] = 0.0
+    tool_choice: Literal["auto", "required"] = "auto"
+    # Sent through the lane's declared thinking switch (agentic.thinking_switch); "default"
+    # leaves the server's default.
+    thinking: Literal["off", "on", "default"] = "off"
+    strict: bool = False
+    retries: Literal[0] = 0  # a refused request is a miss (http_error), never retried
+    concurrency: Annotated[int, Field(ge=1, le=64)] = 4
+    max_tokens: Annotated[int, Field(ge=1)] = 192
+
+
+def load_protocol(path: str | Path) -> ToolProtocol:
+    """Read a protocol file; any problem is a ValueError naming the field."""
+    try:
+        raw = yaml.safe_load(Path(path).read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ValueError(f"not valid YAML ({e})") from None
+    if not isinstance(raw, dict):
+        raise ValueError("must be a mapping of protocol settings (see toolsuites/protocol.yaml)")
+    try:
+        return ToolProtocol.model_validate(raw)
+    except ValidationError as e:
+        err = e.errors()[0]
+        raise ValueError(f"{'.'.join(str(x) for x in err['loc'])}: {err['msg']}") from None
+
+
+class Correctness(_Strict):
+    """Correctness gates on the booted server, after the speed measurements."""
+
+    tool_gate: ToolGatePlan | None = None
+    needles: NeedlePlan | None = None
+
+
 class Lane(_Strict):
     """One serving configuration on one or more hosts."""
 
@@ -162,6 +319,18 @@ class Lane(_Strict):
     boot_timeout_s: Annotated[float, Field(gt=0)] = 180.0
     bench: BenchPlan
     gates: list[Gate] = []
+    agentic: Agentic | None = None
+    correctness: Correctness | None = None
+
+    @model_validator(mode="after")
+    def _needles_fit(self) -> Lane:
+        needles = self.correctness.needles if self.correctness else None
+        if needles is not None and needles.rungs:
+            room = self.context - needles.max_tokens
+            if max(needles.rungs) > room:
+                raise ValueError(f"needle rung {max(needles.rungs)} does not fit a context of {self.context} tokens "
+                                 f"per slot with {needles.max_tokens} answer tokens (at most {room})")
+        return self
 
     @field_validator("flags")
     @classmethod
@@ -276,8 +445,28 @@ def load_inventory(path: str | Path) -> Inventory:
         raise ConfigError(path, field, problem, fix) from None
 
 
+REPO_DIR = Path(__file__).resolve().parent.parent
+
+
+def shipped_or_local(base: Path, rel: str) -> Path:
+    """A file the inventory names: relative to the inventory's folder; a relative path missing
+    there is looked up in the lanebench checkout, so the shipped tool suites, protocol and chat
+    templates work from an inventory kept anywhere."""
+    p = Path(rel)
+    if p.is_absolute():
+        return p
+    local = (base / p).resolve()
+    if not local.exists() and (REPO_DIR / p).exists():
+        return (REPO_DIR / p).resolve()
+    return local
+
+
 def check_prompt_files(inventory: Inventory, path: str | Path) -> None:
-    """Prompt sets are input, not preconditions: a missing one is a ConfigError before anything runs."""
+    """Prompt sets are input, not preconditions: a missing one is a ConfigError before anything runs.
+
+    So are the correctness gates' inputs: chat template, tool suites and tool protocol must exist
+    and parse (a bad suite line is named by line number).
+    """
     base = Path(path).resolve().parent
     for name, lane in inventory.lanes.items():
         files = {f"lanes.{name}.bench.decode.prompts": lane.bench.decode.prompts}
@@ -288,3 +477,31 @@ def check_prompt_files(inventory: Inventory, path: str | Path) -> None:
             if not target.is_file():
                 raise ConfigError(path, field, f"prompt file {target} does not exist",
                                   "point it at a JSONL file of {id, class, prompt} lines (paths are relative to this file)")
+    for name, lane in inventory.lanes.items():
+        _check_correctness_files(name, lane, base, path)
+
+
+def _check_correctness_files(name: str, lane: Lane, base: Path, path: str | Path) -> None:
+    from tasks.tool_grader import load_suite
+
+    checks: list[tuple[str, str, object, str]] = []
+    if lane.agentic is not None and lane.agentic.chat_template is not None:
+        checks.append((f"lanes.{name}.agentic.chat_template", lane.agentic.chat_template, None,
+                       "point it at a Jinja chat template file (e.g. testbed/chat/testbed.jinja)"))
+    plan = lane.correctness.tool_gate if lane.correctness else None
+    if plan is not None:
+        fix = "point it at a tool suite in the JSONL format of toolsuites/README.md"
+        checks.append((f"lanes.{name}.correctness.tool_gate.dev", plan.dev, load_suite, fix))
+        if plan.held_out is not None:
+            checks.append((f"lanes.{name}.correctness.tool_gate.held_out", plan.held_out, load_suite, fix))
+        checks.append((f"lanes.{name}.correctness.tool_gate.protocol", plan.protocol, load_protocol,
+                       "point it at a protocol file like toolsuites/protocol.yaml"))
+    for field, rel, loader, fix in checks:
+        target = shipped_or_local(base, rel)
+        if not target.is_file():
+            raise ConfigError(path, field, f"file {target} does not exist", fix + " (paths are relative to this file)")
+        if loader is not None:
+            try:
+                loader(target)  # type: ignore[operator]
+            except ValueError as e:
+                raise ConfigError(path, field, f"{target}: {e}", fix) from None

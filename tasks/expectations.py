@@ -23,7 +23,7 @@ import pandas as pd
 from pydantic import BaseModel
 
 SUITES_DIR = Path(__file__).resolve().parent.parent / "expectations"
-KINDS = ("requests", "warmup", "decode", "acceptance")
+KINDS = ("requests", "warmup", "decode", "acceptance", "kl_positions", "kl_summary", "kl_pairs", "regression", "matrix_arms", "matrix_verdict", "tools", "needles")
 
 # Columns that identify a row in a failure line.
 _KEYS: dict[str, list[str]] = {
@@ -148,7 +148,7 @@ def validate(kind: str, df: pd.DataFrame, suites_dir: Path = SUITES_DIR) -> Vali
         definition = engine.definition(Path(suites_dir) / f"{kind}.json")
         run = definition.run(batch_parameters={"dataframe": frame}, result_format=_RESULT_FORMAT)
     result = run.to_json_dict()
-    failed = [_failure_line(r, frame, _KEYS[kind]) for r in result["results"] if not r["success"]]
+    failed = [_failure_line(r, frame, _KEYS.get(kind, [])) for r in result["results"] if not r["success"]]
     return Validation(
         kind=kind,
         success=bool(result["success"]),

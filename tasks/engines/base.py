@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from tasks.config import Lane
+from tasks.chat import ChatReply, parse_openai_chat
+from tasks.config import Agentic, Lane
+from tasks.kl_records import ForcedProbe, ForcedScore
 from tasks.records import Acceptance, BootFacts, Metrics, RequestRecord, RequestSpec, StreamEvent
 
 
@@ -35,7 +37,7 @@ class Engine(ABC):
     def boot_facts(self, log: str) -> BootFacts:
         """Parse what the server resolved at boot (running-request cap, context, speculation)."""
 
-    def info_facts(self, facts: BootFacts, info: dict) -> BootFacts:
+    def info_facts(self, facts: BootFacts, info: dict | list) -> BootFacts:
         """Complete the log's boot facts from the info endpoint's JSON (default: nothing to add)."""
         return facts
 
@@ -74,6 +76,63 @@ class Engine(ABC):
             return StreamEvent(done=True)
         return self.parse_event(json.loads(payload))
 
+    # --- Chat, for the correctness gates (tasks/smoke.py, tool_gate.py, needles.py, thinking.py) ---
+    # The OpenAI chat route is common to llama.cpp, SGLang and vLLM, so the shape lives here;
+    # what differs per engine is how the lane's agentic declarations become launch flags.
+
+    chat_path: ClassVar[str] = "/v1/chat/completions"
+
+    def chat_request(self, messages: list[dict[str, Any]], max_tokens: int, temperature: float = 0.0,
+                     tools: list[dict[str, Any]] | None = None, tool_choice: str | None = None,
+                     template_kwargs: dict[str, Any] | None = None) -> RequestSpec:
+        """A non-streamed OpenAI chat request; `template_kwargs` travel as `chat_template_kwargs`."""
+        body: dict[str, Any] = {"messages": messages, "max_tokens": max_tokens, "temperature": temperature,
+                                "stream": False}
+        if tools:
+            body["tools"] = tools
+            body["tool_choice"] = tool_choice or "auto"
+        if template_kwargs:
+            body["chat_template_kwargs"] = template_kwargs
+        return RequestSpec(path=self.chat_path, body=body)
+
+    def parse_chat(self, data: dict[str, Any]) -> ChatReply:
+        return parse_openai_chat(data)
+
+    def agentic_flags(self, agentic: Agentic, chat_template: str | None) -> list[str]:
+        """Launch flags for what the lane declares it serves (tool calls, reasoning, template).
+
+        `chat_template` is the template's resolved path. Default: none (an engine without
+        agentic support serves plain text, and the smoke gate says so).
+        """
+        return []
+
+    # --- Teacher-forced scoring, for the KL gate (tasks/kl.py) -----------------------------
+    # Not abstract: an adapter without them cannot serve a KL lane, and says so when asked.
+
+    def tokenize_request(self, text: str) -> RequestSpec:
+        """Tokenize `text` as a prompt is tokenized, special tokens (BOS) included."""
+        raise NotImplementedError(f"the {self.name} adapter cannot tokenize")
+
+    def parse_tokenize(self, data: dict) -> list[int]:
+        return [int(t) for t in data["tokens"]]
+
+    def greedy_tokens_request(self, tokens: list[int], max_tokens: int, ignore_eos: bool) -> RequestSpec:
+        """A non-streamed greedy continuation of a token-id prompt that returns the token ids."""
+        raise NotImplementedError(f"the {self.name} adapter cannot generate from token ids")
+
+    def parse_greedy_tokens(self, data: dict) -> list[int]:
+        raise NotImplementedError(f"the {self.name} adapter cannot generate from token ids")
+
+    def forced_probes(self, tokens: list[int], start: int) -> list[ForcedProbe]:
+        """Requests that score `tokens[start:]` teacher-forced, in the order they must be sent."""
+        raise NotImplementedError(f"the {self.name} adapter cannot score teacher-forced")
+
+    def parse_forced(self, probe: ForcedProbe, data: dict) -> list[ForcedScore]:
+        """The forced tokens' log-probabilities and the argmax at each probed position.
+
+        May raise `ProbeRetry` with a probe to send instead.
+        """
+        raise NotImplementedError(f"the {self.name} adapter cannot score teacher-forced")
 
 def per_position_from_counts(accepted_at: list[float], verify_steps: float) -> list[float]:
     """Rates per draft position, one definition for every engine: accepted at k / steps."""

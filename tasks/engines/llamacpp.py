@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import re
 
-from tasks.config import Lane
+from tasks.config import Agentic, Lane
 from tasks.engines.base import Engine, per_position_from_counts
+from tasks.kl_records import ForcedProbe, ForcedScore, ProbeRetry
 from tasks.records import Acceptance, BootFacts, Metrics, RequestRecord, RequestSpec, StreamEvent
 
 _SLOTS = re.compile(r"initializing, n_slots = (\d+), n_ctx_slot = (\d+)")
@@ -27,7 +28,7 @@ _P = "llamacpp:"
 
 class LlamaCpp(Engine):
     name = "llamacpp"
-    info_path = "/props"
+    info_path = "/slots"
 
     def launch_command(self, lane: Lane, binary: str, host: str) -> list[str]:
         argv = [
@@ -61,14 +62,21 @@ class LlamaCpp(Engine):
             facts.speculative_type = m[1]
         return facts
 
-    def info_facts(self, facts: BootFacts, info: dict) -> BootFacts:
-        """/props: `total_slots`, and `speculative.types` in default_generation_settings.params."""
-        params = (info.get("default_generation_settings") or {}).get("params") or {}
-        spec = params.get("speculative.types")
-        if spec and spec != "none":
-            facts.speculative_type = spec
-        if facts.max_running_requests is None and isinstance(info.get("total_slots"), int):
-            facts.max_running_requests = info["total_slots"]
+    def info_facts(self, facts: BootFacts, info: dict | list) -> BootFacts:
+        """/slots: one entry per slot with `speculative` (a draft context exists) and, once a
+        request has run, `params["speculative.types"]` (e.g. "none,draft-simple").
+        /props is no help here: its default settings say "none" even while drafting."""
+        slots = info if isinstance(info, list) else []
+        if not slots:
+            return facts
+        if facts.max_running_requests is None:
+            facts.max_running_requests = len(slots)
+        facts.extra["speculative_context"] = any(bool(s.get("speculative")) for s in slots)
+        for slot in slots:
+            types = [t for t in str((slot.get("params") or {}).get("speculative.types", "")).split(",")
+                     if t and t != "none"]
+            if types:
+                facts.speculative_type = ",".join(types)
         return facts
 
     def acceptance(self, before: Metrics, after: Metrics, requests: list[RequestRecord], k: int) -> Acceptance | None:
@@ -119,3 +127,85 @@ class LlamaCpp(Engine):
             finish_reason="length" if data.get("stop_type") == "limit" else "stop",
             spec=spec,
         )
+
+    # --- Agentic flags (tools/server, common/chat.cpp and common/arg.cpp of the pinned tree) ---
+    # llama-server has no tool-call parser flag: with Jinja templates (on by default) it renders
+    # the template with probe messages, diffs the renders and derives the tool-call and thinking
+    # markup from them (common/chat-diff-analyzer.cpp); a template that renders assistant calls
+    # as <tool_call>{"name", "arguments"}</tool_call> gets a JSON tool parser and a lazy grammar
+    # triggered by <tool_call>. A template that renders no tools gets none: calls come back as
+    # text. `--reasoning-format deepseek` puts what the model writes inside the template's
+    # thinking markers in `reasoning_content`; `none` leaves it in the content. The request's
+    # `chat_template_kwargs` reach the template as variables (`enable_thinking` is also read by
+    # the server itself: server-common.cpp `oaicompat_chat_params_parse`).
+
+    def agentic_flags(self, agentic: Agentic, chat_template: str | None) -> list[str]:
+        flags: list[str] = []
+        if chat_template is not None:
+            flags += ["--jinja", "--chat-template-file", chat_template]
+        if agentic.reasoning_parser is not None:
+            flags += ["--reasoning-format", agentic.reasoning_parser]
+        elif agentic.reasoning:
+            flags += ["--reasoning-format", "deepseek"]
+        return flags
+
+    # --- Teacher-forced scoring (KL gate) ---------------------------------------------------
+    # llama-server has no prompt-logprob mode (`echo` is refused): it reports probabilities
+    # only for the token it generates. So each position is probed with its prefix as a
+    # token-id prompt and `n_predict: 1`, and `logit_bias` makes the server *sample the
+    # forced token*: the reported `logprob` is then the forced token's, and `top_logprobs[0]`
+    # the argmax. Both come from the raw logits when `post_sampling_probs` is false
+    # (server-context.cpp `populate_token_probs` -> server-common.cpp
+    # `get_token_probabilities`: softmax over the whole vocabulary, bias not applied).
+    # With `cache_prompt` the successive prefixes cost one token each; the first probe of a
+    # sequence recomputes its whole prompt, so a prompt's numbers never depend on which
+    # prompt the slot held before (batched prefill and one-token decode differ in the last
+    # bits, and the exactness check would see it).
+
+    def tokenize_request(self, text: str) -> RequestSpec:
+        return RequestSpec(path="/tokenize", body={"content": text, "add_special": True})
+
+    def greedy_tokens_request(self, tokens: list[int], max_tokens: int, ignore_eos: bool) -> RequestSpec:
+        return RequestSpec(path="/completion", body={
+            "prompt": tokens, "n_predict": max_tokens, "temperature": 0.0, "top_k": 1,
+            "ignore_eos": ignore_eos, "cache_prompt": False, "stream": False, "return_tokens": True,
+            "response_fields": ["tokens", "stop_type"],
+        })
+
+    def parse_greedy_tokens(self, data: dict) -> list[int]:
+        return [int(t) for t in data["tokens"]]
+
+    def forced_probes(self, tokens: list[int], start: int) -> list[ForcedProbe]:
+        return [
+            ForcedProbe(path="/completion", body={
+                "prompt": tokens[:i], "n_predict": 1, "temperature": 0.0, "n_probs": 1,
+                "logit_bias": [[tokens[i], 1.0e4]], "cache_prompt": i > start, "stream": False,
+                "response_fields": ["completion_probabilities"],
+            }, positions=[i], forced=[tokens[i]])
+            for i in range(start, len(tokens))
+        ]
+
+    def parse_forced(self, probe: ForcedProbe, data: dict) -> list[ForcedScore]:
+        (position,), (forced,) = probe.positions, probe.forced
+        probs = data.get("completion_probabilities")
+        if not probs:
+            if probe.body["n_probs"] != 1:
+                raise ValueError(f"llama-server reported no probabilities for position {position}")
+            # The forced token's text is an incomplete UTF-8 sequence, and the server withholds
+            # such a token's probabilities (server-context.cpp `process_token`). Sample a plain
+            # ASCII token instead and find the forced one in the whole vocabulary: `n_probs` is
+            # clamped to the vocabulary size by the server.
+            body = {**probe.body, "logit_bias": [["a", 1.0e4]], "n_probs": 1 << 20}
+            raise ProbeRetry(probe.model_copy(update={"body": body}))
+        entry = probs[0]
+        top = entry.get("top_logprobs") or []
+        if not top:
+            raise ValueError(f"llama-server sent no top_logprobs for position {position} (post_sampling_probs?)")
+        if entry["id"] == forced:
+            logprob = float(entry["logprob"])
+        else:
+            found = [t["logprob"] for t in top if t["id"] == forced]
+            if not found:
+                raise ValueError(f"forced token {forced} missing from the {len(top)} probabilities at position {position}")
+            logprob = float(found[0])
+        return [ForcedScore(position=position, logprob=logprob, argmax=int(top[0]["id"]))]

@@ -54,8 +54,9 @@ import re
 import uuid
 from typing import Any
 
-from tasks.config import Lane
+from tasks.config import Agentic, Lane
 from tasks.engines.base import Engine, per_position_from_counts
+from tasks.kl_records import ForcedProbe, ForcedScore
 from tasks.records import Acceptance, BootFacts, Metrics, RequestRecord, RequestSpec, StreamEvent
 
 _PREFIX = re.compile(r"\[[\d-]+ [\d:.]+((?: [A-Z]+\d+)*)\] ?")
@@ -253,6 +254,77 @@ class SGLang(Engine):
             spec=_spec_fields(meta),
         )
 
+
+    # --- Agentic flags ----------------------------------------------------------------------
+    # SGLang turns the model's markup into OpenAI `tool_calls` only with `--tool-call-parser`,
+    # and splits thinking into `reasoning_content` only with `--reasoning-parser` (the seeds'
+    # GLM lane: glm47 and glm45); without them plain chat works and agents break silently.
+
+    def agentic_flags(self, agentic: Agentic, chat_template: str | None) -> list[str]:
+        flags: list[str] = []
+        if agentic.tool_parser is not None:
+            flags += ["--tool-call-parser", agentic.tool_parser]
+        if agentic.reasoning_parser is not None:
+            flags += ["--reasoning-parser", agentic.reasoning_parser]
+        if chat_template is not None:
+            flags += ["--chat-template", chat_template]
+        return flags
+
+    # --- Teacher-forced scoring (KL gate) ---------------------------------------------------
+    # Native /generate scores a whole token sequence in one request: `return_logprob` with
+    # `logprob_start_len: 0` returns `meta_info.input_token_logprobs`, one `[logprob, token_id,
+    # text|null]` per input token (the first token's logprob is null: nothing precedes it), and
+    # `top_logprobs_num: 1` adds `input_top_logprobs`, per position a list of `[logprob, id,
+    # text|null]` best first (null at position 0). `max_new_tokens: 0` generates nothing
+    # (python/sglang/srt/managers/tokenizer_manager.py `detokenize_logprob_tokens`; field
+    # practice: slime/miles reward models send exactly this body). A request that asks for
+    # input logprobs from position 0 cannot be served from the radix cache; a fresh
+    # `extra_key` makes that explicit.
+
+    def tokenize_request(self, text: str) -> RequestSpec:
+        # /tokenize (vLLM-compatible shape): {"prompt", "add_special_tokens"} -> {"tokens", "count", ...}
+        return RequestSpec(path="/tokenize", body={"prompt": text, "add_special_tokens": True})
+
+    def greedy_tokens_request(self, tokens: list[int], max_tokens: int, ignore_eos: bool) -> RequestSpec:
+        return RequestSpec(path="/generate", body={
+            "input_ids": tokens,
+            "sampling_params": {"temperature": 0.0, "max_new_tokens": max_tokens, "ignore_eos": ignore_eos},
+            "stream": False,
+            "extra_key": uuid.uuid4().hex,
+        })
+
+    def parse_greedy_tokens(self, data: dict) -> list[int]:
+        return [int(t) for t in data["output_ids"]]
+
+    def forced_probes(self, tokens: list[int], start: int) -> list[ForcedProbe]:
+        if start < 1:
+            raise ValueError("position 0 has no prefix to be scored from")
+        body = {
+            "input_ids": tokens,
+            "sampling_params": {"temperature": 0.0, "max_new_tokens": 0},
+            "return_logprob": True,
+            "logprob_start_len": 0,
+            "top_logprobs_num": 1,
+            "stream": False,
+            "extra_key": uuid.uuid4().hex,
+        }
+        positions = list(range(start, len(tokens)))
+        return [ForcedProbe(path="/generate", body=body, positions=positions, forced=tokens[start:])]
+
+    def parse_forced(self, probe: ForcedProbe, data: dict) -> list[ForcedScore]:
+        meta = data["meta_info"]
+        chosen, top = meta["input_token_logprobs"], meta["input_top_logprobs"]
+        n = len(probe.body["input_ids"])
+        if len(chosen) != n or len(top) != n:
+            raise ValueError(f"SGLang returned {len(chosen)} input logprobs for {n} input tokens")
+        scores = []
+        for position, forced in zip(probe.positions, probe.forced):
+            logprob, token_id = chosen[position][0], chosen[position][1]
+            if token_id != forced or logprob is None or not top[position]:
+                raise ValueError(f"SGLang input logprob at position {position} is {chosen[position]!r}, "
+                                 f"expected token {forced}")
+            scores.append(ForcedScore(position=position, logprob=float(logprob), argmax=int(top[position][0][1])))
+        return scores
 
 def _spec_fields(meta: dict) -> dict[str, float | list[float]] | None:
     """The final chunk's cumulative speculation counts, under the current field names."""

@@ -45,8 +45,9 @@ import math
 import re
 import uuid
 
-from tasks.config import Lane
+from tasks.config import Agentic, Lane
 from tasks.engines.base import Engine, per_position_from_counts
+from tasks.kl_records import ForcedProbe, ForcedScore
 from tasks.records import Acceptance, BootFacts, Metrics, RequestRecord, RequestSpec, StreamEvent
 
 _CONCURRENCY = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x")
@@ -190,3 +191,61 @@ class VLLM(Engine):
             prompt_tokens=usage.get("prompt_tokens") if finish is not None else None,
             finish_reason=finish,
         )
+
+    # --- Agentic flags ----------------------------------------------------------------------
+    # vLLM serves `tool_choice: auto` only with `--enable-auto-tool-choice` plus a
+    # `--tool-call-parser`; reasoning is split into `reasoning` (formerly `reasoning_content`)
+    # only with `--reasoning-parser`.
+
+    def agentic_flags(self, agentic: Agentic, chat_template: str | None) -> list[str]:
+        flags: list[str] = []
+        if agentic.tool_parser is not None:
+            flags += ["--enable-auto-tool-choice", "--tool-call-parser", agentic.tool_parser]
+        if agentic.reasoning_parser is not None:
+            flags += ["--reasoning-parser", agentic.reasoning_parser]
+        if chat_template is not None:
+            flags += ["--chat-template", chat_template]
+        return flags
+
+    # --- Teacher-forced scoring (KL gate) ---------------------------------------------------
+    # /v1/completions takes a token-id list as `prompt` (no BOS is added to ids) and, with the
+    # vLLM extension `prompt_logprobs: k`, returns per choice `prompt_logprobs`: null for the
+    # first token, then per position a dict `{"<token id>": {"logprob", "rank", "decoded_token"}}`
+    # holding the prompt token itself and the top k (rank 1 = argmax; -inf clamped to -9999.0,
+    # `clamp_prompt_logprobs`). k is capped by `--max-logprobs` (default 20); 1 is enough.
+    # `max_tokens: 0` is refused, so one token is generated and ignored. A prompt-logprob
+    # request bypasses the prefix cache. `return_token_ids` puts `token_ids` on the choice.
+
+    def tokenize_request(self, text: str) -> RequestSpec:
+        return RequestSpec(path="/tokenize", body={"prompt": text, "add_special_tokens": True})
+
+    def greedy_tokens_request(self, tokens: list[int], max_tokens: int, ignore_eos: bool) -> RequestSpec:
+        return RequestSpec(path="/v1/completions", body={
+            "prompt": tokens, "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": ignore_eos,
+            "return_token_ids": True, "stream": False,
+        })
+
+    def parse_greedy_tokens(self, data: dict) -> list[int]:
+        return [int(t) for t in data["choices"][0]["token_ids"]]
+
+    def forced_probes(self, tokens: list[int], start: int) -> list[ForcedProbe]:
+        if start < 1:
+            raise ValueError("position 0 has no prefix to be scored from")
+        body = {"prompt": tokens, "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 1, "stream": False}
+        return [ForcedProbe(path="/v1/completions", body=body, positions=list(range(start, len(tokens))),
+                            forced=tokens[start:])]
+
+    def parse_forced(self, probe: ForcedProbe, data: dict) -> list[ForcedScore]:
+        per_token = data["choices"][0]["prompt_logprobs"]
+        n = len(probe.body["prompt"])
+        if len(per_token) != n:
+            raise ValueError(f"vLLM returned {len(per_token)} prompt logprobs for {n} prompt tokens")
+        scores = []
+        for position, forced in zip(probe.positions, probe.forced):
+            entries = per_token[position] or {}
+            mine = entries.get(str(forced))
+            best = [int(t) for t, e in entries.items() if e.get("rank") == 1]
+            if mine is None or not best:
+                raise ValueError(f"vLLM prompt logprobs at position {position} lack token {forced} or the rank-1 token")
+            scores.append(ForcedScore(position=position, logprob=float(mine["logprob"]), argmax=best[0]))
+        return scores

@@ -1,0 +1,109 @@
+"""The `lanebench` command.
+
+Exit codes: 0 every lane passed or was skipped with a reason; 1 a gate or an expectation
+failed; 2 bad input (one line naming file, field and fix; nothing is run). The last line
+printed names the run folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from importlib import import_module
+from pathlib import Path
+
+from tasks.build import REPO
+
+DEFAULT_HOSTS = REPO / "hosts.yaml"
+# Flows that bring their own subcommand: each module has register_cli(subparsers), which
+# must stay cheap to import (no Prefect or GX at import time).
+_SUBCOMMANDS: list[str] = ["flows.kl", "flows.matrix", "flows.history", "flows.tools"]
+
+
+def _bad_input(message: str) -> int:
+    print(f"lanebench: error: {message}", file=sys.stderr)
+    return 2
+
+
+def _quiet_prefect() -> None:
+    """Telemetry off; Prefect's own logs at WARNING so the progress display stays readable."""
+    os.environ.setdefault("DO_NOT_TRACK", "1")
+    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    # The ephemeral server takes 15-25 s on 2 idle cores; its default 20 s limit fails on a busy box.
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+    logging.getLogger("great_expectations").setLevel(logging.WARNING)
+
+
+def cmd_nightly(args: argparse.Namespace) -> int:
+    from tasks.config import ConfigError, check_prompt_files, load_inventory
+
+    hosts = Path(args.hosts)
+    try:
+        inventory = load_inventory(hosts)
+        check_prompt_files(inventory, hosts)
+    except ConfigError as e:
+        return _bad_input(str(e))
+    unknown = [name for name in args.lane or [] if name not in inventory.lanes]
+    if unknown:
+        return _bad_input(f"--lane {unknown[0]}: no such lane in {hosts}. Fix: use one of: {', '.join(inventory.lanes)}")
+
+    _quiet_prefect()
+    from flows.nightly import nightly
+    from tasks.progress import say
+
+    artifacts = Path(args.artifacts)
+    state = nightly(hosts=str(hosts.resolve()), lanes=args.lane, artifacts_root=str(artifacts),
+                    return_state=True)
+    run_id = str(state.state_details.flow_run_id or "")
+    folders = sorted(artifacts.glob(f"*_nightly_{run_id[:8]}")) if run_id else []
+    if state.is_completed():
+        say(f"[green]nightly passed[/green]: {state.message or ''}".rstrip(": "))
+        code = 0
+    else:
+        say(f"[red]nightly failed[/red]: {state.message}")
+        code = 1
+    print(f"run folder: {folders[-1] if folders else '(none was created)'}")
+    return code
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from tasks.audit import audit
+
+    run = Path(args.run)
+    if not (run / "manifest.json").is_file():
+        return _bad_input(f"{run}: no manifest.json there. Fix: pass a run folder, e.g. artifacts/<time>_nightly_<id>")
+    result = audit(run)
+    for kind in ("missing", "changed", "extra"):
+        for rel in getattr(result, kind):
+            print(f"{kind}: {rel}")
+    print(f"{'ok' if result.ok else 'FAILED'}: {result.checked} files listed in the manifest, "
+          f"{len(result.missing)} missing, {len(result.changed)} changed, {len(result.extra)} extra")
+    return 0 if result.ok else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="lanebench", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("nightly", help="run every lane (or the named ones) through the lane flow")
+    p.add_argument("--hosts", default=str(DEFAULT_HOSTS), help="inventory file (default: the shipped hosts.yaml)")
+    p.add_argument("--lane", action="append", help="run only this lane (repeatable)")
+    p.add_argument("--artifacts", default=str(REPO / "artifacts"), help="folder that receives the run folder")
+    p.set_defaults(func=cmd_nightly)
+    p = sub.add_parser("verify", help="check every file of a run folder against the sha256 in its manifest")
+    p.add_argument("run", help="the run folder")
+    p.set_defaults(func=cmd_verify)
+    for module in _SUBCOMMANDS:
+        import_module(module).register_cli(sub)
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        print("lanebench: interrupted; what was measured so far is in the run folder", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,136 @@
+"""`lanebench history` (questions to the run history) and `lanebench serve` (deployments on a real server).
+
+    lanebench history                          the last runs, newest last
+    lanebench history metric LANE METRIC       a metric over the lane's last N runs, with what produced each number
+    lanebench history metrics [--lane L]       the metric names there are
+    lanebench history matrix [RUN]             the arms of a matrix run (the latest by default), side by side
+    lanebench history provenance RUN [--lane]  lanebench SHA, image digest, model/drafter sha256, engine binary
+    lanebench history sql "SELECT ..."         anything else, on the index's tables (tasks/history.py)
+    lanebench history reindex                  write the index to artifacts/.history.duckdb for other tools
+
+Every query rebuilds the index from the run folders first (they are the source of truth). A rich
+table by default; `--csv` for machines (full hashes, every column). Cheap to import: DuckDB,
+pandas and Prefect are imported when a command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+_SHORT = ("git_sha", "model_sha256", "drafter_sha256", "engine_sha256", "inventory_sha256", "config_sha256")
+
+
+def _print(df: Any, csv: bool, title: str) -> None:
+    if csv:
+        df.to_csv(sys.stdout, index=False)
+        return
+    import pandas as pd
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left")
+    shown = df.copy()
+    for col in shown.columns:
+        if col in _SHORT or col == "image":
+            shown[col] = [v[-12:] if col == "image" and isinstance(v, str) else v[:12] if isinstance(v, str) else v
+                          for v in shown[col]]
+        if col in ("engine_source", "launch_command", "reason", "config"):
+            shown[col] = [v if not isinstance(v, str) or len(v) <= 48 else v[:45] + "..." for v in shown[col]]
+        if pd.api.types.is_datetime64_any_dtype(shown[col]):
+            shown[col] = shown[col].dt.strftime("%Y-%m-%d %H:%M:%S")
+    for col in shown.columns:
+        table.add_column(str(col), overflow="fold")
+    for row in shown.itertuples(index=False):
+        table.add_row(*["" if v is None or (isinstance(v, float) and v != v) else
+                        f"{v:.4g}" if isinstance(v, float) else str(v) for v in row])
+    Console(width=max(160, 20 * len(shown.columns))).print(table)
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    from flows.cli import _bad_input
+    from tasks import history
+
+    root = Path(args.artifacts)
+    if not root.is_dir():
+        return _bad_input(f"--artifacts {root}: no such folder. Fix: pass the folder that holds the run folders")
+    what = args.what or "runs"
+    if what == "reindex":
+        print(f"index written: {history.reindex(root)}")
+        return 0
+    con = history.open_index(root)
+    if what == "runs":
+        _print(history.list_runs(con, args.flow, args.last), args.csv, f"runs under {root}")
+    elif what == "metric":
+        df = history.metric_history(con, args.lane, args.metric, args.last, args.flow)
+        if df.empty:
+            return _bad_input(f"no values of {args.metric} for lane {args.lane} under {root}. "
+                              "Fix: see `lanebench history metrics` for the lanes and metric names there are")
+        _print(df, args.csv, f"{args.lane} {args.metric}, last {len(df)} runs")
+    elif what == "metrics":
+        _print(history.available_metrics(con, args.lane), args.csv, "metrics in the history")
+    elif what in ("matrix", "provenance"):
+        run = history.resolve_run(con, args.run, "matrix" if what == "matrix" else None)
+        if run is None:
+            return _bad_input(f"run {args.run or '(latest matrix)'}: no such run (or not unique) under {root}. "
+                              "Fix: pass a run folder name or its short flow-run id, see `lanebench history runs`")
+        if what == "matrix":
+            _print(history.matrix_runs(con, run), args.csv, f"matrix {run}")
+        else:
+            _print(history.provenance(con, run, args.lane), args.csv, f"what produced {run}")
+    elif what == "sql":
+        _print(con.execute(args.query).df(), args.csv, args.query)
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from flows.cli import _quiet_prefect
+    from flows.deployments import serve
+
+    _quiet_prefect()
+    return serve(args.host, args.port, Path(args.home) if args.home else None, Path(args.prefect_file), args.pool,
+                 args.api_url, start_worker=not args.no_worker)
+
+
+def register_cli(subparsers: Any) -> None:
+    from tasks.build import REPO
+
+    p = subparsers.add_parser("history", help="query the run history (DuckDB over every run folder)")
+    p.add_argument("--artifacts", default=str(REPO / "artifacts"), help="folder that holds the run folders")
+    p.add_argument("--csv", action="store_true", help="CSV on stdout instead of a table")
+    p.add_argument("--last", type=int, default=20, help="at most this many runs (default 20)")
+    p.add_argument("--flow", default=None, help="only runs of this flow (nightly, matrix, kl)")
+    p.set_defaults(func=cmd_history, what=None)
+    sub = p.add_subparsers(dest="what")
+    sub.add_parser("runs", help="the last runs, newest last")
+    q = sub.add_parser("metric", help="a metric of a lane over its last N runs, with what produced each value")
+    q.add_argument("lane")
+    q.add_argument("metric", help="e.g. tok_s@c4, ttft_p95_s@c1, acceptance_length@code (see `history metrics`)")
+    q = sub.add_parser("metrics", help="the lanes and metric names in the history")
+    q.add_argument("--lane", default=None)
+    q = sub.add_parser("matrix", help="the arms of a matrix run side by side (default: the latest matrix run)")
+    q.add_argument("run", nargs="?", default=None, help="run folder name or short flow-run id")
+    q = sub.add_parser("provenance", help="lanebench SHA, image digest, model/drafter sha256 and binary of a run")
+    q.add_argument("run", help="run folder name or short flow-run id")
+    q.add_argument("--lane", default=None)
+    q = sub.add_parser("sql", help="any SQL on the index (tables runs, lanes, artifacts, decode, acceptance, "
+                                   "kl_summary, regression; view metrics)")
+    q.add_argument("query")
+    sub.add_parser("reindex", help="write the index to <artifacts>/.history.duckdb")
+    for q in sub.choices.values():  # the shared options also after the subcommand
+        q.add_argument("--artifacts", default=argparse.SUPPRESS)
+        q.add_argument("--csv", action="store_true", default=argparse.SUPPRESS)
+        q.add_argument("--last", type=int, default=argparse.SUPPRESS)
+        q.add_argument("--flow", default=argparse.SUPPRESS)
+
+    p = subparsers.add_parser("serve", help="run the prefect.yaml deployments on a real Prefect server with a worker")
+    p.add_argument("--host", default="127.0.0.1", help="server address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=4200, help="server port (default 4200)")
+    p.add_argument("--home", default=None, help="PREFECT_HOME for the server's SQLite database and the logs")
+    p.add_argument("--api-url", default=None, help="use this running Prefect server instead of starting one")
+    p.add_argument("--prefect-file", default=str(REPO / "prefect.yaml"))
+    p.add_argument("--pool", default="lanebench", help="process work pool (created when missing)")
+    p.add_argument("--no-worker", action="store_true", help="deploy only; run a worker elsewhere")
+    p.set_defaults(func=cmd_serve)

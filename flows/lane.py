@@ -1,0 +1,210 @@
+"""The lane flow: one serving configuration, from preflight to validated results.
+
+    preflight -> boot -> boot gates (declared, agentic smoke, thinking switch) -> warmup
+              -> decode curve -> acceptance probe -> tool gate -> needle ladder
+              -> expectations -> artifacts            (teardown on every path)
+
+Read it as the recipe the seeds did by hand. A failed precondition skips the lane with its
+reason; a failed boot gate stops the lane's measurements and names gate, value and threshold;
+a failed correctness gate (tool gate, needle ladder) fails the lane after its tables are kept;
+a table that fails its expectations is quarantined and fails the lane.
+
+`stages="tools"` (used by `lanebench tools`) boots, runs the boot gates and the tool gate
+only; `held_out=True` adds the held-out tool suite. Matrix arms skip the tool gate and the
+needle ladder (`SPEED_ONLY_FLOWS`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Literal
+
+from prefect import flow, get_run_logger
+from prefect.states import Completed, Failed, State
+
+from tasks import correctness
+from tasks.acceptance import acceptance_probe
+from tasks.artifacts import LaneRecord, RunFolder
+from tasks.boot import Server, boot, stop
+from tasks.config import CapacityGate, Host, Lane, shipped_or_local
+from tasks.decode_curve import decode_curve
+from tasks.engines import engine_for
+from tasks.gates import GateFailed, capacity_gate, counter_gate
+from tasks.needles import needle_ladder
+from tasks.preflight import preflight, resolve
+from tasks.progress import progress
+from tasks.prompts import Prompt, load_prompts
+from tasks.records import GateResult
+from tasks.smoke import smoke_gate
+from tasks.thinking import thinking_check
+from tasks.tool_gate import tool_gate
+from tasks.warmup import warmup
+
+
+# Flows whose lanes are speed measurements of one target under many arms (drafter x K): the
+# target's tool gate and needle ladder are the nightly's and `lanebench tools`' business, and
+# would cost every arm a minute. The agentic boot gates still run (they are seconds).
+SPEED_ONLY_FLOWS = frozenset({"matrix"})
+
+
+def _resolved(lane: Lane, base_dir: Path) -> Lane:
+    """The lane with file paths made absolute against the inventory's folder, and its agentic
+    declarations (tools, reasoning, chat template) turned into the engine's launch flags."""
+    update: dict = {"model": lane.model.model_copy(update={"path": str(resolve(base_dir, lane.model.path))})}
+    if lane.drafter is not None:
+        update["drafter"] = lane.drafter.model_copy(update={"path": str(resolve(base_dir, lane.drafter.path))})
+    if lane.agentic is not None:
+        template = lane.agentic.chat_template
+        path = str(shipped_or_local(base_dir, template)) if template is not None else None
+        update["flags"] = engine_for(lane.engine).agentic_flags(lane.agentic, path) + list(lane.flags)
+    return lane.model_copy(update=update)
+
+
+def _prompt_sets(lane: Lane, base_dir: Path) -> tuple[list[Prompt], dict[str, list[Prompt]]]:
+    decode = load_prompts(resolve(base_dir, lane.bench.decode.prompts))
+    classes: dict[str, list[Prompt]] = {}
+    if lane.bench.acceptance is not None:
+        plan = lane.bench.acceptance
+        classes = {c: load_prompts(resolve(base_dir, p), plan.prompts_per_class) for c, p in plan.classes.items()}
+    return decode, classes
+
+
+@flow(name="lane", flow_run_name="lane-{lane_name}")
+def lane_flow(lane_name: str, lane: Lane, host: Host, base_dir: Path, run_dir: str,
+              stages: Literal["all", "tools"] = "all", held_out: bool = False) -> State:
+    logger = get_run_logger()
+    run = RunFolder.opened(run_dir)
+    record = run.lane(lane_name)
+    record.config = lane.model_dump(mode="json")
+
+    def stage(name: str) -> None:
+        record.stage = name
+        run.save_manifest()
+        progress(lane_name, name)
+
+    def keep(rec) -> None:
+        run.append_jsonl(lane_name, "requests.jsonl", rec)
+
+    # 1. Preflight: binary, model files with declared bytes, port free.
+    stage("preflight")
+    pre = preflight(lane_name, lane, host, base_dir)
+    record.engine_identity, record.models = pre.engine_identity, [m.model_dump() for m in pre.models]
+    if not pre.ok:
+        record.status, record.reason = "skipped", pre.reason
+        run.save_manifest()
+        logger.warning("lane %s skipped: %s", lane_name, pre.reason)
+        return Completed(name="Skipped", message=pre.reason)
+
+    lane = _resolved(lane, base_dir)
+    decode_prompts, class_prompts = _prompt_sets(lane, base_dir)
+    server: Server | None = None
+    try:
+        # 2. Boot: start, wait for health, keep the whole log, read what the server resolved.
+        stage("boot")
+        server, facts, seconds = boot(lane_name, lane, pre.binary, host.address, run.lane_dir(lane_name) / "boot.log")
+        record.launch_command, record.boot_seconds = server.command, seconds
+        record.boot_facts = facts.model_dump()
+        run.save_manifest()
+
+        # 3. Boot gates, declared per lane: any failure stops this lane's measurements.
+        stage("boot gates")
+        probe = min([*decode_prompts, *(p for ps in class_prompts.values() for p in ps)], key=lambda p: len(p.text))
+        for gate in lane.gates:
+            if isinstance(gate, CapacityGate):
+                result = capacity_gate(gate, lane, facts)
+            else:
+                result = counter_gate(gate, server, lane_name, lane, probe)
+            record.gates.append(result.model_dump())
+            run.save_manifest()
+            if not result.passed:
+                raise GateFailed(result)
+        # The workload the lane declares it serves: structured tool calls, reasoning apart from
+        # the content (the seeds' missing parser flags), and every declared thinking switch.
+        # Recorded with the correctness verdicts (manifest flow.correctness.<lane>.gates).
+        agentic = [*smoke_gate(server, lane), *thinking_check(server, lane)]
+        correctness.verdicts(run, lane_name).extend(r.model_dump() for r in agentic)
+        run.save_manifest()
+        if failed_gate := next((r for r in agentic if not r.passed), None):
+            raise GateFailed(failed_gate)
+
+        if stages == "tools":
+            return _correctness(run, record, lane_name, lane, host, base_dir, server, stage, held_out,
+                                needles=False)
+
+        # 4. Warmup: every batch shape a bench will use, first hit recorded apart.
+        stage("warmup")
+        shapes = [(c, "decode", lane.bench.decode.max_tokens) for c in lane.bench.decode.concurrency]
+        if lane.bench.acceptance is not None:
+            shapes += [(1, c, lane.bench.acceptance.max_tokens) for c in class_prompts]
+        warm = warmup(server, lane_name, lane.engine, shapes, {"decode": decode_prompts, **class_prompts}, keep)
+        run.write_table(lane_name, "warmup", warm)
+
+        # 5. Decode curve: repeats at each concurrency level, median and spread.
+        stage("decode curve")
+        rows = decode_curve(server, lane_name, lane.engine, lane.bench.decode, lane.bench.repeats, decode_prompts,
+                            keep, on_progress=lambda s: progress(lane_name, s))
+        run.write_table(lane_name, "decode", rows)
+
+        # 6. Acceptance probe: per prompt class, counter deltas over the probe window only.
+        if lane.speculative is not None and lane.bench.acceptance is not None:
+            stage("acceptance probe")
+            acc_rows, silent = acceptance_probe(server, lane_name, lane.engine, lane.speculative.k, class_prompts,
+                                                lane.bench.acceptance.max_tokens, lane.bench.repeats, keep,
+                                                on_progress=lambda s: progress(lane_name, s))
+            for prompt_class in silent:
+                record.warnings.append(f"acceptance probe: class {prompt_class} had no verification step")
+            if acc_rows:
+                run.write_table(lane_name, "acceptance", acc_rows)
+
+        # 7-8. Correctness on the same booted server: tool-call gate, needle ladder; then
+        # expectations on the raw records too. Any failed suite or gate fails the lane.
+        if run.manifest.flow.get("name") in SPEED_ONLY_FLOWS:
+            return _correctness(run, record, lane_name, lane.model_copy(update={"correctness": None}), host,
+                                base_dir, server, stage, held_out, needles=False)
+        return _correctness(run, record, lane_name, lane, host, base_dir, server, stage, held_out, needles=True)
+    except GateFailed as e:
+        record.status, record.reason = "failed", str(e)
+        return Failed(message=str(e))
+    except Exception as e:  # a crashed stage fails this lane, not the run
+        record.status, record.reason = "failed", f"{record.stage}: {type(e).__name__}: {e}"
+        logger.exception("lane %s failed in %s", lane_name, record.stage)
+        return Failed(message=record.reason)
+    finally:
+        # Teardown on every path: success, failure, cancellation.
+        if server is not None:
+            stop(server)
+            run.register(lane_name, f"{lane_name}/boot.log", "boot-log")
+        try:
+            correctness.write(run, lane_name)
+        except Exception as e:  # a view of the verdicts and tables; losing it must not lose the lane
+            record.warnings.append(f"correctness.md: {type(e).__name__}: {e}")
+        run.save_manifest()
+
+
+def _correctness(run: RunFolder, record: LaneRecord, lane_name: str, lane: Lane, host: Host, base_dir: Path,
+                 server: Server, stage: Callable[[str], None], held_out: bool, needles: bool) -> State:
+    """Tool gate and needle ladder (their tables kept whatever the verdict), then expectations."""
+    verdicts: list[GateResult] = []
+    if lane.correctness is not None and lane.correctness.tool_gate is not None:
+        stage("tool gate")
+        verdicts += tool_gate(server, run, lane_name, lane, host, base_dir, held_out)
+    if needles and lane.correctness is not None and lane.correctness.needles is not None:
+        stage("needle ladder")
+        ladder = needle_ladder(server, run, lane_name, lane)
+        verdicts += [ladder] if ladder is not None else []
+    correctness.verdicts(run, lane_name).extend(r.model_dump() for r in verdicts)
+    run.save_manifest()
+
+    stage("expectations")
+    run.validate_raw(lane_name, "requests.jsonl", "requests")
+    failed = [e for e in run.manifest.artifacts if e.lane == lane_name and e.validation == "failed"]
+    if failed:
+        kinds = ", ".join(sorted({e.kind for e in failed}))
+        record.status, record.reason = "failed", f"expectations failed for {kinds}; results quarantined"
+        return Failed(message=record.reason)
+    if failed_gate := next((r for r in verdicts if not r.passed), None):
+        record.status, record.reason = "failed", str(GateFailed(failed_gate))
+        return Failed(message=record.reason)
+    record.status = "passed"
+    return Completed(message="passed")

@@ -1,0 +1,268 @@
+"""The drafter matrix flow: drafters x K x prompt class on one lane, judged against bars set before the run.
+
+    load and check the matrix file -> register the bars (hash of bars + prompt sets, in the
+    manifest before any arm boots) -> each arm in turn, booted fresh through the lane flow
+    (preflight, boot, gates, warmup, decode rows, acceptance probe, expectations; teardown on
+    every path) -> arm x class table, verdict table (GX) -> plots, report.md, Prefect artifacts
+
+The seeds' October matrix, made one command: five arms booted fresh, medians of three,
+per-position curves, bars written down first, and a verdict published even when negative.
+An arm that fails a gate (or is skipped by preflight) is recorded with its reason and the
+matrix goes on; its bars read `no-data`, which never passes.
+
+`lanebench matrix FILE` exits 0 when the matrix ran completely, whatever the verdict (a
+drafter failing its bars is a result; add `--require-bars` to exit 1 on a failed bar), 1 when
+the matrix is incomplete (an arm failed or was skipped, a table was quarantined, or the
+registered bars were altered), 2 on bad input. Its last line names the run folder.
+
+The Prefect flow is `matrix(matrix_file, artifacts_root="artifacts")`; relative paths are
+resolved against the repository, so a deployment needs only `matrix_file`. This module stays
+cheap to import: Prefect is imported on first use of the flow (PEP 562 `__getattr__`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+_flow: Any = None
+MATRIX_DIR = "matrix"  # run-folder folder of the cross-arm tables and plots
+
+
+def _in_repo(p: str) -> Path:
+    from tasks.build import REPO
+
+    q = Path(p).expanduser()
+    return q if q.is_absolute() else (REPO / q).resolve()
+
+
+def run_matrix(matrix_file: str, artifacts_root: str = "artifacts") -> Any:
+    """The flow body: one run of `matrix_file` into a new `*_matrix_*` run folder under `artifacts_root`."""
+    from prefect import get_run_logger
+    from prefect.runtime import flow_run
+    from prefect.states import Completed, Failed
+
+    from flows.lane import lane_flow
+    from tasks.artifacts import RunFolder
+    from tasks.files import sha256_of
+    from tasks.host_lock import host_lock, limit_name
+    from tasks.matrix import arm_lane, arm_port, load_matrix
+    from tasks.matrix_bars import earlier_run, register
+    from tasks.progress import progress
+
+    logger = get_run_logger()
+    path = _in_repo(matrix_file)
+    m = load_matrix(path)  # a ConfigError fails the flow with its one line
+    root = _in_repo(artifacts_root)
+    run = RunFolder(root, "matrix", str(flow_run.get_id()), path)
+    logger.info("run folder %s", run.path)
+
+    # Register the bars before anything is measured: hash, file, manifest.
+    reg = register(m.name, m.path, m.bars, m.spec.baseline, m.prompt_sets, m.prompt_counts, m.spec.prompts_per_class)
+    (run.path / "registration.json").write_text(reg.model_dump_json(indent=2))
+    reg_entry = run.register("", "registration.json", "registration")
+    earlier = earlier_run(root, reg, run.path)
+    run.manifest.flow["matrix"] = {
+        "name": m.name, "file": str(m.path), "file_sha256": sha256_of(m.path),
+        "inventory": {"path": str(m.inventory_path), "sha256": sha256_of(m.inventory_path)},
+        "target": m.spec.target, "registration_sha256": reg.sha256, "registration_file_sha256": reg_entry.sha256,
+        "registration": reg.model_dump(mode="json"), "earlier_run": earlier.model_dump() if earlier else None,
+        "host_lock": limit_name(m.host_name), "arms": {a.name: a.model_dump(mode="json") for a in m.arms},
+    }
+    run.save_manifest()
+    progress("matrix", f"{m.name}: {len(m.arms)} arms x {len(m.prompt_sets)} classes, bars registered "
+                       f"(sha256 {reg.sha256[:12]})")
+    for line in earlier.lines() if earlier else [f"first registered run of matrix {m.name} here"]:
+        progress("matrix", line)
+        if "CHANGED" in line:
+            logger.warning(line)
+
+    try:
+        for i, arm in enumerate(m.arms, 1):
+            progress("matrix", f"arm {i}/{len(m.arms)}: {arm.name} (drafter {arm.drafter} @ {arm.revision}, K={arm.k})")
+            facts = run.manifest.flow["matrix"]["arms"][arm.name]
+            # One job per host: held from the port check to after teardown (tasks/host_lock.py).
+            with host_lock(m.host_name, on_wait=lambda msg, name=arm.name: progress(name, msg)) as hold:
+                port, why = arm_port(m.host.address, m.target.port)
+                facts.update(started_at=datetime.now(UTC).isoformat(), port=port, port_note=why)
+                run.save_manifest()
+                if why:
+                    progress(arm.name, why)
+                lane = arm_lane(m, arm).model_copy(update={"port": port})
+                state = lane_flow(arm.name, lane, m.host, m.inventory_path.parent, str(run.path), return_state=True)
+                facts["finished_at"] = datetime.now(UTC).isoformat()
+            facts["host_lock"] = hold.model_dump()
+            record = run.lane(arm.name)
+            if record.status == "running":  # the subflow died outside its own error handling
+                record.status, record.reason = "failed", f"{record.stage}: {state.message}"
+            facts["state"] = state.name
+            run.save_manifest()
+            progress(arm.name, f"{record.status}{': ' + record.reason if record.reason else ''}")
+    finally:
+        complete, message = _finish(run, m)
+    return Completed(message=message) if complete else Failed(message=message)
+
+
+def _registered_copy(run: Any) -> tuple[Any, str]:
+    """The registration as written before the first boot, checked against the hashes in the manifest."""
+    from tasks.files import sha256_of
+    from tasks.matrix_bars import Registration
+
+    facts = run.manifest.flow["matrix"]
+    path = run.path / "registration.json"
+    reg = Registration.model_validate_json(path.read_text())
+    problems = []
+    if sha256_of(path) != facts["registration_file_sha256"]:
+        problems.append("registration.json changed after it was registered")
+    if reg.sha256 != facts["registration_sha256"] or reg.recomputed() != (reg.bars_sha256, reg.prompt_sets_sha256):
+        problems.append("the registered bars no longer match their hash")
+    return reg, "; ".join(problems)
+
+
+def _finish(run: Any, m: Any) -> tuple[bool, str]:
+    """Tables (GX), plots, report and Prefect artifacts from whatever the arms left; (complete, message)."""
+    from tasks.files import sha256_of
+    from tasks.matrix_report import curves_png, k_png, render
+    from tasks.matrix_verdict import collect, drafter_verdicts, judge
+    from tasks.report import render as render_lanes
+
+    facts = run.manifest.flow["matrix"]
+    reg, altered = _registered_copy(run)
+    if sha256_of(m.path) != facts["file_sha256"]:
+        facts["file_changed_during_run"] = f"sha256 now {sha256_of(m.path)[:12]}, registered {facts['file_sha256'][:12]}"
+    rows, speed, warnings = collect(run, m)
+    for c, f in reg.prompt_sets.items():
+        if sha256_of(f.path) != f.sha256:
+            warnings.append(f"prompt set {c} ({f.path}) changed during the run: later arms may have probed other prompts")
+    verdict = [] if altered else judge(reg, m, rows, speed)
+    drafters = drafter_verdicts(m, verdict)
+    run.lane_dir(MATRIX_DIR)
+    quarantined = []
+    _, entry = run.write_table(MATRIX_DIR, "matrix_arms", rows)
+    quarantined += [entry.path] if entry.validation == "failed" else []
+    if verdict:
+        _, entry = run.write_table(MATRIX_DIR, "matrix_verdict", verdict)
+        quarantined += [entry.path] if entry.validation == "failed" else []
+    plots = {}
+    for title, name, draw in (("Per-position acceptance per class", "per_position.png", lambda p: curves_png(m, rows, p)),
+                              ("Acceptance, draft efficiency and tok/s against K", "k_sweep.png",
+                               lambda p: k_png(m, rows, speed, p))):
+        rel = f"{MATRIX_DIR}/{name}"
+        if draw(run.path / rel):
+            run.register(MATRIX_DIR, rel, "plot")
+            plots[title] = rel
+    incomplete = [a.name for a in m.arms if run.lane(a.name).status != "passed"]
+    complete = not incomplete and not quarantined and not altered
+    facts["verdict"] = {
+        "complete": complete, "incomplete_arms": incomplete, "quarantined": quarantined, "registration_altered": altered,
+        "drafters": {d.drafter: {"verdict": d.verdict, **d.model_dump(exclude={"drafter"})} for d in drafters},
+        "bars_failed": sum(v.outcome == "fail" for v in verdict), "bars_passed": sum(v.outcome == "pass" for v in verdict),
+        "bars_no_data": sum(v.outcome == "no-data" for v in verdict),
+    }
+    run.finish()
+    if altered:
+        warnings.insert(0, f"NO VERDICT: {altered}")
+    report = render(run.path.name, json.loads(run.manifest.model_dump_json()), m, reg,
+                    _earlier(facts), rows, speed, verdict, drafters, plots, warnings, quarantined, render_lanes(run))
+    (run.path / "report.md").write_text(report)
+    run.register("", "report.md", "report")
+    _publish(rows, verdict, report, run.path.name)
+    summary = "; ".join(f"{d.drafter} {d.verdict} ({d.failed}/{d.checks} failed)" for d in drafters if d.checks)
+    if complete:
+        return True, f"verdict: {summary}"
+    why = [f"arms not passed: {', '.join(incomplete)}"] if incomplete else []
+    why += [f"quarantined: {', '.join(quarantined)}"] if quarantined else []
+    why += [altered] if altered else []
+    return False, f"incomplete matrix ({'; '.join(why)}); verdict so far: {summary}"
+
+
+def _earlier(facts: dict) -> Any:
+    from tasks.matrix_bars import EarlierRun
+
+    return EarlierRun.model_validate(facts["earlier_run"]) if facts.get("earlier_run") else None
+
+
+def _publish(rows: list, verdict: list, report: str, run_name: str) -> None:
+    """The verdict and arm tables and the report as Prefect artifacts, for the UI."""
+    import pandas as pd
+    from prefect.artifacts import create_markdown_artifact, create_table_artifact
+
+    if verdict:
+        df = pd.DataFrame([v.model_dump() for v in verdict]).drop(columns=["bars_sha256"])
+        create_table_artifact(key="matrix-verdict", table=df.round(4).astype(object).where(df.notna(), None)
+                              .to_dict(orient="records"), description=f"bars x arms ({run_name})")
+    df = pd.DataFrame([r.model_dump() for r in rows])
+    df["per_position"] = [" ".join(f"{p:.3f}" for p in pp) if pp else "" for pp in df.per_position]
+    create_table_artifact(key="matrix-arms", table=df.round(4).astype(object).where(df.notna(), None)
+                          .to_dict(orient="records"), description=f"arm x prompt class ({run_name})")
+    create_markdown_artifact(key="matrix-report", markdown=report, description=run_name)
+
+
+def _run_name() -> str:
+    """`matrix-<file stem>`: the UI lists runs by matrix, not by absolute path."""
+    from prefect.runtime import flow_run
+
+    return f"matrix-{Path(str(flow_run.parameters.get('matrix_file', 'matrix'))).stem}"
+
+
+def __getattr__(name: str) -> Any:
+    """`flows.matrix.matrix`: the Prefect flow, built on first access (PEP 562)."""
+    global _flow
+    if name != "matrix":
+        raise AttributeError(name)
+    if _flow is None:
+        import tasks.host_lock  # noqa: F401  # sets the lease storage before any Prefect server starts
+        from prefect import flow
+
+        _flow = flow(name="matrix", flow_run_name=_run_name)(run_matrix)
+    return _flow
+
+
+def cmd_matrix(args: argparse.Namespace) -> int:
+    from flows.cli import _bad_input, _quiet_prefect
+    from tasks.config import ConfigError
+    from tasks.matrix import load_matrix
+
+    path = Path(args.file)
+    try:
+        load_matrix(path)
+    except ConfigError as e:
+        return _bad_input(str(e))
+
+    _quiet_prefect()
+    from tasks.progress import say
+
+    artifacts = Path(args.artifacts).resolve()
+    state = __getattr__("matrix")(matrix_file=str(path.resolve()), artifacts_root=str(artifacts), return_state=True)
+    run_id = str(state.state_details.flow_run_id or "")
+    folders = sorted(artifacts.glob(f"*_matrix_{run_id[:8]}")) if run_id else []
+    verdict: dict = {}
+    if folders:
+        verdict = json.loads((folders[-1] / "manifest.json").read_text())["flow"].get("matrix", {}).get("verdict") or {}
+    for name, d in (verdict.get("drafters") or {}).items():
+        if d["checks"]:
+            colour = "green" if d["verdict"] == "PASSED" else "red"
+            say(f"drafter [bold]{name}[/bold]: [{colour}]{d['verdict']}[/{colour}] "
+                f"({d['passed']} passed, {d['failed']} failed, {d['no_data']} not measured of {d['checks']} checks)")
+    if state.is_completed():
+        say(f"[green]matrix complete[/green]: {state.message}")
+        code = 1 if args.require_bars and verdict.get("bars_failed", 0) else 0
+    else:
+        say(f"[red]matrix incomplete[/red]: {state.message}")
+        code = 1
+    print(f"run folder: {folders[-1] if folders else '(none was created)'}")
+    return code
+
+
+def register_cli(subparsers: Any) -> None:
+    from tasks.build import REPO
+
+    p = subparsers.add_parser("matrix", help="drafter matrix: drafters x K x prompt class, judged against registered bars")
+    p.add_argument("file", help="matrix file (e.g. matrix/rehearsal.yaml)")
+    p.add_argument("--artifacts", default=str(REPO / "artifacts"), help="folder that receives the run folder")
+    p.add_argument("--require-bars", action="store_true",
+                   help="exit 1 when any bar fails (default: a failed bar is a verdict, exit 0)")
+    p.set_defaults(func=cmd_matrix)

@@ -1,0 +1,179 @@
+"""The nightly flow: every lane in the inventory (or the named ones), one after another, then the
+morning question: did anything get worse, and can I trust that it did?
+
+Each lane runs as its own subflow while holding its host's global concurrency limit
+(`gpu:<host>`, tasks/host_lock.py), so a matrix or a second nightly aimed at the same box waits
+instead of measuring on top of it. One lane's skip or failure never stops the others. Each
+lane that passed is then compared, metric by metric, with a baseline window of earlier good
+nightlies of the same lane (tasks/regression.py); a regression fails the night like a failed
+gate does, and the on-failure hook posts a notification (tasks/notify.py). The run folder is
+written as the run goes and finished with plots and the report, whatever happened.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, get_run_logger
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.runtime import flow_run
+from prefect.states import Completed, Failed, State
+
+from flows.lane import lane_flow
+from tasks.artifacts import RunFolder
+from tasks.config import Inventory, load_inventory
+from tasks.host_lock import Hold, host_lock, limit_name
+from tasks.notify import on_failure
+from tasks.progress import progress
+from tasks.regression import LaneComparison, RegressionPolicy, describe
+from tasks.report import embed_images, render
+
+TREND_RUNS = 30  # runs shown in a trend plot
+POLICY_ENV = "LANEBENCH_REGRESSION"  # JSON of RegressionPolicy fields, for runs started from the CLI
+
+
+def _artifact_key(*parts: str) -> str:
+    return "-".join(parts).lower().replace("_", "-").replace(".", "-").replace("@", "-")
+
+
+def _publish(run: RunFolder, report: str) -> None:
+    """The same tables as Prefect artifacts, and the report with its plots inlined, for the UI."""
+    import pandas as pd
+
+    for entry in run.manifest.artifacts:
+        if entry.kind in ("decode", "acceptance", "regression") and entry.validation == "passed":
+            df = pd.read_parquet(run.path / entry.path)
+            if "per_position" in df:
+                df["per_position"] = [" ".join(f"{p:.3f}" for p in pp) for pp in df.per_position]
+            create_table_artifact(key=_artifact_key(entry.lane, entry.kind),
+                                  table=df.round(4).astype(object).where(df.notna(), None).to_dict(orient="records"),
+                                  description=f"{entry.kind} for lane {entry.lane}")
+    create_markdown_artifact(key="nightly-report", markdown=embed_images(report, run.path), description=run.path.name)
+
+
+def _run_lane(run: RunFolder, inventory: Inventory, inventory_path: Path, name: str) -> None:
+    """One lane under its host lock; whatever happens, the lane ends with a status and the hold is recorded."""
+    lane = inventory.lanes[name]
+    hold: Hold | None = None
+    message = "did not finish"
+    try:
+        with host_lock(lane.host, on_wait=lambda m: progress(name, m)) as hold:
+            state = lane_flow(name, lane, inventory.hosts[lane.host], inventory_path.parent, str(run.path),
+                              return_state=True)
+            message = str(state.message)
+    except Exception as e:  # the lock itself failed (timeout, lease lost, server gone)
+        message = f"host lock {limit_name(lane.host)}: {type(e).__name__}: {e}"
+    finally:
+        if hold is not None:
+            run.manifest.flow.setdefault("host_locks", {})[name] = hold.model_dump()
+        record = run.lane(name)
+        if record.status == "running":  # the subflow died outside its own error handling
+            record.status, record.reason = "failed", f"{record.stage}: {message}" if record.stage else message
+        run.save_manifest()
+
+
+def _history(con: Any, lane: str, metrics: list[str]) -> dict[str, Any]:
+    out = {}
+    for metric in metrics:
+        df = con.execute("""SELECT * FROM (SELECT run, started_at, value, regressed FROM metrics
+                            WHERE flow = 'nightly' AND lane = ? AND metric = ? AND passed
+                            ORDER BY started_at DESC LIMIT ?) ORDER BY started_at""",
+                         [lane, metric, TREND_RUNS]).df()
+        if not df.empty:
+            out[metric] = df
+    return out
+
+
+def _plots(run: RunFolder, name: str, con: Any, comparison: LaneComparison | None) -> None:
+    """Concurrency curve, per-position acceptance and the trend, registered beside the tables."""
+    import pandas as pd
+
+    from tasks import plots
+
+    tables = {a.kind: a for a in run.manifest.artifacts if a.lane == name and a.validation == "passed"}
+    made = []
+    if "decode" in tables:
+        made.append(plots.concurrency_curve(pd.read_parquet(run.path / tables["decode"].path),
+                                            run.lane_dir(name) / "concurrency.png", name))
+    if "acceptance" in tables:
+        made.append(plots.acceptance_positions(pd.read_parquet(run.path / tables["acceptance"].path),
+                                               run.lane_dir(name) / "acceptance.png", name))
+    if comparison is not None and con is not None:
+        history = _history(con, name, [r.metric for r in comparison.rows])
+        made.append(plots.trend(history, comparison.rows, run.path.name, run.lane_dir(name) / "trend.png", name))
+    for path in made:
+        if path is not None:
+            run.register(name, str(path.relative_to(run.path)), "plot")
+
+
+def _against_baseline(run: RunFolder, artifacts_root: str, policy: RegressionPolicy) -> dict[str, LaneComparison]:
+    """Compare every passed lane with its baseline window; write each comparison (GX-validated) and the plots."""
+    from tasks.history import open_index
+    from tasks.regression import compare_lane
+
+    run.save_manifest()
+    passed = [n for n, r in run.manifest.lanes.items() if r.status == "passed"]
+    con = open_index(artifacts_root) if passed else None
+    comparisons: dict[str, LaneComparison] = {}
+    for name in passed:
+        progress(name, "against the baseline")
+        comparison = compare_lane(con, run.path.name, name, policy)
+        record = run.lane(name)
+        if comparison.config_changes:
+            record.warnings.append("lane config differs from the newest baseline run: "
+                                   + "; ".join(comparison.config_changes))
+        _, entry = run.write_table(name, "regression", comparison.rows)
+        if entry.validation == "failed":
+            record.status, record.reason = "failed", "expectations failed for regression; comparison quarantined"
+        else:
+            comparisons[name] = comparison
+    for name in run.manifest.lanes:
+        try:
+            _plots(run, name, con, comparisons.get(name))
+        except Exception as e:  # a plot is a view of the tables; losing it must not lose the night
+            run.lane(name).warnings.append(f"plots: {type(e).__name__}: {e}")
+    if con is not None:
+        con.close()
+    return comparisons
+
+
+@flow(name="nightly", on_failure=[on_failure], on_crashed=[on_failure])
+def nightly(hosts: str = "hosts.yaml", lanes: list[str] | None = None, artifacts_root: str = "artifacts",
+            regression: RegressionPolicy | None = None) -> State:
+    logger = get_run_logger()
+    policy = regression or RegressionPolicy.model_validate_json(os.environ.get(POLICY_ENV) or "{}")
+    inventory_path = Path(hosts).resolve()
+    inventory = load_inventory(inventory_path)
+    names = lanes or list(inventory.lanes)
+    run = RunFolder(Path(artifacts_root), "nightly", str(flow_run.get_id()), inventory_path)
+    run.manifest.flow["regression_policy"] = policy.model_dump()
+    logger.info("run folder %s", run.path)
+    comparisons: dict[str, LaneComparison] = {}
+    problems: list[str] = []
+    try:
+        for name in names:
+            _run_lane(run, inventory, inventory_path, name)
+    finally:
+        try:
+            comparisons = _against_baseline(run, artifacts_root, policy)
+        except Exception as e:  # a night that cannot be judged must not pass as a good one
+            logger.exception("regression check failed")
+            problems.append(f"regression check could not run: {type(e).__name__}: {e}")
+            run.manifest.flow["regression_error"] = problems[-1]
+        run.finish()
+        try:
+            report = render(run)
+        except Exception as e:  # the tables and the manifest are the record; a report bug must not hide them
+            logger.exception("report could not be rendered")
+            problems.append(f"report.md could not be rendered: {type(e).__name__}: {e}")
+            report = f"# lanebench nightly run `{run.path.name}`\n\n{problems[-1]}\n"
+        (run.path / "report.md").write_text(report)
+        run.register("", "report.md", "report")
+        _publish(run, report)
+    problems = [f"{n}: {r.reason}" for n, r in run.manifest.lanes.items() if r.status == "failed"] + problems
+    problems += [f"regression {describe(r)}" for c in comparisons.values() for r in c.regressions]
+    if problems:
+        return Failed(message="; ".join(problems))
+    return Completed(message=str(run.path))

@@ -1,0 +1,151 @@
+"""`lanebench tools`: the tool-call gate on demand, on a freshly booted lane.
+
+    preflight -> boot -> boot gates (declared, agentic smoke, thinking switch)
+              -> tool gate: dev suite [+ held-out suite with --held-out] -> report   (teardown always)
+
+The nightly runs the dev suite on every lane that declares a tool gate; this command runs it
+alone (minutes instead of a whole night) and is the only way to run the held-out suite, so a
+held-out score is never looked at by accident. Every held-out run is counted in the manifest
+(`flow.correctness.<lane>.tool_gate.held_out.run_number`, with the earlier runs found under
+the same artifacts folder).
+
+Exit codes: 0 every selected lane passed its gates, 1 a gate failed, 2 bad input. The last
+line names the run folder. This module stays cheap to import: Prefect is imported on first
+use of the flow (`tools`, built lazily).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+_flow: Any = None
+
+
+def run_tools(hosts: str, lanes: list[str], artifacts_root: str = "artifacts", held_out: bool = False) -> Any:
+    """The flow body: each named lane booted under its host lock, tool gate run, report written."""
+    from prefect.runtime import flow_run
+    from prefect.states import Completed, Failed
+
+    from flows.lane import lane_flow
+    from tasks import correctness
+    from tasks.artifacts import RunFolder
+    from tasks.config import load_inventory
+    from tasks.host_lock import host_lock
+    from tasks.progress import progress
+    from tasks.report import render
+
+    inventory_path = Path(hosts).resolve()
+    inventory = load_inventory(inventory_path)
+    run = RunFolder(Path(artifacts_root), "tools", str(flow_run.get_id()), inventory_path)
+    run.manifest.flow["held_out_requested"] = held_out
+    try:
+        for name in lanes:
+            lane = inventory.lanes[name]
+            message = "did not finish"
+            try:
+                with host_lock(lane.host, on_wait=lambda m, n=name: progress(n, m)):
+                    state = lane_flow(name, lane, inventory.hosts[lane.host], inventory_path.parent, str(run.path),
+                                      stages="tools", held_out=held_out, return_state=True)
+                    message = str(state.message)
+            except Exception as e:  # the lock itself failed
+                message = f"host lock: {type(e).__name__}: {e}"
+            record = run.lane(name)
+            if record.status == "running":
+                record.status, record.reason = "failed", message
+            run.save_manifest()
+    finally:
+        run.finish()
+        report = render(run)
+        for name in run.manifest.lanes:
+            report += "\n" + "\n".join(correctness.section(run, name)) + "\n"
+        (run.path / "report.md").write_text(report)
+        run.register("", "report.md", "report")
+    problems = [f"{n}: {r.reason}" for n, r in run.manifest.lanes.items() if r.status == "failed"]
+    return Failed(message="; ".join(problems)) if problems else Completed(message=str(run.path))
+
+
+def __getattr__(name: str) -> Any:
+    """`flows.tools.tools`: the Prefect flow, built on first access (PEP 562)."""
+    global _flow
+    if name != "tools":
+        raise AttributeError(name)
+    if _flow is None:
+        import tasks.host_lock  # noqa: F401  # sets the lease storage before any Prefect server starts
+        from prefect import flow
+
+        _flow = flow(name="tools", flow_run_name="tools")(run_tools)
+    return _flow
+
+
+def _selected(args: argparse.Namespace) -> tuple[Path, list[str]] | str:
+    """The inventory and the lanes to run, or the one-line problem with them."""
+    from tasks.config import ConfigError, check_prompt_files, load_inventory
+
+    hosts = Path(args.hosts)
+    try:
+        inventory = load_inventory(hosts)
+        check_prompt_files(inventory, hosts)
+    except ConfigError as e:
+        return str(e)
+    unknown = [n for n in args.lane or [] if n not in inventory.lanes]
+    if unknown:
+        return f"--lane {unknown[0]}: no such lane in {hosts}. Fix: use one of: {', '.join(inventory.lanes)}"
+    gated = [n for n, lane in inventory.lanes.items() if lane.correctness and lane.correctness.tool_gate]
+    names = args.lane or gated
+    for name in names:
+        if name not in gated:
+            return (f"{hosts}: lanes.{name}.correctness.tool_gate: the lane declares no tool gate. "
+                    "Fix: add correctness: {tool_gate: {dev: <suite.jsonl>}} (toolsuites/README.md)")
+        plan = inventory.lanes[name].correctness.tool_gate  # type: ignore[union-attr]
+        if args.held_out and plan is not None and plan.held_out is None:
+            return (f"{hosts}: lanes.{name}.correctness.tool_gate.held_out: --held-out asked, but the lane "
+                    "declares no held-out suite. Fix: add held_out: <suite.jsonl>, or run without --held-out")
+    if not names:
+        return f"{hosts}: no lane declares correctness.tool_gate. Fix: add one (toolsuites/README.md)"
+    return hosts, names
+
+
+def cmd_tools(args: argparse.Namespace) -> int:
+    from flows.cli import _bad_input, _quiet_prefect
+
+    selected = _selected(args)
+    if isinstance(selected, str):
+        return _bad_input(selected)
+    hosts, names = selected
+    _quiet_prefect()
+    from tasks.progress import say
+
+    artifacts = Path(args.artifacts).resolve()
+    state = __getattr__("tools")(hosts=str(hosts.resolve()), lanes=names, artifacts_root=str(artifacts),
+                                 held_out=args.held_out, return_state=True)
+    run_id = str(state.state_details.flow_run_id or "")
+    folders = sorted(artifacts.glob(f"*_tools_{run_id[:8]}")) if run_id else []
+    if folders:
+        flow = json.loads((folders[-1] / "manifest.json").read_text())["flow"]
+        for lane, entry in (flow.get("correctness") or {}).items():
+            for gate in entry.get("gates", []):
+                colour = "green" if gate["passed"] else "red"
+                say(f"[bold]{lane}[/bold] [{colour}]{gate['gate']}[/{colour}]: {gate['detail']}")
+    if state.is_completed():
+        say("[green]tool gate passed[/green]")
+        code = 0
+    else:
+        say(f"[red]tool gate failed[/red]: {state.message}")
+        code = 1
+    print(f"run folder: {folders[-1] if folders else '(none was created)'}")
+    return code
+
+
+def register_cli(subparsers: Any) -> None:
+    from tasks.build import REPO
+
+    p = subparsers.add_parser("tools", help="tool-call gate: boot each lane with a tool gate, smoke it, grade its suites")
+    p.add_argument("--hosts", default=str(REPO / "hosts.yaml"), help="inventory file (default: the shipped hosts.yaml)")
+    p.add_argument("--lane", action="append", help="run only this lane (repeatable; default: every lane with a tool gate)")
+    p.add_argument("--held-out", action="store_true",
+                   help="also run the held-out suite (each run is counted in the manifest)")
+    p.add_argument("--artifacts", default=str(REPO / "artifacts"), help="folder that receives the run folder")
+    p.set_defaults(func=cmd_tools)

@@ -1,0 +1,242 @@
+"""Bars: what a drafter must meet, written down before anything is measured.
+
+The seeds set their October pass bars before training ("single-stream prose >= 2.6 at K=4;
+code within -0.2 of incoai at K=7; ...") and published the verdict against them, negative
+as it was. A bar here is one structured line of the matrix file:
+
+    {metric: acceptance_length, class: prose, k: 4, op: ">=", value: 2.6}
+    {metric: acceptance_length, class: code, k: 7, relative_to: baseline, within: -0.2}
+    {metric: aggregate_tok_s, concurrency: 1, relative_to: baseline, op: ">="}
+
+At the start of a run the bars and the prompt sets are hashed (`Registration`) and the hash
+is written to the manifest before any arm boots. The verdict judges with the registered
+copy read back from the run folder, and refuses if that copy no longer matches its hash,
+so nothing can move a bar once measurement has started. A rerun of the same matrix name
+whose bars differ from the latest earlier run's says so, bar by bar.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+# metric -> (words, unit, what selects the measurement)
+METRICS: dict[str, tuple[str, str, str]] = {
+    "acceptance_length": ("acceptance length", "", "class"),
+    "position_rate": ("acceptance rate at draft position", "", "class"),
+    "draft_efficiency": ("draft efficiency (accepted / drafted)", "", "class"),
+    "single_stream_tok_s": ("single-stream tok/s", " tok/s", "class"),
+    "aggregate_tok_s": ("aggregate tok/s", " tok/s", "concurrency"),
+}
+Metric = Literal["acceptance_length", "position_rate", "draft_efficiency", "single_stream_tok_s", "aggregate_tok_s"]
+
+
+class Bar(BaseModel):
+    """One pass bar. Absolute: `measured op value`. Relative: `measured op baseline + value`.
+
+    `drafter` and `k` select the arms the bar judges (default: every arm; a relative bar
+    never judges the baseline's own arms). `within: -0.2` is the seeds' "within -0.2 of
+    baseline": the same as `op: ">=", value: -0.2` with `relative_to: baseline`.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    name: Annotated[str, Field(min_length=1, max_length=80)] | None = None
+    metric: Metric
+    prompt_class: str | None = Field(default=None, alias="class")
+    position: Annotated[int, Field(ge=1, le=64)] | None = None  # 1 = the first drafted token
+    concurrency: Annotated[int, Field(ge=1, le=1024)] | None = None
+    drafter: str | None = None
+    k: Annotated[int, Field(ge=1, le=64)] | None = None
+    op: Literal[">=", "<="] = ">="
+    value: float | None = None
+    relative_to: Literal["baseline"] | None = None
+    within: Annotated[float, Field(le=0)] | None = None
+
+    @model_validator(mode="after")
+    def _shape(self) -> Bar:
+        selector = METRICS[self.metric][2]
+        if selector == "class" and self.prompt_class is None:
+            raise ValueError(f"metric {self.metric} is per prompt class: give 'class'")
+        if selector == "concurrency":
+            if self.concurrency is None:
+                raise ValueError("metric aggregate_tok_s is per concurrency level: give 'concurrency'")
+            if self.prompt_class is not None:
+                raise ValueError("aggregate_tok_s is measured on the speed prompt set: remove 'class'")
+        if selector == "class" and self.concurrency is not None:
+            raise ValueError(f"metric {self.metric} is measured one request at a time: remove 'concurrency'")
+        if (self.metric == "position_rate") != (self.position is not None):
+            raise ValueError("'position' goes with metric position_rate, and only with it")
+        if self.relative_to is None:
+            if self.value is None:
+                raise ValueError("an absolute bar needs 'value' (or add relative_to: baseline)")
+            if self.within is not None:
+                raise ValueError("'within' needs relative_to: baseline")
+        elif self.within is not None and (self.value is not None or "op" in self.model_fields_set):
+            raise ValueError("give either 'within' or 'op'/'value', not both")
+        return self
+
+    @property
+    def margin(self) -> float:
+        """The bound's offset: the absolute value, or the allowance against the baseline."""
+        if self.within is not None:
+            return self.within
+        return self.value if self.value is not None else 0.0
+
+    def canonical(self) -> dict[str, Any]:
+        """The bar as registered: normalized (`within` folded into op/value), no empty fields."""
+        data = self.model_dump(by_alias=True, exclude_none=True, exclude={"within", "name"})
+        data["op"] = ">=" if self.within is not None else self.op
+        data["value"] = self.margin
+        if self.name:
+            data["name"] = self.name
+        return data
+
+    def words(self, baseline: str | None = None) -> str:
+        """The bar in the field's words, e.g. `prose acceptance length at K=4 >= 2.6`."""
+        what, unit, _ = METRICS[self.metric]
+        if self.metric == "position_rate":
+            what = f"{what} {self.position}"
+        subject = f"{self.prompt_class} {what}" if self.prompt_class else what
+        where = [f"C={self.concurrency}"] if self.concurrency is not None else []
+        where += [f"K={self.k}"] if self.k is not None else []
+        head = f"{self.drafter + ': ' if self.drafter else ''}{subject}{' at ' + ' and '.join(where) if where else ''}"
+        if self.relative_to is None:
+            return f"{head} {self.op} {self.margin:g}{unit}"
+        base = f"baseline ({baseline})" if baseline else "baseline"
+        if self.within is not None:
+            return f"{head} within {self.within:g} of {base}"
+        offset = f" {'+' if self.margin >= 0 else '-'} {abs(self.margin):g}" if self.margin else ""
+        return f"{head} {self.op} {base}{offset}"
+
+    def label(self, index: int, baseline: str | None = None) -> str:
+        return self.name or f"bar {index + 1}: {self.words(baseline)}"
+
+
+def _canonical_json(data: Any) -> bytes:
+    return json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
+
+
+def _sha(data: Any) -> str:
+    return hashlib.sha256(_canonical_json(data)).hexdigest()
+
+
+class PromptSetFacts(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    path: str
+    sha256: str  # of the file's bytes
+    prompts: int  # prompts in the file (the probe uses the first `prompts_per_class`)
+
+
+class Registration(BaseModel):
+    """The bars and prompt sets as they stood before the first arm booted (frozen)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    matrix: str
+    matrix_file: str
+    registered_at: str
+    baseline: str
+    bars: tuple[dict[str, Any], ...]  # canonical bars, in file order
+    bars_text: tuple[str, ...]
+    prompt_sets: dict[str, PromptSetFacts]
+    prompts_per_class: int
+    bars_sha256: str
+    prompt_sets_sha256: str
+    sha256: str  # of both: the one hash the manifest carries
+
+    def parsed_bars(self) -> tuple[Bar, ...]:
+        return tuple(Bar.model_validate(b) for b in self.bars)
+
+    def recomputed(self) -> tuple[str, str]:
+        """(bars hash, prompt sets hash) recomputed from this copy's own content."""
+        return (_sha({"baseline": self.baseline, "bars": list(self.bars)}),
+                _sha({"prompts_per_class": self.prompts_per_class,
+                      "sets": {c: f.sha256 for c, f in self.prompt_sets.items()}}))
+
+
+def register(name: str, matrix_file: Path, bars: tuple[Bar, ...], baseline: str, prompt_sets: dict[str, Path],
+             prompt_counts: dict[str, int], prompts_per_class: int) -> Registration:
+    """Hash the bars and the prompt sets' bytes: the registration written before any arm boots."""
+    canonical = tuple(b.canonical() for b in bars)
+    sets = {c: PromptSetFacts(path=str(p), sha256=hashlib.sha256(p.read_bytes()).hexdigest(), prompts=prompt_counts[c])
+            for c, p in prompt_sets.items()}
+    bars_sha = _sha({"baseline": baseline, "bars": list(canonical)})
+    sets_sha = _sha({"prompts_per_class": prompts_per_class, "sets": {c: f.sha256 for c, f in sets.items()}})
+    return Registration(
+        matrix=name, matrix_file=str(matrix_file), registered_at=datetime.now(UTC).isoformat(), baseline=baseline,
+        bars=canonical, bars_text=tuple(b.words(baseline) for b in bars), prompt_sets=sets,
+        prompts_per_class=prompts_per_class, bars_sha256=bars_sha, prompt_sets_sha256=sets_sha,
+        sha256=hashlib.sha256(f"{bars_sha}:{sets_sha}".encode()).hexdigest(),
+    )
+
+
+class EarlierRun(BaseModel):
+    """How this run's registration compares with the latest earlier run of the same matrix name."""
+
+    run: str  # the earlier run folder's name
+    started_at: str
+    bars_sha256: str
+    same_bars: bool
+    same_prompt_sets: bool
+    removed: list[str] = []  # bars (in words) the earlier run had and this one does not
+    added: list[str] = []
+    prompt_set_changes: list[str] = []
+
+    def lines(self) -> list[str]:
+        if self.same_bars and self.same_prompt_sets:
+            return [f"bars and prompt sets are the same as in the earlier run {self.run}"]
+        out = []
+        if not self.same_bars:
+            out.append(f"BARS CHANGED since the earlier run {self.run} of this matrix "
+                       f"(registered {self.bars_sha256[:12]} there)")
+            out += [f"removed: {b}" for b in self.removed] + [f"added: {b}" for b in self.added]
+            if not self.removed and not self.added:
+                out.append("same bars in other words or order, or a different baseline")
+        if not self.same_prompt_sets:
+            out.append(f"PROMPT SETS CHANGED since the earlier run {self.run}")
+            out += self.prompt_set_changes
+        return out
+
+
+def earlier_run(artifacts_root: Path, now: Registration, exclude: Path) -> EarlierRun | None:
+    """The latest earlier `*_matrix_*` run of the same matrix name that registered bars."""
+    found: list[tuple[str, Path, dict]] = []
+    for manifest in artifacts_root.glob("*_matrix_*/manifest.json"):
+        if manifest.parent.resolve() == exclude.resolve():
+            continue
+        try:
+            data = json.loads(manifest.read_text())
+        except (OSError, ValueError):
+            continue
+        reg = (data.get("flow") or {}).get("matrix", {}).get("registration")
+        if isinstance(reg, dict) and reg.get("matrix") == now.matrix and reg.get("bars_sha256"):
+            found.append((str(data["flow"].get("started_at", "")), manifest.parent, reg))
+    if not found:
+        return None
+    started, folder, reg = max(found, key=lambda f: (f[0], f[1].name))
+    before_text = [str(t) for t in reg.get("bars_text", [])]
+    removed = [t for t in before_text if t not in now.bars_text]
+    added = [t for t in now.bars_text if t not in before_text]
+    changes = []
+    before_sets = reg.get("prompt_sets") or {}
+    for c in sorted(set(before_sets) | set(now.prompt_sets)):
+        a, b = before_sets.get(c), now.prompt_sets.get(c)
+        if a is None:
+            changes.append(f"prompt set {c} added")
+        elif b is None:
+            changes.append(f"prompt set {c} removed")
+        elif a.get("sha256") != b.sha256:
+            changes.append(f"prompt set {c}: file bytes differ (sha256 {str(a.get('sha256'))[:12]} -> {b.sha256[:12]})")
+    if reg.get("prompts_per_class") != now.prompts_per_class:
+        changes.append(f"prompts per class {reg.get('prompts_per_class')} -> {now.prompts_per_class}")
+    return EarlierRun(run=folder.name, started_at=started, bars_sha256=str(reg["bars_sha256"]),
+                      same_bars=reg["bars_sha256"] == now.bars_sha256,
+                      same_prompt_sets=reg.get("prompt_sets_sha256") == now.prompt_sets_sha256,
+                      removed=removed, added=added, prompt_set_changes=changes)

@@ -1,0 +1,91 @@
+"""Failure notification: a Prefect on-failure hook that POSTs JSON to `LANEBENCH_NOTIFY_URL`.
+
+Nobody reads a nightly that passed; someone must hear about one that failed, most of all a
+regression, before they start the day on the old numbers. A hook (rather than a Prefect
+automation) because it needs nothing configured on the server: it works the same on the
+ephemeral server, on `lanebench serve` and on a shared one, and it can read the run folder for
+the regression list. The URL is a setting (environment, or the deployment's `job_variables.env`)
+so no secret ever sits in prefect.yaml. Any webhook that accepts JSON works (Slack-compatible
+receivers read the `text` field).
+
+The payload is built from the run folder (the source of truth), not from the flow's memory,
+and a notification that cannot be delivered is logged, never raised: the run's own state is
+what matters.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+URL_ENV = "LANEBENCH_NOTIFY_URL"
+_TRIES = 3
+
+
+def run_folder(artifacts_root: str | None, flow_name: str, flow_run_id: str) -> Path | None:
+    if not artifacts_root:
+        return None
+    found = sorted(Path(artifacts_root).glob(f"*_{flow_name}_{flow_run_id[:8]}"))
+    return found[-1] if found else None
+
+
+def payload(flow_name: str, flow_run_id: str, flow_run_name: str, state_name: str, message: str,
+            folder: Path | None) -> dict[str, Any]:
+    """What failed and why: failed lanes with reasons, regressions with size and interval."""
+    import pandas as pd
+
+    failed_lanes: dict[str, str] = {}
+    regressions: list[dict[str, Any]] = []
+    if folder is not None and (folder / "manifest.json").is_file():
+        manifest = json.loads((folder / "manifest.json").read_text())
+        failed_lanes = {n: lane.get("reason", "") for n, lane in manifest.get("lanes", {}).items()
+                        if lane.get("status") == "failed"}
+        for a in manifest.get("artifacts", []):
+            if a.get("kind") == "regression" and a.get("validation") == "passed":
+                df = pd.read_parquet(folder / a["path"])
+                for r in df[df.verdict == "regression"].to_dict(orient="records"):
+                    regressions.append({k: r[k] for k in ("lane", "metric", "current", "baseline", "change_pct",
+                                                          "ci_low_pct", "ci_high_pct", "baseline_runs")})
+    lines = [f"lanebench {flow_name} {flow_run_name}: {state_name}: {message}"]
+    lines += [f"- regression {r['lane']} {r['metric']} {r['change_pct']:+.1f}% "
+              f"[{r['ci_low_pct']:+.1f}%, {r['ci_high_pct']:+.1f}%]" for r in regressions]
+    return {
+        "source": "lanebench", "flow": flow_name, "flow_run_id": flow_run_id, "flow_run_name": flow_run_name,
+        "state": state_name, "message": message, "run_folder": str(folder) if folder else None,
+        "failed_lanes": failed_lanes, "regressions": regressions, "text": "\n".join(lines),
+    }
+
+
+def post(url: str, body: dict[str, Any], timeout_s: float = 10.0) -> bool:
+    import httpx
+
+    for attempt in range(_TRIES):
+        try:
+            r = httpx.post(url, json=body, timeout=timeout_s)
+            if r.status_code < 500:
+                return r.is_success
+        except httpx.HTTPError:
+            pass
+        time.sleep(2**attempt)
+    return False
+
+
+def on_failure(flow: Any, flow_run: Any, state: Any) -> None:
+    """Prefect hook (`@flow(on_failure=[on_failure], on_crashed=[on_failure])`)."""
+    from prefect.logging import get_logger
+
+    url = os.environ.get(URL_ENV)
+    if not url:
+        return
+    logger = get_logger("lanebench.notify")
+    try:
+        params = flow_run.parameters or {}
+        folder = run_folder(params.get("artifacts_root"), flow.name, str(flow_run.id))
+        body = payload(flow.name, str(flow_run.id), flow_run.name, state.name, state.message or "", folder)
+        if not post(url, body):
+            logger.error("could not deliver the failure notification to %s", url)
+    except Exception:  # a broken notifier must never change the run's outcome
+        logger.exception("failure notification crashed")

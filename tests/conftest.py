@@ -1,0 +1,75 @@
+"""Shared fixtures: real components only (the pinned llama-server, Prefect's own test server)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+os.environ.setdefault("DO_NOT_TRACK", "1")
+
+
+@pytest.fixture(scope="session")
+def llama_bin() -> Path:
+    """The pinned llama.cpp build (built on first use, cached in ~/.cache/lanebench)."""
+    from tasks.build import llama_cpp_bin_dir
+
+    return llama_cpp_bin_dir()
+
+
+@pytest.fixture(scope="session")
+def prefect_harness():
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
+
+
+def shipped_inventory() -> dict:
+    return yaml.safe_load((REPO / "hosts.yaml").read_text())
+
+
+def write_inventory(folder: Path, data: dict) -> Path:
+    """An inventory beside a link to the repo's testbed, so the shipped relative paths hold."""
+    folder.mkdir(parents=True, exist_ok=True)
+    link = folder / "testbed"
+    if not link.exists():
+        link.symlink_to(REPO / "testbed")
+    path = folder / "hosts.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def run_cli(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    """`lanebench ...` as a user runs it, in its own process (its own ephemeral Prefect)."""
+    return subprocess.run([sys.executable, "-m", "flows.cli", *args], capture_output=True, text=True, cwd=REPO,
+                          timeout=timeout)
+
+
+def run_folder_of(result: subprocess.CompletedProcess) -> Path:
+    last = result.stdout.strip().splitlines()[-1]
+    assert last.startswith("run folder: "), result.stdout + result.stderr
+    return Path(last.removeprefix("run folder: "))
+
+
+def manifest_of(folder: Path) -> dict:
+    return json.loads((folder / "manifest.json").read_text())
+
+
+def no_llama_server_left(port: int = 18080) -> bool:
+    """No llama-server left listening on this port (read from /proc: procps may not be installed)."""
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                argv = (proc / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if argv and b"llama-server" in argv[0] and str(port).encode() in argv:
+                return False
+    return True
