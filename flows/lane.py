@@ -26,7 +26,7 @@ from prefect.states import Completed, Failed, State
 from tasks import correctness
 from tasks.acceptance import acceptance_probe
 from tasks.artifacts import LaneRecord, RunFolder
-from tasks.boot import Server, boot, stop
+from tasks.boot import Server, boot, read_facts, stop
 from tasks.config import CapacityGate, Host, Lane, shipped_or_local
 from tasks.decode_curve import decode_curve
 from tasks.engines import engine_for
@@ -119,6 +119,9 @@ def lane_flow(lane_name: str, lane: Lane, host: Host, base_dir: Path, run_dir: s
             run.save_manifest()
             if not result.passed:
                 raise GateFailed(result)
+        # Some servers name their speculation type only once a slot has run: read the facts again.
+        record.boot_facts = read_facts(server, lane.engine).model_dump()
+        run.save_manifest()
         # The workload the lane declares it serves: structured tool calls, reasoning apart from
         # the content (the seeds' missing parser flags), and every declared thinking switch.
         # Recorded with the correctness verdicts (manifest flow.correctness.<lane>.gates).
