@@ -18,8 +18,10 @@ CPU wheel from local disk in seconds)::
     ~/.cache/lanebench/testbed-venv/bin/python testbed/build_models.py
 
 The build is deterministic (seeded data and init, ``torch.use_deterministic_algorithms``,
-a fixed thread count, fixed step counts rather than wall-clock budgets) and takes about
-15-20 minutes on 2 cores. ``--scale 0.02`` makes a seconds-long smoke build.
+a fixed thread count, fixed step counts rather than wall-clock budgets): two smoke builds
+give byte-identical files. It also rewrites ``prompts/*.jsonl``, held out from exactly
+the training text. About 15-17 minutes on 2 idle cores (45 when other jobs share them);
+``--scale 0.02`` makes a smoke build of a few minutes.
 
 Vocabulary: SentencePiece-style (``tokenizer.ggml.model = "llama"``) with one BYTE token
 per byte ``<0x00>``..``<0xFF>``. llama.cpp's SPM tokenizer always rewrites " " as U+2581
@@ -39,18 +41,13 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-# Sleep instead of spinning while waiting for the other OpenMP thread: when anything else
-# runs on the 2 cores, spinning threads make training 5-10x slower.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from torch import nn  # noqa: E402
+import corpus  # testbed/ is on sys.path when this file is run as a script
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-import corpus  # noqa: E402
 
 # --------------------------------------------------------------------------- vocabulary
 
@@ -221,8 +218,11 @@ DRAFTER_WEAK = Config("drafter-weak", n_embd=64, n_layer=1, n_head=2, n_ff=192)
 class Data:
     """All classes as one token stream of ``<s> doc </s>`` with document start offsets."""
 
-    def __init__(self, bytes_per_class: int, seed: int) -> None:
+    def __init__(self, bytes_per_class: int, seed: int, prompts_dir: Path | None = None
+                 ) -> None:
         docs = corpus.training_docs(bytes_per_class)
+        if prompts_dir is not None:  # held out from exactly this training text
+            corpus.write_prompts(corpus.held_out_prompts(docs), prompts_dir)
         rng = np.random.default_rng(seed)
         flat = [d for cls in corpus.CLASSES for d in docs[cls]]
         order = rng.permutation(len(flat))  # interleave classes
@@ -419,18 +419,24 @@ def main() -> None:
     ap.add_argument("--scale", type=float, default=1.0,
                     help="multiply all step counts (0.02 for a smoke build)")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--bytes-per-class", type=int, default=3_000_000)
+    ap.add_argument("--bytes-per-class", type=int, default=corpus.BYTES_PER_CLASS)
     ap.add_argument("--seed", type=int, default=20240601)
     ap.add_argument("--reuse-target", type=Path,
                     help="load the target from this GGUF instead of training it (for tuning "
                          "the drafters; the shipped build trains everything)")
     args = ap.parse_args()
+    if "OMP_WAIT_POLICY" not in os.environ:
+        # Re-exec so OpenMP starts with waiting threads that sleep instead of spinning:
+        # with anything else on the 2 cores, spinning made training 5-10x slower.
+        env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
+        os.execve(sys.executable, [sys.executable, *sys.argv], env)
 
     torch.set_num_threads(args.threads)
     torch.use_deterministic_algorithms(True)
     args.out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    data = Data(args.bytes_per_class, args.seed)
+    data = Data(args.bytes_per_class, args.seed,
+                HERE / "prompts" if args.out == HERE / "models" else args.out / "prompts")
     print(f"data: {len(data.tokens):,} tokens, {len(data.starts):,} docs", flush=True)
 
     def steps(n: int) -> int:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 CLASSES: tuple[str, ...] = ("prose", "code", "math", "tool")
@@ -36,6 +37,7 @@ PROMPT_SEED = 987_654
 PROMPTS_PER_CLASS = 16
 PROMPT_MIN_BYTES = 150
 PROMPT_MAX_BYTES = 400
+BYTES_PER_CLASS = 3_000_000  # training text per class, as build_models.py uses it
 HERE = Path(__file__).resolve().parent
 
 # --------------------------------------------------------------------------- word lists
@@ -179,10 +181,15 @@ def _prose_templates(rng: random.Random, fresh: _Fresh, cast: list[tuple[str, st
                      place: str) -> list[Callable[[], str]]:
     """Sentence templates; each draws its words lazily from ``fresh``."""
     (a, pa), (b, pb) = rng.sample(cast, 2)
-    n, adj, vt = (lambda: fresh(NOUNS)), (lambda: fresh(ADJS)), fresh.verb
-    vi, adv = (lambda: fresh(VERBS_I)), (lambda: fresh(ADVS))
-    pl = (lambda: rng.choice([place, place, fresh(PLACES)]))
-    prep = (lambda: rng.choice(PREPS))
+    n, adj, vt = partial(fresh, NOUNS), partial(fresh, ADJS), fresh.verb
+    vi, adv = partial(fresh, VERBS_I), partial(fresh, ADVS)
+
+    def pl() -> str:
+        return rng.choice([place, place, fresh(PLACES)])
+
+    def prep() -> str:
+        return rng.choice(PREPS)
+
     return [
         lambda: f"{a} {vt()[0]} the {adj()} {n()} {prep()} the {pl()}.",
         lambda: f"The {n()} was {adj()}, and {a} {vi()} {adv()}.",
@@ -588,15 +595,14 @@ def write_prompts(prompts: dict[str, list[dict[str, str]]], out_dir: Path) -> No
     out_dir.mkdir(parents=True, exist_ok=True)
     for cls, rows in prompts.items():
         with open(out_dir / f"{cls}.jsonl", "w", encoding="ascii") as fh:
-            for r in rows:
-                fh.write(json.dumps(r) + "\n")
+            fh.writelines(json.dumps(r) + "\n" for r in rows)
 
 
 def main() -> None:
     import argparse
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--bytes-per-class", type=int, default=1_500_000)
+    ap.add_argument("--bytes-per-class", type=int, default=BYTES_PER_CLASS)
     ap.add_argument("--show", choices=CLASSES, help="print one sample document of a class")
     args = ap.parse_args()
     if args.show:

@@ -33,6 +33,7 @@ import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 MODELS = HERE / "models"
@@ -51,7 +52,7 @@ def find_bin() -> Path:
     sys.exit("llama-server not found: run scripts/build-llama-cpp.sh")
 
 
-def _req(port: int, path: str, body: dict | None = None, timeout: float = 120) -> object:
+def _req(port: int, path: str, body: dict | None = None, timeout: float = 120) -> Any:
     data = json.dumps(body).encode() if body is not None else None
     r = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data,
                                headers={"Content-Type": "application/json"})
@@ -71,30 +72,34 @@ def server(port: int, model: Path, drafter: Path | None = None, k: int = 4,
         cmd += ["--model-draft", str(drafter), "--spec-type", "draft-simple",
                 "--spec-draft-n-max", str(k), "--spec-draft-n-min", "0",
                 "--spec-draft-p-min", "0.0"]
-    out = open(log or os.devnull, "w")
-    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.time() + 60
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"llama-server exited {proc.returncode}: {' '.join(cmd)}")
-            try:
-                if _req(port, "/health", timeout=2):
-                    break
-            except OSError:
-                pass
-            if time.time() > deadline:
-                raise TimeoutError("llama-server did not become healthy in 60 s")
-            time.sleep(0.2)
-        yield port
-    finally:
-        proc.terminate()
+    with open(log or os.devnull, "w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
         try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        out.close()
+            yield _wait_healthy(proc, port, cmd)
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def _wait_healthy(proc: subprocess.Popen[bytes], port: int, cmd: list[str]) -> int:
+    """Poll /health until the server answers (60 s at most)."""
+    deadline = time.time() + 60
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"llama-server exited {proc.returncode}: {' '.join(cmd)}")
+        try:
+            if _req(port, "/health", timeout=2):
+                break
+        except OSError:
+            pass
+        if time.time() > deadline:
+            raise TimeoutError("llama-server did not become healthy in 60 s")
+        time.sleep(0.2)
+    return port
 
 
 def metrics(port: int) -> dict[str, float]:
@@ -187,7 +192,7 @@ def torch_agreement(runs: dict[str, list[dict]], model_path: Path) -> dict[str, 
     for cls, rs in runs.items():
         agree = total = 0
         for r in rs:
-            p = [bm.BOS] + bm.encode(r["prompt"])
+            p = [bm.BOS, *bm.encode(r["prompt"])]
             seq = p + list(r["tokens"])
             with torch.no_grad():
                 logits = model(torch.tensor([seq[:-1]]))[0]
