@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -87,13 +88,14 @@ def run_matrix(matrix_file: str, artifacts_root: str = "artifacts") -> Any:
             # One job per host: held from the port check to after teardown (tasks/host_lock.py).
             with host_lock(m.host_name, on_wait=lambda msg, name=arm.name: progress(name, msg)) as hold:
                 port, why = arm_port(m.host.address, m.target.port)
-                facts.update(started_at=datetime.now(UTC).isoformat(), port=port, port_note=why)
+                facts.update(started_at=datetime.now(UTC).isoformat(), port=port, port_note=why,
+                             load_at_start=round(os.getloadavg()[0], 2))
                 run.save_manifest()
                 if why:
                     progress(arm.name, why)
                 lane = arm_lane(m, arm).model_copy(update={"port": port})
                 state = lane_flow(arm.name, lane, m.host, m.inventory_path.parent, str(run.path), return_state=True)
-                facts["finished_at"] = datetime.now(UTC).isoformat()
+                facts.update(finished_at=datetime.now(UTC).isoformat(), load_at_end=round(os.getloadavg()[0], 2))
             facts["host_lock"] = hold.model_dump()
             record = run.lane(arm.name)
             if record.status == "running":  # the subflow died outside its own error handling
@@ -126,7 +128,7 @@ def _finish(run: Any, m: Any) -> tuple[bool, str]:
     """Tables (GX), plots, report and Prefect artifacts from whatever the arms left; (complete, message)."""
     from tasks.files import sha256_of
     from tasks.matrix_report import curves_png, k_png, render
-    from tasks.matrix_verdict import collect, drafter_verdicts, judge
+    from tasks.matrix_verdict import collect, contention, drafter_verdicts, judge, model_drift
     from tasks.report import render as render_lanes
 
     facts = run.manifest.flow["matrix"]
@@ -134,6 +136,8 @@ def _finish(run: Any, m: Any) -> tuple[bool, str]:
     if sha256_of(m.path) != facts["file_sha256"]:
         facts["file_changed_during_run"] = f"sha256 now {sha256_of(m.path)[:12]}, registered {facts['file_sha256'][:12]}"
     rows, speed, warnings = collect(run, m)
+    drift = model_drift(run, m)
+    warnings[:0] = drift + contention(run, m)
     for c, f in reg.prompt_sets.items():
         if sha256_of(f.path) != f.sha256:
             warnings.append(f"prompt set {c} ({f.path}) changed during the run: later arms may have probed other prompts")
@@ -155,9 +159,10 @@ def _finish(run: Any, m: Any) -> tuple[bool, str]:
             run.register(MATRIX_DIR, rel, "plot")
             plots[title] = rel
     incomplete = [a.name for a in m.arms if run.lane(a.name).status != "passed"]
-    complete = not incomplete and not quarantined and not altered
+    complete = not incomplete and not quarantined and not altered and not drift
     facts["verdict"] = {
         "complete": complete, "incomplete_arms": incomplete, "quarantined": quarantined, "registration_altered": altered,
+        "model_drift": drift,
         "drafters": {d.drafter: {"verdict": d.verdict, **d.model_dump(exclude={"drafter"})} for d in drafters},
         "bars_failed": sum(v.outcome == "fail" for v in verdict), "bars_passed": sum(v.outcome == "pass" for v in verdict),
         "bars_no_data": sum(v.outcome == "no-data" for v in verdict),
@@ -176,6 +181,7 @@ def _finish(run: Any, m: Any) -> tuple[bool, str]:
     why = [f"arms not passed: {', '.join(incomplete)}"] if incomplete else []
     why += [f"quarantined: {', '.join(quarantined)}"] if quarantined else []
     why += [altered] if altered else []
+    why += drift
     return False, f"incomplete matrix ({'; '.join(why)}); verdict so far: {summary}"
 
 

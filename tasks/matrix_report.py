@@ -211,12 +211,15 @@ def render(run_name: str, manifest: dict, m: Matrix, reg: Registration, earlier:
     lanes = manifest["lanes"]
     out = [f"# Drafter matrix `{m.name}`: verdict", ""]
     judged = [d for d in drafters if not d.baseline] or drafters
-    out += [d.sentence() for d in judged]
-    out += [d.sentence() + " (reference: its own arms are judged by absolute bars only)" for d in drafters
+    out += [f"- {d.sentence()}" for d in judged]
+    out += [f"- {d.sentence()} (The baseline's own arms are judged by absolute bars only.)" for d in drafters
             if d.baseline and d is not judged[0] and d.checks]
     if quarantined:
         out += ["", f"**Not a trustworthy verdict**: these tables failed their expectations and were quarantined: "
                     f"{', '.join(quarantined)}."]
+    drift = manifest["flow"].get("matrix", {}).get("verdict", {}).get("model_drift") or []
+    if drift:
+        out += ["", "**Not a trustworthy comparison**: " + "; ".join(drift) + "."]
     failed_arms = [a.name for a in m.arms if lanes.get(a.name, {}).get("status") != "passed"]
     if failed_arms:
         out += ["", f"**Incomplete matrix**: arm(s) {', '.join(failed_arms)} did not pass; their bars read no-data "
@@ -256,8 +259,10 @@ def render(run_name: str, manifest: dict, m: Matrix, reg: Registration, earlier:
         arm_facts = manifest["flow"].get("matrix", {}).get("arms", {}).get(a.name, {})
         arm_rows.append([a.name, a.drafter + (" (baseline)" if a.baseline else ""), a.revision, str(a.k),
                          f"**{rec.get('status', 'not run')}**", str(arm_facts.get("port", "—")),
-                         f"{boot:.1f}" if boot else "—", (rec.get("reason") or "").replace("|", "/")])
-    out += _table(["arm", "drafter", "revision", "K", "status", "port", "boot s", "reason"], arm_rows)
+                         f"{boot:.1f}" if boot else "—", str(arm_facts.get("load_at_end", "—")),
+                         (rec.get("reason") or "").replace("|", "/")])
+    out += _table(["arm", "drafter", "revision", "K", "status", "port", "boot s", "1-min load at end", "reason"],
+                  arm_rows)
     moved = [f"{name}: {f['port_note']}" for name, f in manifest["flow"].get("matrix", {}).get("arms", {}).items()
              if f.get("port_note")]
     if moved:

@@ -193,6 +193,46 @@ def collect(run: RunFolder, m: Matrix) -> tuple[list[ArmClassRow], list[SpeedRow
     return rows, speed, warnings
 
 
+def model_drift(run: RunFolder, m: Matrix) -> list[str]:
+    """Arms compare only if they served the same bytes: the target's sha256 must be one value across
+    arms (and now, at the end), each drafter's one value across its arms. Preflight records the
+    sha256 of every file it checks; a file rewritten mid-matrix (a rebuilt checkpoint) shows here."""
+    from tasks.files import sha256_of
+
+    seen: dict[str, dict[str, list[str]]] = {}  # label -> sha256 -> arms
+    for arm in m.arms:
+        record = run.manifest.lanes.get(arm.name)
+        for f in (record.models if record else []):
+            label = "target model" if f.get("role") == "model" else f"drafter {arm.drafter}"
+            seen.setdefault(label, {}).setdefault(str(f.get("sha256")), []).append(arm.name)
+    out = []
+    for label, by_sha in seen.items():
+        if len(by_sha) > 1:
+            out.append(f"{label} bytes changed during the matrix: " + "; ".join(
+                f"sha256 {sha[:12]} for {', '.join(arms)}" for sha, arms in by_sha.items()) + ": those arms are not comparable")
+    target = Path(m.target.model.path)
+    recorded = list(seen.get("target model", {}))
+    if target.is_file() and len(recorded) == 1 and sha256_of(target) != recorded[0]:
+        out.append(f"target model {target.name} was rewritten after the last arm's preflight (sha256 now "
+                   f"{sha256_of(target)[:12]}, served {recorded[0][:12]})")
+    return out
+
+
+def contention(run: RunFolder, m: Matrix) -> list[str]:
+    """Speed is only comparable across arms measured under the same conditions. An arm's own server
+    keeps about `threads` cores busy; a 1-minute load average well above the host's cores at the
+    end of an arm means other processes competed for the CPU while it was timed. Acceptance (counter
+    deltas, greedy) is unaffected; tok/s is not."""
+    cores = run.manifest.host.get("cores") or 1
+    busy = {name: f.get("load_at_end") for name, f in run.manifest.flow.get("matrix", {}).get("arms", {}).items()
+            if (f.get("load_at_end") or 0) > 1.5 * cores}
+    if not busy:
+        return []
+    return [f"speed rows and single-stream tok/s are not comparable across arms: other processes competed for the "
+            f"CPU while {', '.join(f'{a} (1-min load {v:.1f})' for a, v in busy.items())} ran, on {cores} cores; "
+            "acceptance numbers are unaffected"]
+
+
 def _measure(bar: Bar, arm: Arm, rows: list[ArmClassRow], speed: list[SpeedRow]) -> tuple[float | None, float | None, float | None]:
     if bar.metric == "aggregate_tok_s":
         s = next((s for s in speed if s.arm == arm.name and s.concurrency == bar.concurrency), None)
@@ -271,6 +311,8 @@ class DrafterVerdict(BaseModel):
             return f"{who} is not judged by any bar."
         if self.failed == self.checks:
             return f"{who} **failed every bar**: {self.failed} of {self.checks} checks failed."
+        if self.checks > 2 and self.passed == 1 and self.failed == self.checks - 1:
+            return f"{who} **failed every bar except one**: {self.failed} of {self.checks} checks failed."
         if self.failed:
             kept = self.passed
             return (f"{who} **failed its bars**: {self.failed} of {self.checks} checks failed"

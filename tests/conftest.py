@@ -62,14 +62,17 @@ def manifest_of(folder: Path) -> dict:
     return json.loads((folder / "manifest.json").read_text())
 
 
-def no_llama_server_left(port: int = 18080) -> bool:
-    """No llama-server left listening on this port (read from /proc: procps may not be installed)."""
+def no_llama_server_left(ports: int | range = 18080) -> bool:
+    """No llama-server left serving these ports (read from /proc: procps may not be installed).
+    Each test file checks only its own ports: other suites' servers on a shared box are not its to judge."""
+    wanted = {ports} if isinstance(ports, int) else set(ports)
     for proc in Path("/proc").iterdir():
         if proc.name.isdigit():
             try:
                 argv = (proc / "cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if argv and b"llama-server" in argv[0] and str(port).encode() in argv:
-                return False
+            if argv and b"llama-server" in argv[0] and b"--port" in argv[:-1]:
+                if int(argv[argv.index(b"--port") + 1]) in wanted:
+                    return False
     return True

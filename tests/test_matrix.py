@@ -23,10 +23,6 @@ from tasks.matrix import load_matrix
 from tasks.matrix_bars import Bar, EarlierRun, earlier_run, register
 from tasks.matrix_verdict import ArmClassRow, SpeedRow, drafter_verdicts, judge
 
-# Unfinished this session (issues 5 and 6 stay open): deselected by default, run with `-m wip`.
-pytestmark = pytest.mark.wip
-
-
 MODELS = REPO / "testbed" / "models"
 PROMPTS = REPO / "testbed" / "prompts"
 
@@ -291,7 +287,9 @@ PORT = 18440  # this file's range: 18440-18459 (arms may move up a port while an
 
 
 def reduced(tmp: Path, **changes) -> dict:
-    """Good at K 2 and 4 (the baseline), weak at K 4; two prompts per class, two repeats."""
+    """Good at K 2 and 4 (the baseline), weak at K 4; two prompts per class, two repeats. The bars
+    hold whatever the testbed's exact numbers: good keeps well over 2 tokens per step on code and
+    weak far under, at every K."""
     data = small_matrix(
         name="reduced", inventory=str(tmp / "hosts.yaml"),
         arms=[{"drafter": "good", "k": [2, 4]}, {"drafter": "weak", "k": [4]}],
@@ -300,7 +298,7 @@ def reduced(tmp: Path, **changes) -> dict:
         bars=[
             {"metric": "acceptance_length", "class": "prose", "drafter": "weak", "k": 4, "op": ">=", "value": 2.6},
             {"metric": "acceptance_length", "class": "code", "k": 4, "relative_to": "baseline", "within": -0.2},
-            {"metric": "acceptance_length", "class": "prose", "op": ">=", "value": 2.0},
+            {"metric": "acceptance_length", "class": "code", "op": ">=", "value": 2.0},
             {"metric": "aggregate_tok_s", "concurrency": 1, "relative_to": "baseline", "op": ">=", "value": -100000},
         ])
     data.update(changes)
@@ -356,7 +354,7 @@ def test_matrix_runs_every_arm_fresh_and_publishes_a_negative_verdict(matrix_run
     assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))  # one at a time
     assert facts["registration_sha256"] == facts["registration"]["sha256"] and facts["earlier_run"] is None
     assert facts["verdict"]["complete"] and facts["verdict"]["drafters"]["weak"]["verdict"] == "FAILED"
-    assert no_llama_server_left()
+    assert no_llama_server_left(range(PORT, PORT + 20))
 
 
 def test_matrix_tables_curves_and_verdict_agree(matrix_runs):
@@ -414,4 +412,4 @@ def test_rerun_with_an_edited_bar_says_so_and_a_failed_gate_does_not_stop_the_ma
     assert len(mine) == 4 and set(mine.outcome) == {"no-data"}
     assert all("capacity" in note for note in mine.note)
     assert "**Incomplete matrix**" in report and "| weak-k4-one-slot |" in report
-    assert no_llama_server_left()
+    assert no_llama_server_left(range(PORT, PORT + 20))
