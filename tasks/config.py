@@ -37,12 +37,25 @@ class HostPaths(_Strict):
 
 
 class Host(_Strict):
-    """A machine lanes run on. `transport: local` runs commands here; `ssh` reaches it over SSH."""
+    """A machine lanes run on. `transport: local` runs commands here; `ssh` reaches it over SSH
+    (paramiko, key authentication, host key checked against `known_hosts`)."""
 
     address: str = "127.0.0.1"
     transport: Literal["local", "ssh"] = "local"
     user: str | None = None
     port: Annotated[int, Field(ge=1, le=65535)] = 22
+    # SSH: the private key to log in with, and the known_hosts file the host's key must be in
+    # (both relative to the inventory; default ~/.ssh/id_ed25519 and ~/.ssh/known_hosts).
+    identity_file: str | None = None
+    known_hosts: str | None = None
+    # Accept and record an unknown host key on first contact. Off unless a host opts in: a
+    # changed key is refused whatever this says.
+    trust_on_first_use: bool = False
+    keepalive_s: Annotated[float, Field(gt=0)] = 15.0
+    connect_timeout_s: Annotated[float, Field(gt=0)] = 10.0
+    # The docker daemon container lanes run on, as `docker --host` takes it
+    # (default: the docker CLI's own default on that host).
+    docker_host: Annotated[str, Field(pattern=r"^(unix|tcp)://[A-Za-z0-9_./:-]+$")] | None = None
     gpus: Annotated[int, Field(ge=0)] = 0
     paths: HostPaths = HostPaths()
     # What an hour of this box costs (amortized hardware, rent or cloud price): prices the
@@ -59,18 +72,40 @@ class Host(_Strict):
 
 class LinkEnd(_Strict):
     host: str
-    interface: str
-    address: str
+    interface: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.@-]{1,15}$")]
+    address: Annotated[str, Field(pattern=r"^[0-9A-Fa-f.:]+$")]
 
 
 class Link(_Strict):
-    """A direct cable between two hosts (e.g. the Spark1<->Spark2 RoCE link)."""
+    """A direct cable between two hosts (e.g. the Spark1<->Spark2 RoCE link): both ends must be
+    up with the expected MTU and reach each other over the link addresses before a lane that
+    needs it boots. Bandwidth is probed (iperf3) only where `min_gbps` is set."""
 
-    name: str
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")]
     a: LinkEnd
     b: LinkEnd
-    mtu: int | None = None
-    min_gbps: float | None = None
+    mtu: Annotated[int, Field(ge=68, le=65536)] | None = None
+    min_gbps: Annotated[float, Field(gt=0)] | None = None
+
+
+class ContainerSettings(_Strict):
+    """How a container lane's engine container runs (host network always: the bench reaches
+    the server on the host's address). Model files are mounted read-only at their host paths."""
+
+    ipc: Literal["host", "private", "shareable"] = "host"
+    shm_size: Annotated[str, Field(pattern=r"^[0-9]+[bkmg]?$")] = "1g"
+    mounts: list[Annotated[str, Field(pattern=r"^/[A-Za-z0-9_./-]*:/[A-Za-z0-9_./-]*(:ro|:rw)?$")]] = []
+    entrypoint_binary: str = "/llama-server"  # the engine's executable inside the image
+
+
+class RpcPlan(_Strict):
+    """llama.cpp's RPC backend across hosts: `rpc-server` on each worker, listening on its end of
+    `link`, and the lane's `llama-server --rpc` on the lane's host. Cutting the link breaks the lane."""
+
+    workers: Annotated[list[str], Field(min_length=1)]
+    link: str
+    port: Annotated[int, Field(ge=1024, le=65535)] = 50052
+    binary: str | None = None  # rpc-server on the workers; default: the pinned build's
 
 
 class FileRef(_Strict):
@@ -307,6 +342,9 @@ class Lane(_Strict):
     engine: Literal["llamacpp", "sglang", "vllm"]
     binary: str | None = None  # engine executable; llamacpp lanes default to the pinned local build
     image: Annotated[str, Field(pattern=r"^[a-z0-9._/:-]+@sha256:[0-9a-f]{64}$")] | None = None
+    container: ContainerSettings = ContainerSettings()
+    rpc: RpcPlan | None = None
+    links: list[str] = []  # links this lane needs (rpc.link is added); a failed link skips the lane
     model: FileRef
     drafter: FileRef | None = None
     speculative: Speculative | None = None
@@ -367,6 +405,18 @@ class Inventory(_Strict):
             if lane.host not in self.hosts:
                 raise _RefError(f"lanes.{lane_name}.host", f"names host {lane.host!r}, which is not under 'hosts'",
                                 f"use one of: {', '.join(self.hosts)}")
+        links = {link.name for link in self.links}
+        for lane_name, lane in self.lanes.items():
+            needed = [*lane.links, *([lane.rpc.link] if lane.rpc else [])]
+            for i, name in enumerate(needed):
+                if name not in links:
+                    field = f"lanes.{lane_name}.links[{i}]" if i < len(lane.links) else f"lanes.{lane_name}.rpc.link"
+                    raise _RefError(field, f"names link {name!r}, which is not under 'links'",
+                                    f"use one of: {', '.join(links) or '(declare the link under links first)'}")
+            for i, worker in enumerate(lane.rpc.workers if lane.rpc else []):
+                if worker not in self.hosts:
+                    raise _RefError(f"lanes.{lane_name}.rpc.workers[{i}]", f"names host {worker!r}, which is not under 'hosts'",
+                                    f"use one of: {', '.join(self.hosts)}")
         for i, link in enumerate(self.links):
             for end in ("a", "b"):
                 host = getattr(link, end).host

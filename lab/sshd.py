@@ -1,0 +1,187 @@
+"""A real OpenSSH server for the lab and the transport tests: no mocks of the thing we talk to.
+
+Each `start_sshd` writes its own config and host key into a state folder (the system's
+/etc/ssh is never read), listens on one address:port, optionally inside a network
+namespace, and logs to `<state_dir>/sshd.log`. `Sshd.stop` kills the server and every
+session process it forked (sshd puts each connection in its own session, so killing the
+server's process group alone would leak them).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SSHD = "/usr/sbin/sshd"
+
+
+@dataclass
+class Sshd:
+    address: str
+    port: int
+    pid: int
+    state_dir: Path
+    host_key_line: str  # "ssh-ed25519 AAAA..." of the server's host key
+    _proc: subprocess.Popen | None = field(default=None, repr=False)
+
+    def known_hosts_line(self) -> str:
+        """The line a client's known_hosts needs for this server (OpenSSH's `[addr]:port` form off 22)."""
+        return f"{host_key_name(self.address, self.port)} {self.host_key_line}"
+
+    def log(self) -> str:
+        path = self.state_dir / "sshd.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def session_pids(self) -> list[int]:
+        """The per-connection processes sshd forked (killing one drops that connection)."""
+        return _children(self.pid)
+
+    def drop_connections(self) -> int:
+        """Kill every sshd process serving a connection (not the listener): clients see the
+        connection drop mid-command, as when a cable is pulled. Returns how many were killed."""
+        victims = [p for p in _descendants(self.pid) if _comm(p) in ("sshd", "sshd-session")]
+        for pid in victims:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        return len(victims)
+
+    def stop(self) -> None:
+        """Kill the server and all its descendants, and wait; idempotent."""
+        victims = [*_descendants(self.pid), self.pid] if self._alive() else []
+        for pid in victims:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if self._proc is not None:
+            try:
+                self._proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+        (self.state_dir / "sshd.pid").unlink(missing_ok=True)
+
+    def _alive(self) -> bool:
+        if self._proc is not None:
+            return self._proc.poll() is None
+        return Path(f"/proc/{self.pid}").exists()
+
+
+def host_key_name(address: str, port: int) -> str:
+    """How known_hosts names a host: the bare address on port 22, `[address]:port` otherwise."""
+    return address if port == 22 else f"[{address}]:{port}"
+
+
+def make_keypair(path: Path, comment: str = "lanebench") -> str:
+    """An ed25519 key pair without passphrase at `path` (reused if present); returns the public key line."""
+    path = Path(path)
+    pub = path.with_name(path.name + ".pub")
+    if not (path.exists() and pub.exists()):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.unlink(missing_ok=True)
+        pub.unlink(missing_ok=True)
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)],
+                       check=True, capture_output=True, timeout=30)
+    return pub.read_text().strip()
+
+
+def start_sshd(state_dir: Path, address: str, port: int, authorized_keys: Path, netns: str | None = None) -> Sshd:
+    """Start `/usr/sbin/sshd -D -e` on address:port (inside `netns` if given); returns once the port accepts."""
+    state_dir = Path(state_dir).resolve()
+    state_dir.mkdir(parents=True, exist_ok=True)
+    Path("/run/sshd").mkdir(mode=0o755, parents=True, exist_ok=True)  # sshd's privilege-separation dir
+    host_key = state_dir / "ssh_host_ed25519_key"
+    host_pub = make_keypair(host_key, comment=f"lanebench-sshd-{address}-{port}")
+    listen = f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
+    config = state_dir / "sshd_config"
+    config.write_text("\n".join([
+        f"ListenAddress {listen}",
+        f"HostKey {host_key}",
+        f"PidFile {state_dir / 'sshd.pid'}",
+        f"AuthorizedKeysFile {Path(authorized_keys).resolve()}",
+        "PermitRootLogin prohibit-password",
+        "PubkeyAuthentication yes",
+        "PasswordAuthentication no",
+        "KbdInteractiveAuthentication no",
+        "UsePAM no",
+        "StrictModes no",
+        "UseDNS no",
+        "PrintMotd no",
+        "MaxSessions 32",
+        "MaxStartups 32:30:64",
+        "LogLevel INFO",
+        "Subsystem sftp internal-sftp",
+        "",
+    ]))
+    argv = [SSHD, "-D", "-e", "-f", str(config)]
+    if netns is not None:
+        argv = ["ip", "netns", "exec", netns, *argv]  # `ip netns exec` execs: the pid is sshd's own
+    (state_dir / "sshd.pid").unlink(missing_ok=True)
+    log_path = state_dir / "sshd.log"
+    with log_path.open("ab") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+    sshd = Sshd(address=address, port=port, pid=proc.pid, state_dir=state_dir,
+                host_key_line=" ".join(host_pub.split()[:2]), _proc=proc)
+    deadline = time.monotonic() + 10.0
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"sshd on {listen} exited with code {proc.returncode}:\n{sshd.log()[-3000:]}")
+        if _accepts(address, port, netns):
+            return sshd
+        if time.monotonic() > deadline:
+            sshd.stop()
+            raise RuntimeError(f"sshd on {listen} did not accept connections within 10 s:\n{sshd.log()[-3000:]}")
+        time.sleep(0.1)
+
+
+def _accepts(address: str, port: int, netns: str | None) -> bool:
+    if netns is None:
+        try:
+            with socket.create_connection((address, port), timeout=1.0):
+                return True
+        except OSError:
+            return False
+    probe = f"import socket; socket.create_connection(({address!r}, {port}), timeout=1.0).close()"
+    return subprocess.run(["ip", "netns", "exec", netns, sys.executable or shutil.which("python3") or "python3",
+                           "-c", probe], capture_output=True, timeout=10).returncode == 0
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # the command name may hold spaces or parens: the ppid is the 2nd field after the last ')'
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+            out.append(int(entry.name))
+    return out
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _descendants(pid: int) -> list[int]:
+    found: list[int] = []
+    todo = [pid]
+    while todo:
+        kids = _children(todo.pop())
+        found.extend(kids)
+        todo.extend(kids)
+    return found
