@@ -1,0 +1,302 @@
+"""Private docker daemons and a private image registry, started for the lab and the tests.
+
+Each daemon gets its own state folder (socket, data, exec root, config, log), so it never
+touches a system docker, `/etc/docker/daemon.json` or a hub: dockerd reads the config file we
+write, and the registry listens only where we say (loopback or a lab address). Both run in a
+network namespace when asked (`nsenter --net=/run/netns/NETNS` execs, so the pid we hold is
+the daemon's own; only the network namespace changes, mounts stay in the root mount namespace).
+
+`stop()` leaves nothing behind: containers are removed first (a dockerd killed under a running
+container leaves its shim and engine running), then the daemon is stopped, then any process
+that still names the state folder (containerd, shims) and its descendants are killed by pid,
+and mounts left under the state folder are unmounted.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Self
+
+import httpx
+
+_NETNS_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
+# sun_path is 108 bytes; containerd adds ".ttrpc" to its socket under the exec root.
+_MAX_SOCKET_PATH = 100
+
+
+class DaemonError(RuntimeError):
+    """A daemon did not start or did not answer; the message carries its log tail."""
+
+
+def _log_tail(path: Path, lines: int = 20) -> str:
+    text = path.read_text(errors="replace") if path.exists() else ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def _netns_prefix(netns: str | None) -> list[str]:
+    """Enter only the network namespace. Not `ip netns exec`: it also unshares the mount
+    namespace and remounts /sys, which hides /sys/fs/cgroup ("Devices cgroup isn't mounted")."""
+    if netns is None:
+        return []
+    if not netns or not set(netns) <= _NETNS_CHARS or len(netns) > 64 or netns in (".", ".."):
+        raise ValueError(f"network namespace name {netns!r} must be letters, digits, '_', '.', '-'")
+    if not (Path("/run/netns") / netns).exists():
+        raise ValueError(f"network namespace {netns!r} does not exist (no /run/netns/{netns})")
+    return ["nsenter", f"--net=/run/netns/{netns}", "--"]
+
+
+def _children() -> dict[int, list[int]]:
+    kids: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        kids.setdefault(ppid, []).append(int(entry.name))
+    return kids
+
+
+def _pids_naming(folder: Path) -> set[int]:
+    """Processes whose command line names `folder` (our daemon, its containerd, the shims)."""
+    needle = str(folder).encode() + b"/"
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                if needle in (entry / "cmdline").read_bytes():
+                    found.add(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def _with_descendants(roots: set[int]) -> set[int]:
+    kids = _children()
+    out, todo = set(), list(roots)
+    while todo:
+        pid = todo.pop()
+        if pid not in out:
+            out.add(pid)
+            todo.extend(kids.get(pid, []))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _kill_all(pids: set[int], grace_s: float) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        end = time.monotonic() + grace_s
+        while time.monotonic() < end and any(_alive(p) for p in pids):
+            time.sleep(0.1)
+        if not any(_alive(p) for p in pids):
+            return
+
+
+def _mounts_under(folder: Path) -> list[str]:
+    prefix = str(folder.resolve())
+    points = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        point = line.split()[4].encode().decode("unicode_escape")  # \040 etc.
+        if point == prefix or point.startswith(prefix + "/"):
+            points.append(point)
+    return sorted(points, key=len, reverse=True)
+
+
+def _unmount_under(folder: Path) -> None:
+    for point in _mounts_under(folder):
+        subprocess.run(["umount", "-l", point], capture_output=True, check=False)
+
+
+@dataclass
+class Daemon:
+    """A daemon we started: stopping it is idempotent and leaves no process or mount behind."""
+
+    name: str
+    pid: int
+    state_dir: Path
+    log_path: Path
+    _proc: subprocess.Popen | None = field(default=None, repr=False, compare=False, kw_only=True)
+    _stopped: bool = field(default=False, repr=False, compare=False, kw_only=True)
+
+    def _before_stop(self) -> None:
+        """Hook: what must go before the daemon itself (a dockerd's containers)."""
+
+    def stop(self, grace_s: float = 20.0) -> None:
+        if self._stopped:
+            return
+        try:
+            if self._proc is None or self._proc.poll() is None:
+                self._before_stop()
+        finally:
+            self._kill(grace_s)
+            self._stopped = True
+
+    def _kill(self, grace_s: float) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait(timeout=10)
+        # containerd, shims and what runs under them outlive a dockerd that was killed.
+        leftovers = _with_descendants(_pids_naming(self.state_dir))
+        if leftovers:
+            _kill_all(leftovers, grace_s=5.0)
+        _unmount_under(self.state_dir)
+
+    def running(self) -> bool:
+        return self._proc.poll() is None if self._proc is not None else _alive(self.pid)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _spawn(argv: list[str], log_path: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("ab") as log:
+        return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, env=env)
+
+
+def _wait(daemon: Daemon, probe, what: str, deadline_s: float) -> None:
+    end = time.monotonic() + deadline_s
+    last = "no answer yet"
+    while time.monotonic() < end:
+        if daemon._proc is not None and daemon._proc.poll() is not None:
+            code = daemon._proc.returncode
+            daemon.stop()
+            raise DaemonError(f"{daemon.name} exited with code {code} before {what} answered; "
+                              f"last log lines:\n{_log_tail(daemon.log_path)}")
+        try:
+            if probe():
+                return
+        except Exception as e:  # noqa: BLE001 - any failure is 'not up yet' until the deadline
+            last = f"{type(e).__name__}: {e}"
+        time.sleep(0.2)
+    daemon.stop()
+    raise DaemonError(f"{daemon.name}: {what} did not answer within {deadline_s:.0f}s ({last}); "
+                      f"last log lines:\n{_log_tail(daemon.log_path)}")
+
+
+@dataclass
+class Dockerd(Daemon):
+    socket: Path
+
+    @property
+    def docker_host(self) -> str:
+        return f"unix://{self.socket}"
+
+    def docker(self, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess:
+        """The docker CLI against this daemon (lab and test convenience)."""
+        return subprocess.run(["docker", "--host", self.docker_host, *args], capture_output=True, text=True,
+                              timeout=timeout, check=False)
+
+    def _before_stop(self) -> None:
+        ids = self.docker("ps", "-aq", timeout=30).stdout.split()
+        if ids:
+            self.docker("rm", "-f", *ids, timeout=120)
+
+
+def start_dockerd(state_dir: Path, netns: str | None = None, insecure_registries: Sequence[str] = (),
+                  deadline_s: float = 60.0) -> Dockerd:
+    """A dockerd of our own under `state_dir`: no iptables, no bridge (containers use the host
+    network of the namespace it runs in), its own config file (never /etc/docker/daemon.json)."""
+    state_dir = Path(state_dir).resolve()
+    exec_root, data_root, sock = state_dir / "exec", state_dir / "root", state_dir / "docker.sock"
+    if len(str(exec_root / "containerd" / "containerd.sock.ttrpc")) > _MAX_SOCKET_PATH:
+        raise ValueError(f"state folder {state_dir} is too long for unix socket paths; use a shorter one")
+    for registry in insecure_registries:
+        if not all(c.isalnum() or c in ".:-[]/" for c in registry):
+            raise ValueError(f"insecure registry {registry!r} must be host:port")
+    state_dir.mkdir(parents=True, exist_ok=True)
+    config = state_dir / "daemon.json"
+    config.write_text(json.dumps({"insecure-registries": list(insecure_registries)}))
+    log_path = state_dir / "dockerd.log"
+    argv = [*_netns_prefix(netns), "dockerd", "--config-file", str(config), "--host", f"unix://{sock}",
+            "--data-root", str(data_root), "--exec-root", str(exec_root), "--pidfile", str(state_dir / "docker.pid"),
+            "--iptables=false", "--ip6tables=false", "--bridge=none"]
+    proc = _spawn(argv, log_path)
+    daemon = Dockerd(name=f"dockerd[{state_dir.name}]", pid=proc.pid, state_dir=state_dir, log_path=log_path,
+                     _proc=proc, socket=sock)
+
+    def ping() -> bool:
+        with httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), timeout=2.0) as client:
+            return client.get("http://docker/_ping").text == "OK"
+
+    _wait(daemon, ping, f"docker _ping on {sock}", deadline_s)
+    return daemon
+
+
+@dataclass
+class Registry(Daemon):
+    address: str
+    port: int
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.address}]" if ":" in self.address else self.address
+        return f"{host}:{self.port}"
+
+
+def start_registry(state_dir: Path, address: str = "127.0.0.1", port: int = 5000, netns: str | None = None,
+                   deadline_s: float = 30.0) -> Registry:
+    """Debian's distribution registry (`docker-registry serve`), filesystem storage under
+    `state_dir`, plain HTTP on `address:port` only, no auth (loopback or the lab network)."""
+    ipaddress.ip_address(address)  # ValueError on anything that is not an IP address
+    if not 1 <= int(port) <= 65535:
+        raise ValueError(f"port {port} out of range")
+    state_dir = Path(state_dir).resolve()
+    state_dir.mkdir(parents=True, exist_ok=True)
+    host = f"[{address}]" if ":" in address else address
+    config = state_dir / "registry.yml"
+    config.write_text(json.dumps({  # JSON is YAML
+        "version": 0.1,
+        "log": {"level": "info", "formatter": "text"},
+        "storage": {"filesystem": {"rootdirectory": str(state_dir / "data")}, "delete": {"enabled": True}},
+        "http": {"addr": f"{host}:{port}", "headers": {"X-Content-Type-Options": ["nosniff"]}},
+    }))
+    log_path = state_dir / "registry.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REGISTRY_")}  # no overrides from outside
+    proc = _spawn([*_netns_prefix(netns), "/usr/bin/docker-registry", "serve", str(config)], log_path, env=env)
+    daemon = Registry(name=f"registry[{state_dir.name}]", pid=proc.pid, state_dir=state_dir, log_path=log_path,
+                      _proc=proc, address=address, port=port)
+    url = f"http://{host}:{port}/v2/"
+    if netns is None:
+        def probe() -> bool:
+            return httpx.get(url, timeout=2.0).status_code == 200
+    else:  # the address may only be reachable inside the namespace
+        def probe() -> bool:
+            code = ("import urllib.request,sys; "
+                    f"sys.exit(0 if urllib.request.urlopen({url!r}, timeout=2).status == 200 else 1)")
+            return subprocess.run([*_netns_prefix(netns), sys.executable, "-c", code], capture_output=True,
+                                  timeout=10, check=False).returncode == 0
+
+    _wait(daemon, probe, f"registry GET {url}", deadline_s)
+    return daemon
