@@ -19,7 +19,7 @@ from tasks.build import REPO
 DEFAULT_HOSTS = REPO / "hosts.yaml"
 # Flows that bring their own subcommand: each module has register_cli(subparsers), which
 # must stay cheap to import (no Prefect or GX at import time).
-_SUBCOMMANDS: list[str] = ["flows.kl", "flows.matrix", "flows.history", "flows.tools"]
+_SUBCOMMANDS: list[str] = ["flows.kl", "flows.matrix", "flows.history", "flows.tools", "flows.lab"]
 
 
 def _bad_input(message: str) -> int:

@@ -1,0 +1,501 @@
+"""The users' topology on one Linux machine: GB300 and a Spark pair as network namespaces.
+
+    root namespace: bridge lbmgmt0 10.213.0.1/24 (the orchestrator), registry 10.213.0.1:5000
+    gb300   mgmt0 10.213.0.10   sshd :22, its own dockerd (socket under .lab/gb300/docker)
+    spark1  mgmt0 10.213.0.11   sshd :22, direct0 10.213.1.1/30 MTU 9000 --+ veth: the direct
+    spark2  mgmt0 10.213.0.12   sshd :22, direct0 10.213.1.2/30 MTU 9000 --+ cable, cuttable
+
+Everything the lab makes is recorded in `.lab/state.json` as it is made, so `down` (and an
+`up` after a crash) can remove it from another process. `down` does not trust the record
+alone: it also stops every process running in a lab namespace or naming `.lab` on its command
+line, and unmounts whatever is mounted under `.lab`. Hosts are verified by their keys
+(`.lab/known_hosts`), never trusted on first use.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import signal
+import string
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from lab import netns
+
+REPO = Path(__file__).resolve().parent.parent
+LAB_DIR = REPO / ".lab"
+INVENTORY = REPO / "hosts.lab.yaml"
+TEMPLATE = Path(__file__).resolve().parent / "hosts.lab.yaml.in"
+
+BRIDGE, BRIDGE_CIDR, ORCHESTRATOR = "lbmgmt0", "10.213.0.1/24", "10.213.0.1"
+HOSTS: dict[str, str] = {"gb300": "10.213.0.10", "spark1": "10.213.0.11", "spark2": "10.213.0.12"}
+MGMT_IF = "mgmt0"
+DIRECT_IF, DIRECT_MTU = "direct0", 9000
+DIRECT_A, DIRECT_B = ("spark1", "10.213.1.1"), ("spark2", "10.213.1.2")
+REGISTRY_PORT = 5000
+SSH_PORT = 22
+# One lab per machine: a test session and a `lanebench lab` command must not pull it from under
+# each other. Outside .lab, which down empties. A holder lets its children (the CLI under test) in.
+LOCK_PATH = Path("/run/lanebench-lab.lock")
+HOLDER_ENV = "LANEBENCH_LAB_LOCK_HOLDER"
+# What down must keep: a place for caches worth more than one lab (nothing else survives).
+KEEP = {"cache"}
+
+Say = Callable[[str], None]
+
+
+def _root_end(host: str) -> str:
+    return f"lbm-{host}"[:15]
+
+
+class LabError(RuntimeError):
+    """The lab could not be brought up (the message says which step); it was torn down again."""
+
+
+class LabBusy(LabError):
+    """Another process holds the lab (a test session, another `lanebench lab`)."""
+
+
+def _lock_holder() -> int | None:
+    try:
+        return int(LOCK_PATH.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+@contextmanager
+def lab_lock(wait_s: float = 0.0) -> Iterator[None]:
+    """Hold the machine's lab exclusively (waiting up to `wait_s`); re-entrant for the holder's children."""
+    inherited = os.environ.get(HOLDER_ENV)
+    if inherited and inherited.isdigit() and _lock_holder() == int(inherited) and _alive(int(inherited)):
+        yield
+        return
+    fd = os.open(LOCK_PATH, os.O_RDWR | os.O_CREAT, 0o644)
+    deadline = time.monotonic() + wait_s
+    try:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    holder = _lock_holder()
+                    what = _cmdline(holder).replace(b"\0", b" ").decode(errors="replace")[:100] if holder else "?"
+                    raise LabBusy(f"the lab is in use by pid {holder} ({what.strip()}). "
+                                  "Fix: wait for it to finish") from None
+                time.sleep(1.0)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        try:
+            yield
+        finally:
+            os.ftruncate(fd, 0)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+class Lab:
+    """One lab on this machine. `up` and `down` are idempotent; `down` is safe to run twice."""
+
+    def __init__(self, lab_dir: Path = LAB_DIR, inventory: Path = INVENTORY, say: Say = print) -> None:
+        self.dir = Path(lab_dir).resolve()
+        self.inventory_path = Path(inventory).resolve()
+        self.say = say
+        self._live: list[Any] = []  # daemons started by this process, stopped first by down()
+
+    # ---- state -------------------------------------------------------------------------------
+    @property
+    def state_path(self) -> Path:
+        return self.dir / "state.json"
+
+    def state(self) -> dict[str, Any]:
+        try:
+            return json.loads(self.state_path.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def _record(self, **changes: Any) -> None:
+        state = self.state()
+        for key, value in changes.items():
+            if isinstance(value, dict) and isinstance(state.get(key), dict):
+                state[key] = {**state[key], **value}
+            else:
+                state[key] = value
+        self.dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.state_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state, indent=2))
+        tmp.replace(self.state_path)
+
+    @property
+    def identity_file(self) -> Path:
+        return self.dir / "id_ed25519"
+
+    @property
+    def known_hosts(self) -> Path:
+        return self.dir / "known_hosts"
+
+    def host_dir(self, host: str) -> Path:
+        return self.dir / "hosts" / host
+
+    # ---- up ----------------------------------------------------------------------------------
+    def leftovers(self) -> list[str]:
+        """What a previous lab left on this machine (namespaces, bridge, state), if anything."""
+        found = [f"namespace {n}" for n in HOSTS if n in netns.list_netns()]
+        if netns.link_exists(BRIDGE):
+            found.append(f"bridge {BRIDGE}")
+        if self.state_path.exists():
+            found.append(f"state {self.state_path}")
+        return found
+
+    def up(self) -> dict[str, Any]:
+        """Bring the whole lab up (tearing a leftover one down first); returns the state record."""
+        _require_root_and_tools()
+        if self.leftovers():
+            self.say(f"lab: removing a leftover lab first ({', '.join(self.leftovers())})")
+            self.down()
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._record(started=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), lab_dir=str(self.dir),
+                     namespaces=[], bridge=None, processes={}, complete=False)
+        try:
+            self._network()
+            self._disks()
+            self._sshds()
+            registry, dockerd = self._docker()
+            image = self._image(dockerd, registry)
+            self._render(dockerd.docker_host, image)
+        except BaseException as e:
+            self.say(f"lab: up failed ({type(e).__name__}: {e}); tearing down what was started")
+            self.down()
+            if isinstance(e, Exception):
+                raise LabError(f"lab up failed: {e}") from e
+            raise
+        self._record(complete=True)
+        self.say(f"lab: up; inventory {self.inventory_path}")
+        return self.state()
+
+    def _network(self) -> None:
+        self._record(bridge=BRIDGE)
+        netns.add_bridge(BRIDGE, BRIDGE_CIDR)
+        for host, address in HOSTS.items():
+            self._record(namespaces=[*self.state().get("namespaces", []), host])
+            netns.add_netns(host)
+            netns.add_veth_to_bridge(_root_end(host), BRIDGE, host, MGMT_IF, f"{address}/24")
+            self.say(f"lab: namespace {host}: {MGMT_IF} {address}/24 on bridge {BRIDGE}")
+        (a, addr_a), (b, addr_b) = DIRECT_A, DIRECT_B
+        netns.add_veth_between(a, DIRECT_IF, f"{addr_a}/30", b, DIRECT_IF, f"{addr_b}/30", mtu=DIRECT_MTU)
+        self._record(direct={"a": [a, DIRECT_IF, addr_a], "b": [b, DIRECT_IF, addr_b], "mtu": DIRECT_MTU})
+        self.say(f"lab: direct link {a} {DIRECT_IF} {addr_a} <-> {b} {DIRECT_IF} {addr_b}, MTU {DIRECT_MTU}")
+
+    def _disks(self) -> None:
+        """Each host's 'disk': its models (copies of the testbed's, so they are files on that host) and artifacts."""
+        models = sorted((REPO / "testbed" / "models").glob("*.gguf"))
+        for host in HOSTS:
+            (self.host_dir(host) / "artifacts").mkdir(parents=True, exist_ok=True)
+            target = self.host_dir(host) / "models"
+            target.mkdir(parents=True, exist_ok=True)
+            for model in models:
+                shutil.copy2(model, target / model.name)
+        self.say(f"lab: copied {len(models)} model files to {self.dir / 'hosts'}/<host>/models")
+
+    def _sshds(self) -> None:
+        from lab.sshd import make_keypair, start_sshd
+
+        pub = make_keypair(self.identity_file, "lanebench-lab")
+        authorized = self.dir / "authorized_keys"
+        authorized.write_text(pub + "\n")
+        lines = []
+        for host, address in HOSTS.items():
+            sshd = start_sshd(self.dir / host / "sshd", address, SSH_PORT, authorized, netns=host)
+            self._live.append(sshd)
+            self._record(processes={f"sshd-{host}": sshd.pid})
+            lines.append(sshd.known_hosts_line())
+            self.say(f"lab: sshd in {host} on {address}:{SSH_PORT} (pid {sshd.pid})")
+        self.known_hosts.write_text("\n".join(lines) + "\n")
+
+    def _docker(self) -> tuple[Any, Any]:
+        from lab.docker import start_dockerd, start_registry
+
+        registry = start_registry(self.dir / "registry", ORCHESTRATOR, REGISTRY_PORT)
+        self._live.append(registry)
+        self._record(processes={"registry": registry.pid}, registry=registry.url)
+        self.say(f"lab: registry on {registry.url} (pid {registry.pid})")
+        dockerd = start_dockerd(self.dir / "gb300" / "docker", netns="gb300", insecure_registries=[registry.url])
+        self._live.insert(0, dockerd)  # stopped first: its containers go before anything else
+        self._record(processes={"dockerd-gb300": dockerd.pid}, docker_host=dockerd.docker_host)
+        self.say(f"lab: dockerd in gb300 on {dockerd.docker_host} (pid {dockerd.pid})")
+        return registry, dockerd
+
+    def _image(self, dockerd: Any, registry: Any) -> str:
+        from lab.image import build_and_push
+
+        self.say("lab: building and pushing the llama-server image (gb300's dockerd)")
+        image = build_and_push(dockerd.docker_host, registry.url)
+        # Built on gb300's daemon only because it is the lab's one daemon: the lane must still get
+        # the image as a real host does, pulled by digest from the registry, so the copy goes.
+        image_id = dockerd.docker("image", "inspect", "--format", "{{.Id}}", image).stdout.strip()
+        if image_id:
+            dockerd.docker("image", "rm", "--force", image_id)
+        self._record(image=image)
+        self.say(f"lab: image {image}")
+        return image
+
+    def _render(self, docker_host: str, image: str) -> None:
+        """hosts.lab.yaml from the template: this machine's image digest, paths and model sizes."""
+        from tasks.config import load_inventory
+
+        def facts(name: str) -> tuple[int, str]:
+            path = REPO / "testbed" / "models" / name
+            return path.stat().st_size, hashlib.sha256(path.read_bytes()).hexdigest()
+
+        target_bytes, target_sha = facts("target-f16.gguf")
+        drafter_bytes, _ = facts("drafter-good-f16.gguf")
+        text = string.Template(TEMPLATE.read_text()).substitute(
+            lab=str(self.dir), image=image, gb300_docker_host=docker_host,
+            target_bytes=target_bytes, target_sha256=target_sha, drafter_bytes=drafter_bytes)
+        tmp = self.inventory_path.with_suffix(".tmp")
+        tmp.write_text(text)
+        load_inventory(tmp)  # raises ConfigError naming the field if the template is wrong
+        tmp.replace(self.inventory_path)
+        self._record(inventory=str(self.inventory_path))
+        self.say(f"lab: wrote {self.inventory_path}")
+
+    # ---- for tests and flows ---------------------------------------------------------------------
+    def inventory(self):  # -> tasks.config.Inventory
+        """The generated inventory (hosts.lab.yaml), validated."""
+        from tasks.config import load_inventory
+
+        return load_inventory(self.inventory_path)
+
+    def transports(self) -> dict[str, Any]:
+        """A transport per lab host (SSH, keys checked against .lab/known_hosts); close them when done."""
+        from tasks.transport import transport_for
+
+        inv = self.inventory()
+        return {name: transport_for(name, host, self.inventory_path.parent) for name, host in inv.hosts.items()}
+
+    # ---- the direct link ---------------------------------------------------------------------
+    def cut_link(self) -> None:
+        """Cut the spark1<->spark2 cable: spark1's end admin-down; spark2's end loses carrier."""
+        netns.set_link(DIRECT_IF, False, netns=DIRECT_A[0])
+
+    def restore_link(self) -> None:
+        netns.set_link(DIRECT_IF, True, netns=DIRECT_A[0])
+        # a veth reports UP on both ends a moment after the admin change
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            if all(netns.operstate(DIRECT_IF, netns=ns) == "UP" for ns in (DIRECT_A[0], DIRECT_B[0])):
+                return
+            time.sleep(0.05)
+
+    # ---- faults for tests: the registry down, an image the host does not have ----------------
+    def stop_registry(self) -> None:
+        """Take the lab registry down (its storage stays): a pull that needs it must fail clearly."""
+        pid = self.state().get("processes", {}).get("registry")
+        if pid:
+            _kill({int(pid)})
+        self._live = [d for d in self._live if getattr(d, "pid", None) != pid]
+
+    def start_registry(self) -> None:
+        from lab.docker import start_registry
+
+        registry = start_registry(self.dir / "registry", ORCHESTRATOR, REGISTRY_PORT)
+        self._live.append(registry)
+        self._record(processes={"registry": registry.pid})
+
+    def drop_image(self) -> None:
+        """Remove the pinned image from gb300's daemon, as on a host that never pulled it."""
+        state = self.state()
+        for ref in (state.get("image"),):
+            if ref:
+                subprocess.run(["docker", "--host", state["docker_host"], "image", "rm", "--force", ref],
+                               capture_output=True, timeout=60, check=False)
+
+    # ---- down --------------------------------------------------------------------------------
+    def down(self) -> list[str]:
+        """Remove every container, process, mount, namespace, veth and bridge of the lab; returns what went."""
+        removed: list[str] = []
+        state = self.state()
+        recorded = set(state.get("processes", {}).values())
+        for daemon in self._live:  # this process's own daemons: their stop() knows them best
+            if daemon.pid not in recorded:
+                continue  # replaced by a later `up` in another process: the sweeps below handle it
+            try:
+                daemon.stop()
+                removed.append(f"stopped {getattr(daemon, 'name', type(daemon).__name__)} (pid {daemon.pid})")
+            except Exception as e:  # noqa: BLE001 - the sweeps below still run
+                self.say(f"lab: stopping pid {daemon.pid} failed ({e}); killing it")
+        self._live.clear()
+        if state.get("docker_host"):
+            removed += _remove_containers(state["docker_host"])
+        pids = _lab_pids(self.dir, HOSTS) | {p for p in state.get("processes", {}).values() if _same_lab_process(p, self.dir)}
+        if pids:
+            _kill(pids)
+            removed.append(f"killed {len(pids)} processes ({', '.join(str(p) for p in sorted(pids))})")
+        for point in _mounts_under(self.dir):
+            subprocess.run(["umount", "-l", point], capture_output=True, timeout=30)
+            removed.append(f"unmounted {point}")
+        for host in HOSTS:
+            if host in netns.list_netns():
+                netns.del_netns(host)
+                removed.append(f"namespace {host}")
+        for ifname in [BRIDGE, *(_root_end(h) for h in HOSTS)]:
+            if netns.link_exists(ifname):
+                netns.del_link(ifname)
+                removed.append(f"link {ifname}")
+        if self.inventory_path.exists():
+            self.inventory_path.unlink()
+            removed.append(f"file {self.inventory_path}")
+        if self.dir.exists() and any(e.name not in KEEP for e in self.dir.iterdir()):
+            for entry in self.dir.iterdir():
+                if entry.name in KEEP:
+                    continue
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry, ignore_errors=True)
+                else:
+                    entry.unlink(missing_ok=True)
+            removed.append(f"files under {self.dir}")
+        for line in removed:
+            self.say(f"lab: removed {line}")
+        return removed
+
+    # ---- status ------------------------------------------------------------------------------
+    def status(self) -> tuple[bool, list[str]]:
+        """(healthy, lines): namespaces present, recorded processes alive, link state, registry and dockerd."""
+        state = self.state()
+        if not state:
+            return False, ["lab: not up (no state)"]
+        lines, ok = [], bool(state.get("complete"))
+        if not ok:
+            lines.append("lab: incomplete (up did not finish)")
+        present = netns.list_netns()
+        for host, address in HOSTS.items():
+            there = host in present
+            ok &= there
+            lines.append(f"namespace {host}: {'present' if there else 'MISSING'} ({MGMT_IF} {address})")
+        for name, pid in state.get("processes", {}).items():
+            alive = _alive(pid)
+            ok &= alive
+            lines.append(f"process {name}: pid {pid} {'running' if alive else 'GONE'}")
+        if DIRECT_A[0] in present and DIRECT_B[0] in present:
+            a, b = netns.operstate(DIRECT_IF, DIRECT_A[0]), netns.operstate(DIRECT_IF, DIRECT_B[0])
+            lines.append(f"direct link: {DIRECT_A[0]} {DIRECT_IF} {a}, {DIRECT_B[0]} {DIRECT_IF} {b}"
+                         + ("" if a == b == "UP" else " (cut)"))
+        if state.get("image"):
+            lines.append(f"image: {state['image']}")
+        if state.get("inventory"):
+            lines.append(f"inventory: {state['inventory']}")
+        return ok, lines
+
+
+# ---- helpers -------------------------------------------------------------------------------------
+def _require_root_and_tools() -> None:
+    if os.geteuid() != 0:
+        raise LabError("the lab needs root (network namespaces, sshd on port 22, dockerd). Fix: run as root")
+    missing = [t for t in ("ip", "ping", "dockerd", "docker", "docker-registry", "iperf3", "ssh-keygen")
+               if shutil.which(t) is None]
+    if not Path("/usr/sbin/sshd").exists():
+        missing.append("sshd")
+    if missing:
+        raise LabError(f"missing tools: {', '.join(missing)}. Fix: run ./setup (installs them)")
+
+
+def _remove_containers(docker_host: str) -> list[str]:
+    try:
+        ids = subprocess.run(["docker", "--host", docker_host, "ps", "-aq"], capture_output=True, text=True,
+                             timeout=20).stdout.split()
+        if ids:
+            subprocess.run(["docker", "--host", docker_host, "rm", "-f", *ids], capture_output=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [f"container {i}" for i in ids]
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def _same_lab_process(pid: int, lab_dir: Path) -> bool:
+    """A recorded pid still names the lab (pids are reused: never kill one that does not)."""
+    return str(lab_dir).encode() in _cmdline(pid)
+
+
+def _ancestors() -> set[int]:
+    out, pid = set(), os.getpid()
+    while pid > 1:
+        out.add(pid)
+        try:
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+    return out
+
+
+def lab_processes(lab_dir: Path = LAB_DIR, hosts: dict[str, str] = HOSTS) -> dict[int, str]:
+    """Processes of the lab: running in a lab namespace, or naming the lab folder on their command line."""
+    inodes = {i for i in (netns.netns_inode(h) for h in hosts) if i is not None}
+    needle = str(Path(lab_dir).resolve()).encode()
+    mine = _ancestors()
+    found: dict[int, str] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) in mine:
+            continue
+        pid = int(entry.name)
+        line = _cmdline(pid)
+        if not line:
+            continue  # kernel thread or gone
+        try:
+            in_ns = os.stat(entry / "ns" / "net").st_ino in inodes
+        except OSError:
+            in_ns = False
+        if in_ns or needle in line:
+            found[pid] = line.replace(b"\0", b" ").decode(errors="replace").strip()
+    return found
+
+
+def _lab_pids(lab_dir: Path, hosts: dict[str, str]) -> set[int]:
+    return set(lab_processes(lab_dir, hosts))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _kill(pids: set[int], grace_s: float = 15.0) -> None:
+    """SIGTERM (daemons clean up after themselves), then SIGKILL what is left after `grace_s`."""
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        end = time.monotonic() + wait
+        while time.monotonic() < end and any(_alive(p) for p in pids):
+            time.sleep(0.1)
+        if not any(_alive(p) for p in pids):
+            return
+
+
+def _mounts_under(folder: Path) -> list[str]:
+    prefix = str(Path(folder).resolve())
+    points = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        point = line.split()[4].replace("\\040", " ")
+        if point == prefix or point.startswith(prefix + "/"):
+            points.append(point)
+    return sorted(points, key=len, reverse=True)
