@@ -1,6 +1,7 @@
 """The lane flow: one serving configuration, from preflight to validated results.
 
-    preflight -> boot -> boot gates (declared, agentic smoke, thinking switch) -> warmup
+    preflight (links, host, workers, files, port) -> image pull by digest -> boot
+              -> boot gates (declared, agentic smoke, thinking switch) -> warmup
               -> decode curve -> acceptance probe -> tool gate -> needle ladder
               -> expectations -> artifacts            (teardown on every path)
 
@@ -26,13 +27,14 @@ from prefect.states import Completed, Failed, State
 from tasks import correctness
 from tasks.acceptance import acceptance_probe
 from tasks.artifacts import LaneRecord, RunFolder
-from tasks.boot import Server, boot, read_facts, stop
-from tasks.config import CapacityGate, Host, Lane, shipped_or_local
+from tasks.boot import Placement, Server, Worker, boot, read_facts, stop
+from tasks.config import CapacityGate, Host, Inventory, Lane, shipped_or_local
+from tasks.containers import image_pull
 from tasks.decode_curve import decode_curve
 from tasks.engines import engine_for
 from tasks.gates import GateFailed, capacity_gate, counter_gate
 from tasks.needles import needle_ladder
-from tasks.preflight import preflight, resolve
+from tasks.preflight import Preflight, Reach, model_paths, preflight, resolve
 from tasks.progress import progress
 from tasks.prompts import Prompt, load_prompts
 from tasks.records import GateResult
@@ -48,17 +50,34 @@ from tasks.warmup import warmup
 SPEED_ONLY_FLOWS = frozenset({"matrix"})
 
 
-def _resolved(lane: Lane, base_dir: Path) -> Lane:
-    """The lane with file paths made absolute against the inventory's folder, and its agentic
-    declarations (tools, reasoning, chat template) turned into the engine's launch flags."""
-    update: dict = {"model": lane.model.model_copy(update={"path": str(resolve(base_dir, lane.model.path))})}
+def _resolved(lane: Lane, host: Host, base_dir: Path, pre: Preflight) -> Lane:
+    """The lane as its host serves it: model paths where they are on that host, its agentic
+    declarations (tools, reasoning, chat template) and its RPC workers turned into the engine's
+    launch flags."""
+    engine = engine_for(lane.engine)
+    paths = model_paths(lane, host, base_dir)
+    update: dict = {"model": lane.model.model_copy(update={"path": paths["model"]})}
     if lane.drafter is not None:
-        update["drafter"] = lane.drafter.model_copy(update={"path": str(resolve(base_dir, lane.drafter.path))})
+        update["drafter"] = lane.drafter.model_copy(update={"path": paths["drafter"]})
+    flags = list(lane.flags)
     if lane.agentic is not None:
         template = lane.agentic.chat_template
         path = str(shipped_or_local(base_dir, template)) if template is not None else None
-        update["flags"] = engine_for(lane.engine).agentic_flags(lane.agentic, path) + list(lane.flags)
-    return lane.model_copy(update=update)
+        flags = engine.agentic_flags(lane.agentic, path) + flags
+    if pre.rpc_endpoints:
+        flags = engine.rpc_flags(pre.rpc_endpoints) + flags
+    return lane.model_copy(update={**update, "flags": flags})
+
+
+def _placement(lane: Lane, host: Host, reach: Reach, pre: Preflight) -> Placement:
+    engine = engine_for(lane.engine)
+    workers = []
+    for worker, endpoint in zip(lane.rpc.workers if lane.rpc else [], pre.rpc_endpoints):
+        address, port = endpoint.rsplit(":", 1)
+        binary = pre.rpc_binaries[worker]
+        workers.append(Worker(worker, reach.transports[worker],
+                              engine.rpc_worker_command(binary, address, int(port), lane.threads)))
+    return Placement(reach.host_name, host, reach.transport, image=lane.image, workers=workers)
 
 
 def _prompt_sets(lane: Lane, base_dir: Path) -> tuple[list[Prompt], dict[str, list[Prompt]]]:
@@ -72,7 +91,8 @@ def _prompt_sets(lane: Lane, base_dir: Path) -> tuple[list[Prompt], dict[str, li
 
 @flow(name="lane", flow_run_name="lane-{lane_name}")
 def lane_flow(lane_name: str, lane: Lane, host: Host, base_dir: Path, run_dir: str,
-              stages: Literal["all", "tools"] = "all", held_out: bool = False) -> State:
+              stages: Literal["all", "tools"] = "all", held_out: bool = False,
+              inventory: Inventory | None = None) -> State:
     logger = get_run_logger()
     run = RunFolder.opened(run_dir)
     record = run.lane(lane_name)
@@ -86,28 +106,42 @@ def lane_flow(lane_name: str, lane: Lane, host: Host, base_dir: Path, run_dir: s
     def keep(rec) -> None:
         run.append_jsonl(lane_name, "requests.jsonl", rec)
 
-    # 1. Preflight: binary, model files with declared bytes, port free.
+    # 1. Preflight: links, host, workers, binary, model files with declared bytes, port free.
     stage("preflight")
-    pre = preflight(lane_name, lane, host, base_dir)
+    reach = Reach.of(lane.host, lane, host, base_dir, inventory)
+    pre = preflight(lane_name, lane, host, base_dir, inventory, reach)
     record.engine_identity, record.models = pre.engine_identity, [m.model_dump() for m in pre.models]
+    record.preflight = pre.model_dump(include={"links", "hosts", "rpc_endpoints", "rpc_binaries"})
     if not pre.ok:
+        reach.close()
         record.status, record.reason = "skipped", pre.reason
         run.save_manifest()
         logger.warning("lane %s skipped: %s", lane_name, pre.reason)
         return Completed(name="Skipped", message=pre.reason)
 
-    lane = _resolved(lane, base_dir)
+    lane = _resolved(lane, host, base_dir, pre)
     decode_prompts, class_prompts = _prompt_sets(lane, base_dir)
     server: Server | None = None
     try:
-        # 2. Boot: start, wait for health, keep the whole log, read what the server resolved.
+        # 2. Image pull by digest (container lanes): skipped when the host has it, verified either way.
+        if lane.image is not None:
+            stage("image pull")
+            pulled = image_pull(reach.transport, host.docker_host, lane.image)
+            if not pulled.ok:  # the pinned image cannot be had: nothing to measure, and it must be seen
+                record.status, record.reason = "failed", f"image pull: {pulled.reason}"
+                return Failed(message=record.reason)
+            record.image = pulled.image.model_dump()
+            run.save_manifest()
+
+        # 3. Boot: start (workers first), wait for health, keep the whole log, read what the server resolved.
         stage("boot")
-        server, facts, seconds = boot(lane_name, lane, pre.binary, host.address, run.lane_dir(lane_name) / "boot.log")
+        server, facts, seconds = boot(lane_name, lane, pre.binary, host.address, run.lane_dir(lane_name) / "boot.log",
+                                      _placement(lane, host, reach, pre))
         record.launch_command, record.boot_seconds = server.command, seconds
         record.boot_facts = facts.model_dump()
         run.save_manifest()
 
-        # 3. Boot gates, declared per lane: any failure stops this lane's measurements.
+        # 4. Boot gates, declared per lane: any failure stops this lane's measurements.
         stage("boot gates")
         probe = min([*decode_prompts, *(p for ps in class_prompts.values() for p in ps)], key=lambda p: len(p.text))
         for gate in lane.gates:
@@ -135,7 +169,7 @@ def lane_flow(lane_name: str, lane: Lane, host: Host, base_dir: Path, run_dir: s
             return _correctness(run, record, lane_name, lane, host, base_dir, server, stage, held_out,
                                 needles=False)
 
-        # 4. Warmup: every batch shape a bench will use, first hit recorded apart.
+        # 5. Warmup: every batch shape a bench will use, first hit recorded apart.
         stage("warmup")
         shapes = [(c, "decode", lane.bench.decode.max_tokens) for c in lane.bench.decode.concurrency]
         if lane.bench.acceptance is not None:
@@ -143,13 +177,13 @@ def lane_flow(lane_name: str, lane: Lane, host: Host, base_dir: Path, run_dir: s
         warm = warmup(server, lane_name, lane.engine, shapes, {"decode": decode_prompts, **class_prompts}, keep)
         run.write_table(lane_name, "warmup", warm)
 
-        # 5. Decode curve: repeats at each concurrency level, median and spread.
+        # 6. Decode curve: repeats at each concurrency level, median and spread.
         stage("decode curve")
         rows = decode_curve(server, lane_name, lane.engine, lane.bench.decode, lane.bench.repeats, decode_prompts,
                             keep, on_progress=lambda s: progress(lane_name, s))
         run.write_table(lane_name, "decode", rows)
 
-        # 6. Acceptance probe: per prompt class, counter deltas over the probe window only.
+        # 7. Acceptance probe: per prompt class, counter deltas over the probe window only.
         if lane.speculative is not None and lane.bench.acceptance is not None:
             stage("acceptance probe")
             acc_rows, silent = acceptance_probe(server, lane_name, lane.engine, lane.speculative.k, class_prompts,
@@ -160,7 +194,7 @@ def lane_flow(lane_name: str, lane: Lane, host: Host, base_dir: Path, run_dir: s
             if acc_rows:
                 run.write_table(lane_name, "acceptance", acc_rows)
 
-        # 7-8. Correctness on the same booted server: tool-call gate, needle ladder; then
+        # 8-9. Correctness on the same booted server: tool-call gate, needle ladder; then
         # expectations on the raw records too. Any failed suite or gate fails the lane.
         if run.manifest.flow.get("name") in SPEED_ONLY_FLOWS:
             return _correctness(run, record, lane_name, lane.model_copy(update={"correctness": None}), host,
@@ -178,6 +212,9 @@ def lane_flow(lane_name: str, lane: Lane, host: Host, base_dir: Path, run_dir: s
         if server is not None:
             stop(server)
             run.register(lane_name, f"{lane_name}/boot.log", "boot-log")
+            for worker in lane.rpc.workers if lane.rpc else []:
+                run.register(lane_name, f"{lane_name}/worker-{worker}.log", "boot-log")
+        reach.close()
         try:
             correctness.write(run, lane_name)
         except Exception as e:  # a view of the verdicts and tables; losing it must not lose the lane

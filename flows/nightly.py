@@ -61,7 +61,7 @@ def _run_lane(run: RunFolder, inventory: Inventory, inventory_path: Path, name: 
     try:
         with host_lock(lane.host, on_wait=lambda m: progress(name, m)) as hold:
             state = lane_flow(name, lane, inventory.hosts[lane.host], inventory_path.parent, str(run.path),
-                              return_state=True)
+                              inventory=inventory, return_state=True)
             message = str(state.message)
     except Exception as e:  # the lock itself failed (timeout, lease lost, server gone)
         message = f"host lock {limit_name(lane.host)}: {type(e).__name__}: {e}"

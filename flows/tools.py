@@ -48,7 +48,7 @@ def run_tools(hosts: str, lanes: list[str], artifacts_root: str = "artifacts", h
             try:
                 with host_lock(lane.host, on_wait=lambda m, n=name: progress(n, m)):
                     state = lane_flow(name, lane, inventory.hosts[lane.host], inventory_path.parent, str(run.path),
-                                      stages="tools", held_out=held_out, return_state=True)
+                                      stages="tools", held_out=held_out, inventory=inventory, return_state=True)
                     message = str(state.message)
             except Exception as e:  # the lock itself failed
                 message = f"host lock: {type(e).__name__}: {e}"

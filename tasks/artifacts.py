@@ -44,6 +44,8 @@ class LaneRecord(BaseModel):
     launch_command: str = ""
     engine_identity: dict[str, str] = {}
     models: list[dict[str, Any]] = []
+    preflight: dict[str, Any] = {}  # links, hosts and RPC workers as preflight found them
+    image: dict[str, Any] = {}  # container lanes: the pinned reference, digest and image id as pulled
     boot_seconds: float | None = None
     boot_facts: dict[str, Any] = {}
     gates: list[dict[str, Any]] = []

@@ -7,24 +7,39 @@ behind a bench that asked for 16.
 
 from __future__ import annotations
 
-import atexit
-import os
 import shlex
-import signal
-import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from tasks.config import Lane
+from tasks.config import Host, Lane
 from tasks.engines import engine_for
 from tasks.records import BootFacts
+from tasks.transport import LocalTransport, Spawned, Transport
 
-_LIVE: dict[int, subprocess.Popen] = {}
+@dataclass
+class Worker:
+    """A process the lane's server depends on, on another host (an RPC worker over a link)."""
+
+    host_name: str
+    transport: Transport
+    argv: list[str]
+
+
+@dataclass
+class Placement:
+    """Where a lane's server runs: the host's transport; for a container lane the pinned image
+    (already pulled and verified); the workers to start first. Default: this machine."""
+
+    host_name: str = "localhost"
+    host: Host = field(default_factory=Host)
+    transport: Transport = field(default_factory=LocalTransport)
+    image: str | None = None
+    workers: list[Worker] = field(default_factory=list)
 
 
 @dataclass
@@ -33,7 +48,9 @@ class Server:
     base_url: str
     argv: list[str]
     log_path: Path
-    process: subprocess.Popen
+    process: Spawned
+    workers: list[Spawned] = field(default_factory=list)
+    image: str | None = None
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
@@ -52,18 +69,41 @@ def _log_tail(path: Path, lines: int = 15) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
-def start(lane_name: str, lane: Lane, binary: str, address: str, log_path: Path) -> Server:
+def start(lane_name: str, lane: Lane, binary: str, address: str, log_path: Path,
+          placement: Placement | None = None) -> Server:
+    """Start the workers, then the server (a process on the host, or the lane's container).
+    A leftover of a crashed run under the same name is stopped first."""
+    from tasks import containers
+
+    where = placement or Placement()
     engine = engine_for(lane.engine)
     argv = engine.launch_command(lane, binary, address)
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    log = log_path.open("ab")
-    env = {**os.environ, **lane.env}
-    # Its own process group, so teardown reaches any children the engine spawns.
-    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            env=env, start_new_session=True)
-    log.close()
-    _LIVE[proc.pid] = proc
-    return Server(lane=lane_name, base_url=f"http://{address}:{lane.port}", argv=argv, log_path=log_path, process=proc)
+    workers: list[Spawned] = []
+    try:
+        for i, worker in enumerate(where.workers):
+            name = f"{lane_name}-rpc{i}.{lane.port}"
+            worker.transport.stop_leftover(name)
+            workers.append(worker.transport.spawn(worker.argv, log_path.with_name(f"worker-{worker.host_name}.log"),
+                                                  name=name))
+        if where.image is not None:
+            containers.remove_leftover(where.transport, where.host.docker_host, lane_name)
+            mounts = sorted({f"{d}:{d}:ro" for d in {str(Path(f.path).parent) for f in (lane.model, lane.drafter) if f}}
+                            | set(lane.container.mounts))
+            process: Spawned = containers.run_container(
+                where.transport, where.host.docker_host, lane_name, where.image, argv[1:], lane.container,
+                where.host.gpus, mounts, lane.env, log_path)
+        else:
+            # Named by lane and port: a crashed run's server on this port is what would block this boot.
+            name = f"{lane_name}.{lane.port}"
+            where.transport.stop_leftover(name)
+            process = where.transport.spawn(argv, log_path, name=name, env=lane.env)
+    except BaseException:
+        for w in workers:
+            w.stop()
+        raise
+    return Server(lane=lane_name, base_url=f"http://{address}:{lane.port}", argv=argv, log_path=log_path,
+                  process=process, workers=workers, image=where.image)
 
 
 def wait_healthy(server: Server, lane: Lane, deadline_s: float) -> float:
@@ -73,8 +113,8 @@ def wait_healthy(server: Server, lane: Lane, deadline_s: float) -> float:
     delay = 0.1
     last = "no answer yet"
     while time.monotonic() - t0 < deadline_s:
-        if server.process.poll() is not None:
-            raise BootError(f"server exited with code {server.process.returncode} while booting; "
+        if (code := server.process.poll()) is not None:
+            raise BootError(f"server exited with code {code} while booting; "
                             f"last log lines:\n{_log_tail(server.log_path)}")
         try:
             r = httpx.get(server.base_url + engine.health_path, timeout=5.0)
@@ -90,34 +130,19 @@ def wait_healthy(server: Server, lane: Lane, deadline_s: float) -> float:
 
 
 def stop(server: Server, grace_s: float = 10.0) -> None:
-    """Terminate the server's whole process group; kill it if it does not go in time."""
-    proc = server.process
-    if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=grace_s)
-        except ProcessLookupError:
-            pass
-    _LIVE.pop(proc.pid, None)
-
-
-@atexit.register
-def _stop_all() -> None:
-    """Teardown on every path: a crashed or interrupted run leaves no server behind."""
-    for proc in list(_LIVE.values()):
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+    """Stop the server (its process group, or its container), then its workers."""
+    try:
+        server.process.stop(grace_s)
+    finally:
+        for worker in server.workers:
+            worker.stop(grace_s)
 
 
 @task(name="boot", cache_policy=NO_CACHE)
-def boot(lane_name: str, lane: Lane, binary: str, address: str, log_path: Path) -> tuple[Server, BootFacts, float]:
+def boot(lane_name: str, lane: Lane, binary: str, address: str, log_path: Path,
+         placement: Placement | None = None) -> tuple[Server, BootFacts, float]:
     """Start the lane's server and wait for health; returns the server, its boot facts and boot seconds."""
-    server = start(lane_name, lane, binary, address, log_path)
+    server = start(lane_name, lane, binary, address, log_path, placement)
     try:
         seconds = wait_healthy(server, lane, lane.boot_timeout_s)
     except BaseException:

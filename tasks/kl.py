@@ -80,8 +80,8 @@ def _post(client: httpx.Client, server: Server, spec: RequestSpec | ForcedProbe)
         state = ("server stopped answering" if code is None else
                  f"server killed by signal {-code}" if code < 0 else f"server exited with code {code}")
         raise LaneDied(f"{state} ({type(e).__name__})") from e
-    if r.status_code >= 500 and server.process.poll() is not None:
-        raise LaneDied(f"server exited with code {server.process.returncode} (HTTP {r.status_code})")
+    if r.status_code >= 500 and (code := server.process.poll()) is not None:
+        raise LaneDied(f"server exited with code {code} (HTTP {r.status_code})")
     if r.status_code != 200:
         raise KlRequestError(f"{spec.path} answered HTTP {r.status_code}: {r.text[:300]}")
     return r.json()

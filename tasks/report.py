@@ -154,6 +154,29 @@ def _verdict_line(run: RunFolder) -> str:
     return f"- verdict: **FAILED** ({'; '.join(parts)})"
 
 
+def _preflight_lines(pre: dict, image: dict) -> list[str]:
+    """What preflight found on the lane's links and hosts, and the image it ran (remote lanes)."""
+    out = []
+    for link in pre.get("links", []):
+        bw = link.get("bandwidth")
+        facts = [f"{end['host']} {end['interface']} {end.get('operstate')} mtu {end.get('mtu')}"
+                 for end in (link["a"], link["b"]) if end]
+        extra = f", {bw['gbps']:.3g} Gbit/s ({bw['tool']})" if bw else (f", {link['bandwidth_note']}" if link.get("bandwidth_note") else "")
+        rtt = f", rtt {link['rtt_ms']:.2f} ms" if link.get("rtt_ms") is not None else ""
+        verdict = "ok" if link["ok"] else f"**FAILED**: {link['reason']}"
+        out.append(f"- link **{link['link']}** {verdict} ({'; '.join(facts)}{rtt}{extra})")
+    for host in pre.get("hosts", []):
+        disks = ", ".join(f"{d['role']} {d['avail_bytes'] / 2**30:.1f} GiB free" for d in host.get("disks", []))
+        gpus = f", {len(host['gpus'])} GPU(s)" if host.get("gpus") else ""
+        docker = f", docker {host['docker_server']}" if host.get("docker_server") else ""
+        verdict = "ok" if host["ok"] else f"**FAILED**: {host['reason']}"
+        out.append(f"- host **{host['host']}** {verdict}{docker}{gpus}{', ' + disks if disks else ''}")
+    if image:
+        how = "pulled" if image.get("pulled") else "already on the host"
+        out.append(f"- image `{image['reference']}`: {how}, RepoDigests verified, image id `{image['image_id'][:19]}`")
+    return out
+
+
 def render(run: RunFolder) -> str:
     m = run.manifest
     out = [f"# lanebench {m.flow['name']} run `{run.path.name}`", "",
@@ -171,6 +194,7 @@ def render(run: RunFolder) -> str:
                 "acceptance": ("Speculative acceptance (probe window only)", acceptance_table)}
     for name, lane in m.lanes.items():
         out += ["", f"## {name}", ""]
+        out += _preflight_lines(lane.preflight, lane.image)
         if lane.launch_command:
             out += [f"- launch: `{lane.launch_command}`", f"- boot: {lane.boot_seconds:.1f} s; facts: "
                     + ", ".join(f"{k}={v}" for k, v in lane.boot_facts.items() if v not in (None, {}, ""))]

@@ -106,6 +106,16 @@ class Engine(ABC):
         """
         return []
 
+    # --- Serving across hosts (a lane's `rpc` plan) ------------------------------------------
+
+    def rpc_worker_command(self, binary: str, address: str, port: int, threads: int | None) -> list[str]:
+        """argv of the worker that serves this engine's layers on another host, bound to `address`."""
+        raise NotImplementedError(f"the {self.name} adapter has no RPC backend")
+
+    def rpc_flags(self, endpoints: list[str]) -> list[str]:
+        """Launch flags that put the model on the RPC workers at `endpoints` ("addr:port")."""
+        raise NotImplementedError(f"the {self.name} adapter has no RPC backend")
+
     # --- Teacher-forced scoring, for the KL gate (tasks/kl.py) -----------------------------
     # Not abstract: an adapter without them cannot serve a KL lane, and says so when asked.
 

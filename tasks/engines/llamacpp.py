@@ -51,6 +51,16 @@ class LlamaCpp(Engine):
             argv += ["--spec-type", lane.speculative.method, "--spec-draft-n-max", str(lane.speculative.k)]
         return argv + list(lane.flags)
 
+    def rpc_worker_command(self, binary: str, address: str, port: int, threads: int | None) -> list[str]:
+        """ggml's `rpc-server`: a backend device for another host's llama-server. It has no
+        authentication, so it binds to the link address only, never to every interface."""
+        return [binary, "--host", address, "--port", str(port), *(["--threads", str(threads)] if threads else [])]
+
+    def rpc_flags(self, endpoints: list[str]) -> list[str]:
+        # With RPC devices listed, llama-server offloads every layer to them (default -ngl covers
+        # all): the weights and the KV cache live across the link, so a cut link breaks the lane.
+        return ["--rpc", ",".join(endpoints)]
+
     def boot_facts(self, log: str) -> BootFacts:
         facts = BootFacts()
         if m := _SLOTS.search(log):

@@ -1,0 +1,143 @@
+"""The nightly on the host lab, as a user runs it: `lanebench nightly --hosts hosts.lab.yaml`.
+
+The lab (tests/lab_fixture.py) is GB300 and a Spark pair as network namespaces with sshd, gb300's
+own dockerd and a local registry. Its inventory has two lanes: `gb300-container`, llama-server in
+a container pulled by digest from the registry, and `spark-pair`, llama-server on spark1 with its
+layers on an rpc-server on spark2, across the direct link. Each test shows one thing the issue
+asks for: digests and link checks in the manifest; a cut link skips only the lane that needs it;
+a registry that is down fails its lane clearly; and the two-host lane really crosses the link.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+from conftest import manifest_of, run_cli, run_folder_of
+from tasks.config import load_inventory
+
+pytest_plugins = ["lab_fixture"]  # the session `lab` fixture, shared with tests/test_lab.py
+
+
+def _nightly(lab, artifacts: Path) -> tuple[subprocess.CompletedProcess, Path, dict]:
+    result = run_cli("nightly", "--hosts", str(lab.inventory_path), "--artifacts", str(artifacts), timeout=600)
+    folder = run_folder_of(result)
+    return result, folder, manifest_of(folder)
+
+
+def _engines_left(lab) -> list[str]:
+    """Engine containers on gb300 and engine processes anywhere (the lab shares this kernel)."""
+    state = lab.state()
+    left = subprocess.run(["docker", "--host", state["docker_host"], "ps", "-a", "--format", "{{.Names}}"],
+                          capture_output=True, text=True, timeout=60, check=True).stdout.split()
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                argv0 = (proc / "cmdline").read_bytes().split(b"\0")[0]
+            except OSError:
+                continue
+            if argv0.endswith((b"llama-server", b"rpc-server")):
+                left.append(f"pid {proc.name} {argv0.decode()}")
+    return left
+
+
+def test_lab_nightly_runs_the_container_lane_by_digest_and_the_two_host_lane(lab, tmp_path):
+    lab.drop_image()  # gb300 starts without the image, so the lane must pull it from the registry
+    result, folder, m = _nightly(lab, tmp_path / "art")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    gb300, pair = m["lanes"]["gb300-container"], m["lanes"]["spark-pair"]
+    assert gb300["status"] == "passed" and pair["status"] == "passed", (gb300["reason"], pair["reason"])
+
+    pinned = load_inventory(lab.inventory_path).lanes["gb300-container"].image
+    image = gb300["image"]
+    assert image["pulled"] is True and image["reference"] == pinned
+    assert image["digest"] == pinned.split("@")[1] and pinned in image["repo_digests"]
+    assert image["image_id"].startswith("sha256:")
+    assert gb300["launch_command"].startswith("/llama-server ")  # the image's entrypoint, not a host binary
+    assert gb300["preflight"]["hosts"][0]["docker_server"]
+
+    link = pair["preflight"]["links"][0]
+    assert link["link"] == "spark-direct" and link["ok"] and link["ping_ok"] and link["mtu_ping_ok"]
+    assert {link["a"]["operstate"], link["b"]["operstate"]} == {"UP"} and link["a"]["mtu"] == 9000
+    assert link["bandwidth"]["gbps"] > 0.1
+    assert "--rpc 10.213.1.2:50052" in pair["launch_command"]
+    assert [h["host"] for h in pair["preflight"]["hosts"]] == ["spark1", "spark2"]
+    assert "Accepted client connection" in (folder / "spark-pair" / "worker-spark2.log").read_text()
+    for lane in ("gb300-container", "spark-pair"):
+        assert (folder / lane / "acceptance.parquet").is_file()
+
+    report = (folder / "report.md").read_text()
+    assert f"image `{pinned}`: pulled" in report and "link **spark-direct** ok" in report
+    assert _engines_left(lab) == []
+    verify = run_cli("verify", str(folder))
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+
+
+def test_a_cut_link_skips_the_two_host_lane_and_the_rest_still_runs(lab, tmp_path):
+    lab.cut_link()
+    try:
+        result, folder, m = _nightly(lab, tmp_path / "art")
+    finally:
+        lab.restore_link()
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    pair = m["lanes"]["spark-pair"]
+    assert pair["status"] == "skipped" and pair["stage"] == "preflight"
+    assert pair["reason"].startswith("link spark-direct: spark1 direct0 is DOWN"), pair["reason"]
+    assert "spark2 direct0 is DOWN (carrier 0)" in pair["reason"]
+    assert not pair["launch_command"]  # nothing was booted for it
+    assert m["lanes"]["gb300-container"]["status"] == "passed"
+    report = (folder / "report.md").read_text()
+    assert f"| spark-pair | **skipped** | preflight | {pair['reason']} |" in report
+    assert _engines_left(lab) == []
+
+
+def test_the_two_host_lane_truly_needs_the_link(lab, tmp_path):
+    """Past preflight, the link still carries the lane: with it cut, llama-server cannot reach its
+    RPC worker and dies at boot (the seeds' lane that could not boot for an unplugged cable)."""
+    from tasks.build import llama_cpp_bin_dir
+
+    transports = lab.transports()
+    bin_dir = llama_cpp_bin_dir()
+    model = str(lab.host_dir("spark1") / "models" / "target-f16.gguf")
+    lab.cut_link()
+    worker = server = None
+    try:
+        worker = transports["spark2"].spawn([str(bin_dir / "rpc-server"), "--host", "10.213.1.2", "--port", "50061"],
+                                            tmp_path / "worker.log", name="needs-link-worker")
+        server = transports["spark1"].spawn(
+            [str(bin_dir / "llama-server"), "--model", model, "--host", "10.213.0.11", "--port", "18709",
+             "--ctx-size", "512", "--threads", "1", "--rpc", "10.213.1.2:50061"],
+            tmp_path / "server.log", name="needs-link-server")
+        deadline = time.monotonic() + 60
+        while server.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+        code = server.poll()
+        assert code not in (None, 0), f"llama-server still running or exited 0 with the link cut:\n" \
+                                      f"{(tmp_path / 'server.log').read_text()[-1500:]}"
+    finally:
+        for spawned in (server, worker):
+            if spawned is not None:
+                spawned.stop(5)
+        lab.restore_link()
+        for t in transports.values():
+            t.close()
+    assert _engines_left(lab) == []
+
+
+def test_a_registry_that_is_down_fails_the_container_lane_clearly(lab, tmp_path):
+    lab.drop_image()
+    lab.stop_registry()
+    try:
+        result, folder, m = _nightly(lab, tmp_path / "art")
+    finally:
+        lab.start_registry()
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
+    gb300 = m["lanes"]["gb300-container"]
+    assert gb300["status"] == "failed" and gb300["stage"] == "image pull"
+    assert gb300["reason"].startswith("image pull: registry 10.213.0.1:5000 did not answer"), gb300["reason"]
+    assert m["lanes"]["spark-pair"]["status"] == "passed"  # the other lane still ran
+    said = " ".join((result.stderr + result.stdout).split())  # the console wraps long lines
+    assert "nightly failed: gb300-container: image pull: registry 10.213.0.1:5000 did not answer" in said
+    assert "Traceback" not in result.stderr
+    assert _engines_left(lab) == []
