@@ -185,6 +185,9 @@ class SSHSpawned(Spawned):
             return None
         status = self._chan.recv_exit_status()
         if status != -1:
+            # The exit status can arrive before the reader has copied the last output: let it
+            # drain, so a caller reading the log on exit (a boot error's log tail) sees it all.
+            self._reader.join(timeout=5.0)
             self._exit = status
             return status
         # The channel closed without an exit status: the connection dropped. Ask the host.
