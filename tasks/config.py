@@ -463,11 +463,11 @@ def _field_path(loc: tuple) -> str:
     return out or "(top level)"
 
 
-def load_inventory(path: str | Path) -> Inventory:
-    """Read and validate an inventory file; any problem is one ConfigError."""
-    path = Path(path)
+def read_yaml_mapping(path: Path, missing_fix: str, keys: str, example: str) -> dict:
+    """A YAML file that must hold a mapping: a missing file, a syntax error (with its line and
+    column) or another top-level shape is one ConfigError, for every lanebench input file."""
     if not path.is_file():
-        raise ConfigError(path, "(file)", "no such file", "pass an existing file with --hosts, or run without --hosts for the rehearsal lane")
+        raise ConfigError(path, "(file)", "no such file", missing_fix)
     try:
         raw = yaml.safe_load(path.read_text())
     except yaml.YAMLError as e:
@@ -475,7 +475,15 @@ def load_inventory(path: str | Path) -> Inventory:
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "(syntax)"
         raise ConfigError(path, where, f"not valid YAML ({getattr(e, 'problem', e)})", "fix the YAML syntax at that place") from None
     if not isinstance(raw, dict):
-        raise ConfigError(path, "(top level)", "must be a mapping with 'hosts' and 'lanes'", "start from the shipped hosts.yaml")
+        raise ConfigError(path, "(top level)", f"must be a mapping with {keys}", f"start from {example}")
+    return raw
+
+
+def load_inventory(path: str | Path) -> Inventory:
+    """Read and validate an inventory file; any problem is one ConfigError."""
+    path = Path(path)
+    raw = read_yaml_mapping(path, "pass an existing file with --hosts, or run without --hosts for the rehearsal lane",
+                            "'hosts' and 'lanes'", "the shipped hosts.yaml")
     try:
         return Inventory.model_validate(raw)
     except ValidationError as e:

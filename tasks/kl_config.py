@@ -17,7 +17,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from tasks.build import REPO
@@ -30,6 +29,7 @@ from tasks.config import (
     Host,
     Lane,
     _field_path,
+    read_yaml_mapping,
     load_inventory,
 )
 
@@ -134,17 +134,8 @@ class ResolvedLane(BaseModel):
 
 def load_kl_file(path: str | Path) -> KlFile:
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError(path, "(file)", "no such file", "pass an existing KL file, e.g. kl/rehearsal.yaml")
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "(syntax)"
-        raise ConfigError(path, where, f"not valid YAML ({getattr(e, 'problem', e)})", "fix the YAML syntax at that place") from None
-    if not isinstance(raw, dict):
-        raise ConfigError(path, "(top level)", "must be a mapping with 'reference', 'candidates', 'lanes' and 'bars'",
-                          "start from kl/rehearsal.yaml")
+    raw = read_yaml_mapping(path, "pass an existing KL file, e.g. kl/rehearsal.yaml",
+                            "'reference', 'candidates', 'lanes' and 'bars'", "kl/rehearsal.yaml")
     try:
         spec = KlFile.model_validate(raw)
     except ValidationError as e:

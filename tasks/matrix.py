@@ -28,7 +28,6 @@ import socket
 from pathlib import Path
 from typing import Annotated
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tasks.build import REPO
@@ -44,6 +43,7 @@ from tasks.config import (
     Lane,
     Speculative,
     _field_path,
+    read_yaml_mapping,
     load_inventory,
 )
 from tasks.matrix_bars import METRICS, Bar
@@ -147,18 +147,8 @@ def resolve(base_dir: Path, p: str) -> Path:
 
 
 def _yaml(path: Path) -> dict:
-    if not path.is_file():
-        raise ConfigError(path, "(file)", "no such file", "pass an existing matrix file, e.g. matrix/rehearsal.yaml")
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "(syntax)"
-        raise ConfigError(path, where, f"not valid YAML ({getattr(e, 'problem', e)})", "fix the YAML syntax at that place") from None
-    if not isinstance(raw, dict):
-        raise ConfigError(path, "(top level)", "must be a mapping with 'target', 'drafters', 'arms', 'prompt_sets' and 'bars'",
-                          "start from matrix/rehearsal.yaml")
-    return raw
+    return read_yaml_mapping(path, "pass an existing matrix file, e.g. matrix/rehearsal.yaml",
+                             "'target', 'drafters', 'arms', 'prompt_sets' and 'bars'", "matrix/rehearsal.yaml")
 
 
 def _parse(path: Path, raw: dict) -> MatrixFile:
