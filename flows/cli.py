@@ -52,21 +52,13 @@ def cmd_nightly(args: argparse.Namespace) -> int:
 
     _quiet_prefect()
     from flows.nightly import nightly
-    from tasks.progress import say
+    from tasks.progress import closing, run_folder_of
 
     artifacts = Path(args.artifacts)
     state = nightly(hosts=str(hosts.resolve()), lanes=args.lane, artifacts_root=str(artifacts),
                     return_state=True)
-    run_id = str(state.state_details.flow_run_id or "")
-    folders = sorted(artifacts.glob(f"*_nightly_{run_id[:8]}")) if run_id else []
-    if state.is_completed():
-        say(f"[green]nightly passed[/green]: {state.message or ''}".rstrip(": "))
-        code = 0
-    else:
-        say(f"[red]nightly failed[/red]: {state.message}")
-        code = 1
-    print(f"run folder: {folders[-1] if folders else '(none was created)'}")
-    return code
+    passed = f"nightly passed: {state.message or ''}".rstrip(": ")
+    return 0 if closing(state, run_folder_of(state, artifacts, "nightly"), passed, "nightly failed") else 1
 
 
 def cmd_verify(args: argparse.Namespace) -> int:

@@ -89,21 +89,12 @@ def cmd_kl(args: argparse.Namespace) -> int:
         return _bad_input(f"{path}: prompts: prompt ids repeat in the prompt file. Fix: give every prompt its own id")
 
     _quiet_prefect()
-    from tasks.progress import say
+    from tasks.progress import closing, run_folder_of
 
     artifacts = Path(args.artifacts)
     state = __getattr__("kl_gate")(kl_file=str(path.resolve()), artifacts_root=str(artifacts),
                                    prompt_count=args.prompt_count, return_state=True)
-    run_id = str(state.state_details.flow_run_id or "")
-    folders = sorted(artifacts.glob(f"*_kl_{run_id[:8]}")) if run_id else []
-    if state.is_completed():
-        say("[green]kl gate passed[/green]")
-        code = 0
-    else:
-        say(f"[red]kl gate failed[/red]: {state.message}")
-        code = 1
-    print(f"run folder: {folders[-1] if folders else '(none was created)'}")
-    return code
+    return 0 if closing(state, run_folder_of(state, artifacts, "kl"), "kl gate passed", "kl gate failed") else 1
 
 
 def register_cli(subparsers: Any) -> None:

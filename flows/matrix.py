@@ -239,28 +239,22 @@ def cmd_matrix(args: argparse.Namespace) -> int:
         return _bad_input(str(e))
 
     _quiet_prefect()
-    from tasks.progress import say
+    from tasks.progress import closing, run_folder_of, say
 
     artifacts = Path(args.artifacts).resolve()
     state = __getattr__("matrix")(matrix_file=str(path.resolve()), artifacts_root=str(artifacts), return_state=True)
-    run_id = str(state.state_details.flow_run_id or "")
-    folders = sorted(artifacts.glob(f"*_matrix_{run_id[:8]}")) if run_id else []
+    folder = run_folder_of(state, artifacts, "matrix")
     verdict: dict = {}
-    if folders:
-        verdict = json.loads((folders[-1] / "manifest.json").read_text())["flow"].get("matrix", {}).get("verdict") or {}
+    if folder:
+        verdict = json.loads((folder / "manifest.json").read_text())["flow"].get("matrix", {}).get("verdict") or {}
     for name, d in (verdict.get("drafters") or {}).items():
         if d["checks"]:
             colour = "green" if d["verdict"] == "PASSED" else "red"
             say(f"drafter [bold]{name}[/bold]: [{colour}]{d['verdict']}[/{colour}] "
                 f"({d['passed']} passed, {d['failed']} failed, {d['no_data']} not measured of {d['checks']} checks)")
-    if state.is_completed():
-        say(f"[green]matrix complete[/green]: {state.message}")
-        code = 1 if args.require_bars and verdict.get("bars_failed", 0) else 0
-    else:
-        say(f"[red]matrix incomplete[/red]: {state.message}")
-        code = 1
-    print(f"run folder: {folders[-1] if folders else '(none was created)'}")
-    return code
+    if not closing(state, folder, f"matrix complete: {state.message}", "matrix incomplete"):
+        return 1
+    return 1 if args.require_bars and verdict.get("bars_failed", 0) else 0
 
 
 def register_cli(subparsers: Any) -> None:

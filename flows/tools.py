@@ -116,27 +116,19 @@ def cmd_tools(args: argparse.Namespace) -> int:
         return _bad_input(selected)
     hosts, names = selected
     _quiet_prefect()
-    from tasks.progress import say
+    from tasks.progress import closing, run_folder_of, say
 
     artifacts = Path(args.artifacts).resolve()
     state = __getattr__("tools")(hosts=str(hosts.resolve()), lanes=names, artifacts_root=str(artifacts),
                                  held_out=args.held_out, return_state=True)
-    run_id = str(state.state_details.flow_run_id or "")
-    folders = sorted(artifacts.glob(f"*_tools_{run_id[:8]}")) if run_id else []
-    if folders:
-        flow = json.loads((folders[-1] / "manifest.json").read_text())["flow"]
+    folder = run_folder_of(state, artifacts, "tools")
+    if folder:
+        flow = json.loads((folder / "manifest.json").read_text())["flow"]
         for lane, entry in (flow.get("correctness") or {}).items():
             for gate in entry.get("gates", []):
                 colour = "green" if gate["passed"] else "red"
                 say(f"[bold]{lane}[/bold] [{colour}]{gate['gate']}[/{colour}]: {gate['detail']}")
-    if state.is_completed():
-        say("[green]tool gate passed[/green]")
-        code = 0
-    else:
-        say(f"[red]tool gate failed[/red]: {state.message}")
-        code = 1
-    print(f"run folder: {folders[-1] if folders else '(none was created)'}")
-    return code
+    return 0 if closing(state, folder, "tool gate passed", "tool gate failed") else 1
 
 
 def register_cli(subparsers: Any) -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 
@@ -16,3 +18,19 @@ def progress(lane: str, stage: str) -> None:
 
 def say(message: str) -> None:
     _console.print(message)
+
+
+def run_folder_of(state: Any, artifacts: Path, flow: str) -> Path | None:
+    """The folder a flow run wrote (named `<time>_<flow>_<first 8 of the flow-run id>`)."""
+    run_id = str(state.state_details.flow_run_id or "")
+    folders = sorted(artifacts.glob(f"*_{flow}_{run_id[:8]}")) if run_id else []
+    return folders[-1] if folders else None
+
+
+def closing(state: Any, folder: Path | None, passed: str, failed: str) -> bool:
+    """How every flow command ends: its verdict, then `run folder: ...` as the very last line
+    (scripts and tests read it). True when the flow run completed."""
+    ok = bool(state.is_completed())
+    say(f"[green]{passed}[/green]" if ok else f"[red]{failed}[/red]: {state.message}")
+    print(f"run folder: {folder if folder else '(none was created)'}")
+    return ok
