@@ -17,7 +17,6 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -27,6 +26,10 @@ from pathlib import Path
 from typing import Self
 
 import httpx
+
+from lab import procs
+from lab.procs import alive as _alive  # tests import these two from here
+from lab.procs import mounts_under as _mounts_under
 
 _NETNS_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
 # sun_path is 108 bytes; containerd adds ".ttrpc" to its socket under the exec root.
@@ -54,20 +57,6 @@ def _netns_prefix(netns: str | None) -> list[str]:
     return ["nsenter", f"--net=/run/netns/{netns}", "--"]
 
 
-def _children() -> dict[int, list[int]]:
-    kids: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        kids.setdefault(ppid, []).append(int(entry.name))
-    return kids
-
-
 def _pids_naming(folder: Path) -> set[int]:
     """Processes whose command line names `folder` (our daemon, its containerd, the shims)."""
     needle = str(folder).encode() + b"/"
@@ -80,49 +69,6 @@ def _pids_naming(folder: Path) -> set[int]:
             except OSError:
                 continue
     return found
-
-
-def _with_descendants(roots: set[int]) -> set[int]:
-    kids = _children()
-    out, todo = set(), list(roots)
-    while todo:
-        pid = todo.pop()
-        if pid not in out:
-            out.add(pid)
-            todo.extend(kids.get(pid, []))
-    return out
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
-def _kill_all(pids: set[int], grace_s: float) -> None:
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in pids:
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-        end = time.monotonic() + grace_s
-        while time.monotonic() < end and any(_alive(p) for p in pids):
-            time.sleep(0.1)
-        if not any(_alive(p) for p in pids):
-            return
-
-
-def _mounts_under(folder: Path) -> list[str]:
-    prefix = str(folder.resolve())
-    points = []
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        point = line.split()[4].encode().decode("unicode_escape")  # \040 etc.
-        if point == prefix or point.startswith(prefix + "/"):
-            points.append(point)
-    return sorted(points, key=len, reverse=True)
 
 
 def _unmount_under(folder: Path) -> None:
@@ -163,9 +109,10 @@ class Daemon:
                 self._proc.kill()
                 self._proc.wait(timeout=10)
         # containerd, shims and what runs under them outlive a dockerd that was killed.
-        leftovers = _with_descendants(_pids_naming(self.state_dir))
+        roots = _pids_naming(self.state_dir)
+        leftovers = roots | set(procs.descendants(roots))
         if leftovers:
-            _kill_all(leftovers, grace_s=5.0)
+            procs.kill_all(leftovers, term_grace_s=5.0, kill_grace_s=5.0)
         _unmount_under(self.state_dir)
 
     def running(self) -> bool:

@@ -20,7 +20,6 @@ import hashlib
 import json
 import os
 import shutil
-import signal
 import string
 import subprocess
 import time
@@ -29,7 +28,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from lab import netns
+from lab import netns, procs
 
 REPO = Path(__file__).resolve().parent.parent
 LAB_DIR = REPO / ".lab"
@@ -49,6 +48,8 @@ LOCK_PATH = Path("/run/lanebench-lab.lock")
 HOLDER_ENV = "LANEBENCH_LAB_LOCK_HOLDER"
 # What down must keep: a place for caches worth more than one lab (nothing else survives).
 KEEP = {"cache"}
+# Killing lab processes: SIGTERM, then SIGKILL after this long (daemons clean up on SIGTERM).
+_TERM_GRACE_S, _KILL_GRACE_S = 15.0, 5.0
 
 Say = Callable[[str], None]
 
@@ -76,7 +77,7 @@ def _lock_holder() -> int | None:
 def lab_lock(wait_s: float = 0.0) -> Iterator[None]:
     """Hold the machine's lab exclusively (waiting up to `wait_s`); re-entrant for the holder's children."""
     inherited = os.environ.get(HOLDER_ENV)
-    if inherited and inherited.isdigit() and _lock_holder() == int(inherited) and _alive(int(inherited)):
+    if inherited and inherited.isdigit() and _lock_holder() == int(inherited) and procs.alive(int(inherited)):
         yield
         return
     fd = os.open(LOCK_PATH, os.O_RDWR | os.O_CREAT, 0o644)
@@ -302,7 +303,7 @@ class Lab:
         """Take the lab registry down (its storage stays): a pull that needs it must fail clearly."""
         pid = self.state().get("processes", {}).get("registry")
         if pid:
-            _kill({int(pid)})
+            procs.kill_all({int(pid)}, _TERM_GRACE_S, _KILL_GRACE_S)
         self._live = [d for d in self._live if getattr(d, "pid", None) != pid]
 
     def start_registry(self) -> None:
@@ -339,9 +340,9 @@ class Lab:
             removed += _remove_containers(state["docker_host"])
         pids = _lab_pids(self.dir, HOSTS) | {p for p in state.get("processes", {}).values() if _same_lab_process(p, self.dir)}
         if pids:
-            _kill(pids)
+            procs.kill_all(pids, _TERM_GRACE_S, _KILL_GRACE_S)
             removed.append(f"killed {len(pids)} processes ({', '.join(str(p) for p in sorted(pids))})")
-        for point in _mounts_under(self.dir):
+        for point in procs.mounts_under(self.dir):
             subprocess.run(["umount", "-l", point], capture_output=True, timeout=30)
             removed.append(f"unmounted {point}")
         for host in HOSTS:
@@ -383,7 +384,7 @@ class Lab:
             ok &= there
             lines.append(f"namespace {host}: {'present' if there else 'MISSING'} ({MGMT_IF} {address})")
         for name, pid in state.get("processes", {}).items():
-            alive = _alive(pid)
+            alive = procs.alive(pid)
             ok &= alive
             lines.append(f"process {name}: pid {pid} {'running' if alive else 'GONE'}")
         if DIRECT_A[0] in present and DIRECT_B[0] in present:
@@ -436,10 +437,10 @@ def _ancestors() -> set[int]:
     out, pid = set(), os.getpid()
     while pid > 1:
         out.add(pid)
-        try:
-            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
+        parent = procs.ppid(pid)
+        if parent is None:
             break
+        pid = parent
     return out
 
 
@@ -467,35 +468,3 @@ def lab_processes(lab_dir: Path = LAB_DIR, hosts: dict[str, str] = HOSTS) -> dic
 
 def _lab_pids(lab_dir: Path, hosts: dict[str, str]) -> set[int]:
     return set(lab_processes(lab_dir, hosts))
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
-def _kill(pids: set[int], grace_s: float = 15.0) -> None:
-    """SIGTERM (daemons clean up after themselves), then SIGKILL what is left after `grace_s`."""
-    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
-        for pid in pids:
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-        end = time.monotonic() + wait
-        while time.monotonic() < end and any(_alive(p) for p in pids):
-            time.sleep(0.1)
-        if not any(_alive(p) for p in pids):
-            return
-
-
-def _mounts_under(folder: Path) -> list[str]:
-    prefix = str(Path(folder).resolve())
-    points = []
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        point = line.split()[4].replace("\\040", " ")
-        if point == prefix or point.startswith(prefix + "/"):
-            points.append(point)
-    return sorted(points, key=len, reverse=True)

@@ -78,8 +78,14 @@ def link_exists(ifname: str, netns: str | None = None) -> bool:
 
 
 def del_link(ifname: str, netns: str | None = None) -> None:
+    """Remove a link; absent is fine. A veth whose peer was in a namespace just deleted vanishes
+    a moment later (the kernel tears namespaces down asynchronously), so it may go between the
+    check and the `del`: only a link that is still there after a failed `del` is an error."""
     if link_exists(ifname, netns):
-        ip("link", "del", "dev", _name(ifname), netns=netns)
+        done = ip("link", "del", "dev", _name(ifname), netns=netns, check=False)
+        if done.returncode != 0 and link_exists(ifname, netns):
+            where = f"-n {netns} " if netns else ""
+            raise NetnsError(f"ip {where}link del dev {ifname}: {done.stderr.strip() or f'exit {done.returncode}'}")
 
 
 def add_bridge(name: str, cidr: str) -> None:

@@ -9,7 +9,6 @@ server's process group alone would leak them).
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import socket
@@ -18,6 +17,8 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from lab import procs
 
 SSHD = "/usr/sbin/sshd"
 
@@ -41,27 +42,19 @@ class Sshd:
 
     def session_pids(self) -> list[int]:
         """The per-connection processes sshd forked (killing one drops that connection)."""
-        return _children(self.pid)
+        return procs.children(self.pid)
 
     def drop_connections(self) -> int:
         """Kill every sshd process serving a connection (not the listener): clients see the
         connection drop mid-command, as when a cable is pulled. Returns how many were killed."""
-        victims = [p for p in _descendants(self.pid) if _comm(p) in ("sshd", "sshd-session")]
-        for pid in victims:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        victims = [p for p in procs.descendants([self.pid]) if _comm(p) in ("sshd", "sshd-session")]
+        procs.signal_all(victims, signal.SIGKILL)
         return len(victims)
 
     def stop(self) -> None:
         """Kill the server and all its descendants, and wait; idempotent."""
-        victims = [*_descendants(self.pid), self.pid] if self._alive() else []
-        for pid in victims:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        victims = [*procs.descendants([self.pid]), self.pid] if self._alive() else []
+        procs.signal_all(victims, signal.SIGKILL)
         if self._proc is not None:
             try:
                 self._proc.wait(timeout=10)
@@ -155,33 +148,8 @@ def _accepts(address: str, port: int, netns: str | None) -> bool:
                            "-c", probe], capture_output=True, timeout=10).returncode == 0
 
 
-def _children(pid: int) -> list[int]:
-    out = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        # the command name may hold spaces or parens: the ppid is the 2nd field after the last ')'
-        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-            out.append(int(entry.name))
-    return out
-
-
 def _comm(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/comm").read_text().strip()
     except OSError:
         return ""
-
-
-def _descendants(pid: int) -> list[int]:
-    found: list[int] = []
-    todo = [pid]
-    while todo:
-        kids = _children(todo.pop())
-        found.extend(kids)
-        todo.extend(kids)
-    return found
