@@ -21,10 +21,15 @@ mkdir -p "$work"
 sdist="$CACHE/sdist/llama_cpp_python-$VERSION.tar.gz"
 if [ ! -f "$sdist" ] || ! echo "$SHA256  $sdist" | sha256sum -c --status; then
   mkdir -p "$CACHE/sdist"
-  # pip is the ordinary registry client; --no-binary forces the source distribution.
-  python3 -m pip download --quiet --no-deps --no-binary :all: --no-build-isolation \
+  # pip is the ordinary registry client; --no-binary forces the source distribution. Under
+  # `uv run` python3 is the project's venv, which has no pip: uvx brings one.
+  pip_download() {
+    if python3 -m pip --version >/dev/null 2>&1; then python3 -m pip download "$@"
+    else uvx pip download "$@"; fi
+  }
+  pip_download --quiet --no-deps --no-binary :all: --no-build-isolation \
     -d "$CACHE/sdist" "llama-cpp-python==$VERSION" >&2 \
-  || python3 -m pip download --quiet --no-deps --no-binary :all: -d "$CACHE/sdist" "llama-cpp-python==$VERSION" >&2
+  || pip_download --quiet --no-deps --no-binary :all: -d "$CACHE/sdist" "llama-cpp-python==$VERSION" >&2
 fi
 echo "$SHA256  $sdist" | sha256sum -c --status || {
   echo "build-llama-cpp: $sdist does not match the pinned sha256 $SHA256" >&2; exit 1; }
