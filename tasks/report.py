@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from tasks import correctness
 from tasks.artifacts import RunFolder
 
 _DECODE_COLS = {
@@ -200,6 +201,9 @@ def render(run: RunFolder) -> str:
                     + ", ".join(f"{k}={v}" for k, v in lane.boot_facts.items() if v not in (None, {}, ""))]
         for gate in lane.gates:
             out.append(f"- gate **{gate['gate']}** ({gate['kind']}): {gate['detail']}")
+        # What the lane serves, proven on the same server: agentic smoke, thinking switch, tool
+        # gate, needle ladder (also in <lane>/correctness.md).
+        out += correctness.section(run, name)
         for warning in lane.warnings:
             out.append(f"- warning: {warning}")
         for entry in [a for a in m.artifacts if a.lane == name and a.kind in builders]:

@@ -219,8 +219,10 @@ def test_nightly_rehearsal_reports_smoke_tool_gate_and_needles(tmp_path, llama_b
     cases = pd.read_json(folder / "rehearsal" / "tool_cases.jsonl", lines=True)
     assert len(cases) == 24 and cases.kind.isna().sum() == cases.solved.sum()
     page = (folder / "rehearsal" / "correctness.md").read_text()
+    report = (folder / "report.md").read_text()
     for heading in ("### Tool-call gate", "### Needle ladder", "smoke:tool-calls", "thinking:enable_thinking"):
-        assert heading in page
+        assert heading in page and heading in report
+    assert "| testbed-dev.jsonl | dev |" in report and "| one_key | 1 |" in report  # the tool-gate and needle rows
     assert no_llama_server_left(18530)
 
 
