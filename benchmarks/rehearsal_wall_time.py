@@ -32,6 +32,7 @@ def main() -> int:
     ap.add_argument("--warm", action="store_true", help="reuse ~/.cache/lanebench (time the run alone)")
     args = ap.parse_args()
     env = dict(os.environ)
+    load = os.getloadavg()[0]  # tok/s is only worth quoting from an idle machine
     with tempfile.TemporaryDirectory() as tmp:
         if not args.warm:
             env["LANEBENCH_CACHE"] = str(Path(tmp) / "cache")
@@ -44,7 +45,7 @@ def main() -> int:
                            env=env, cwd=REPO, capture_output=True, text=True)
         run = time.monotonic() - t1
     total = build + run
-    print(f"| {time.strftime('%Y-%m-%d')} | {cpu()}, {os.cpu_count()} cores | {'warm' if args.warm else 'cold'} | "
+    print(f"| {time.strftime('%Y-%m-%d')} | {cpu()}, {os.cpu_count()} cores | {'warm' if args.warm else 'cold'} | load {load:.2f} | "
           f"{build:.0f} s | {run:.0f} s | {total:.0f} s | {'yes' if total < 600 else 'NO'} | exit {r.returncode} |")
     return 0 if r.returncode == 0 else 1
 
