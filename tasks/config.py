@@ -361,6 +361,13 @@ class Lane(_Strict):
     correctness: Correctness | None = None
 
     @model_validator(mode="after")
+    def _rpc_engine(self) -> Lane:
+        if self.rpc is not None and self.engine != "llamacpp":
+            raise ValueError(f"rpc is llama.cpp's RPC backend; engine {self.engine} spans hosts with its own flags "
+                             "(e.g. --tensor-parallel-size) and declares the link it needs under 'links'")
+        return self
+
+    @model_validator(mode="after")
     def _needles_fit(self) -> Lane:
         needles = self.correctness.needles if self.correctness else None
         if needles is not None and needles.rungs:

@@ -62,17 +62,21 @@ def manifest_of(folder: Path) -> dict:
     return json.loads((folder / "manifest.json").read_text())
 
 
-def no_llama_server_left(ports: int | range = 18080) -> bool:
-    """No llama-server left serving these ports (read from /proc: procps may not be installed).
-    Each test file checks only its own ports: other suites' servers on a shared box are not its to judge."""
-    wanted = {ports} if isinstance(ports, int) else set(ports)
+def llama_server_pid(port: int) -> int | None:
+    """The pid of a llama-server serving `port`, if any (read from /proc: procps may not be installed)."""
     for proc in Path("/proc").iterdir():
         if proc.name.isdigit():
             try:
                 argv = (proc / "cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if argv and b"llama-server" in argv[0] and b"--port" in argv[:-1]:
-                if int(argv[argv.index(b"--port") + 1]) in wanted:
-                    return False
-    return True
+            if argv and b"llama-server" in argv[0] and b"--port" in argv[:-1] \
+                    and argv[argv.index(b"--port") + 1] == str(port).encode():
+                return int(proc.name)
+    return None
+
+
+def no_llama_server_left(ports: int | range = 18080) -> bool:
+    """No llama-server left serving these ports. Each test file checks only its own ports: other
+    suites' servers on a shared box are not its to judge."""
+    return all(llama_server_pid(p) is None for p in ([ports] if isinstance(ports, int) else ports))

@@ -80,6 +80,19 @@ CASES = {
     "bad host address": (_mutate("hosts.localhost.address", "127.0.0.1; reboot"), "hosts.localhost.address",
                          "host name or an IP"),
     "bad sha256": (_mutate("lanes.rehearsal.model.sha256", "xyz"), "lanes.rehearsal.model.sha256", "documented form"),
+    # Remote hosts, links and two-host lanes (docs/hosts.md): values that reach a shell or a peer.
+    "docker host with a shell in it": (_mutate("hosts.localhost.docker_host", "unix:///run/d.sock;id"),
+                                       "hosts.localhost.docker_host", "documented form"),
+    "lane needs an undeclared link": (_mutate("lanes.rehearsal.links", ["spark-roce"]), "lanes.rehearsal.links[0]",
+                                      "declare the link"),
+    "rpc on an engine without it": (lambda d: _mutate("lanes.rehearsal.engine", "vllm")(
+                                        _mutate("lanes.rehearsal.rpc", {"workers": ["localhost"], "link": "x"})(d)),
+                                    "lanes.rehearsal", "llama.cpp's RPC backend"),
+    "link interface with a shell in it": (_mutate("links", [{"name": "l", "a": {"host": "localhost", "interface": "eth0;id",
+                                                                               "address": "10.0.0.1"},
+                                                             "b": {"host": "localhost", "interface": "eth1",
+                                                                   "address": "10.0.0.2"}}]),
+                                          "links[0].a.interface", "documented form"),
 }
 
 

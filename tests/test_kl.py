@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
-from conftest import REPO, manifest_of, run_cli, run_folder_of
+from conftest import REPO, llama_server_pid, manifest_of, no_llama_server_left, run_cli, run_folder_of
 
 TARGET = REPO / "testbed" / "models" / "target-f16.gguf"
 PROMPTS = REPO / "kl" / "prompts.jsonl"
@@ -62,7 +62,7 @@ def test_rehearsal_passes_and_tears_down(rehearsal):
     result, folder = rehearsal
     assert result.returncode == 0, result.stdout + result.stderr
     assert folder.name.split("_")[1] == "kl"
-    assert no_server_on(18210, 18211, 18212)
+    assert no_llama_server_left(range(18210, 18213))
 
 
 def test_q8_is_closer_than_q4_and_the_instrument_is_exact(rehearsal):
@@ -197,7 +197,7 @@ def test_a_different_tokenizer_is_refused(tmp_path, llama_bin):
     assert row.status == "refused" and row.positions == 0 and row.verdict == "fail"
     assert "tokenizer differs" in row.reason and "first difference at token" in row.reason
     assert "tokenizer differs" in result.stderr  # the failure line, before the run folder
-    assert no_server_on(18221, 18222)
+    assert no_llama_server_left(range(18221, 18223))
 
 
 def test_an_inexact_instrument_refuses_to_judge(tmp_path, llama_bin):
@@ -223,23 +223,6 @@ def test_an_inexact_instrument_refuses_to_judge(tmp_path, llama_bin):
     assert manifest_of(folder)["flow"]["kl"]["exactness"]["exact"] is False
 
 
-def _pid_listening_on(port: int) -> int | None:
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                argv = (proc / "cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if argv and b"llama-server" in argv[0] and str(port).encode() in argv:
-                return int(proc.name)
-    return None
-
-
-def no_server_on(*ports: int) -> bool:
-    """No llama-server of ours left (other lanebench runs on this machine use other ports)."""
-    return all(_pid_listening_on(p) is None for p in ports)
-
-
 def test_a_candidate_that_dies_keeps_its_partial_results(tmp_path, llama_bin):
     """The candidate's server is killed (SIGKILL) once it has scored a prompt; what it scored stays, marked."""
     path = kl_file(tmp_path, "die.yaml", candidates=["q8_0"], lanes={
@@ -252,7 +235,7 @@ def test_a_candidate_that_dies_keeps_its_partial_results(tmp_path, llama_bin):
         deadline = time.monotonic() + 240
         while killed is None and time.monotonic() < deadline and cli.poll() is None:
             scores = list(artifacts.glob("*_kl_*/q8_0/scores.jsonl"))
-            if scores and scores[0].read_text().count("\n") >= 1 and (pid := _pid_listening_on(18242)):
+            if scores and scores[0].read_text().count("\n") >= 1 and (pid := llama_server_pid(18242)):
                 os.kill(pid, signal.SIGKILL)
                 killed = pid
             time.sleep(0.02)
@@ -270,7 +253,7 @@ def test_a_candidate_that_dies_keeps_its_partial_results(tmp_path, llama_bin):
     kept = pd.read_parquet(folder / "q8_0" / "kl_positions.parquet")
     assert len(kept) == row.positions
     assert manifest_of(folder)["lanes"]["q8_0"]["warnings"]
-    assert no_server_on(18241, 18242)
+    assert no_llama_server_left(range(18241, 18243))
 
 
 def test_bad_kl_files_are_one_line_and_exit_2(tmp_path):
