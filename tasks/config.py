@@ -419,7 +419,8 @@ class Inventory(_Strict):
                 if name not in links:
                     field = f"lanes.{lane_name}.links[{i}]" if i < len(lane.links) else f"lanes.{lane_name}.rpc.link"
                     raise _RefError(field, f"names link {name!r}, which is not under 'links'",
-                                    f"use one of: {', '.join(links) or '(declare the link under links first)'}")
+                                    f"use one of: {', '.join(links)}" if links else
+                                    "declare the link under 'links' (name, a and b ends, mtu) or remove it")
             for i, worker in enumerate(lane.rpc.workers if lane.rpc else []):
                 if worker not in self.hosts:
                     raise _RefError(f"lanes.{lane_name}.rpc.workers[{i}]", f"names host {worker!r}, which is not under 'hosts'",

@@ -84,7 +84,7 @@ CASES = {
     "docker host with a shell in it": (_mutate("hosts.localhost.docker_host", "unix:///run/d.sock;id"),
                                        "hosts.localhost.docker_host", "documented form"),
     "lane needs an undeclared link": (_mutate("lanes.rehearsal.links", ["spark-roce"]), "lanes.rehearsal.links[0]",
-                                      "declare the link"),
+                                      "declare the link under 'links'"),
     "rpc on an engine without it": (lambda d: _mutate("lanes.rehearsal.engine", "vllm")(
                                         _mutate("lanes.rehearsal.rpc", {"workers": ["localhost"], "link": "x"})(d)),
                                     "lanes.rehearsal", "llama.cpp's RPC backend"),
