@@ -144,6 +144,20 @@ class Engine(ABC):
         """
         raise NotImplementedError(f"the {self.name} adapter cannot score teacher-forced")
 
+def parser_flags(agentic: Agentic, chat_template: str | None, tool_choice_flags: tuple[str, ...] = ()) -> list[str]:
+    """SGLang's and vLLM's shared spelling of a lane's agentic declarations: without the tool and
+    reasoning parsers plain chat works and agents break silently (the seeds' missing flags).
+    `tool_choice_flags`: what else the engine needs before it emits tool calls."""
+    flags: list[str] = []
+    if agentic.tool_parser is not None:
+        flags += [*tool_choice_flags, "--tool-call-parser", agentic.tool_parser]
+    if agentic.reasoning_parser is not None:
+        flags += ["--reasoning-parser", agentic.reasoning_parser]
+    if chat_template is not None:
+        flags += ["--chat-template", chat_template]
+    return flags
+
+
 def per_position_from_counts(accepted_at: list[float], verify_steps: float) -> list[float]:
     """Rates per draft position, one definition for every engine: accepted at k / steps."""
     if verify_steps <= 0:

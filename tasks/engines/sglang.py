@@ -55,7 +55,7 @@ import uuid
 from typing import Any
 
 from tasks.config import Agentic, Lane
-from tasks.engines.base import Engine, per_position_from_counts
+from tasks.engines.base import Engine, per_position_from_counts, parser_flags
 from tasks.kl_records import ForcedProbe, ForcedScore
 from tasks.records import Acceptance, BootFacts, Metrics, RequestRecord, RequestSpec, StreamEvent
 
@@ -261,14 +261,7 @@ class SGLang(Engine):
     # GLM lane: glm47 and glm45); without them plain chat works and agents break silently.
 
     def agentic_flags(self, agentic: Agentic, chat_template: str | None) -> list[str]:
-        flags: list[str] = []
-        if agentic.tool_parser is not None:
-            flags += ["--tool-call-parser", agentic.tool_parser]
-        if agentic.reasoning_parser is not None:
-            flags += ["--reasoning-parser", agentic.reasoning_parser]
-        if chat_template is not None:
-            flags += ["--chat-template", chat_template]
-        return flags
+        return parser_flags(agentic, chat_template)
 
     # --- Teacher-forced scoring (KL gate) ---------------------------------------------------
     # Native /generate scores a whole token sequence in one request: `return_logprob` with

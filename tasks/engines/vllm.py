@@ -46,7 +46,7 @@ import re
 import uuid
 
 from tasks.config import Agentic, Lane
-from tasks.engines.base import Engine, per_position_from_counts
+from tasks.engines.base import Engine, per_position_from_counts, parser_flags
 from tasks.kl_records import ForcedProbe, ForcedScore
 from tasks.records import Acceptance, BootFacts, Metrics, RequestRecord, RequestSpec, StreamEvent
 
@@ -198,14 +198,7 @@ class VLLM(Engine):
     # only with `--reasoning-parser`.
 
     def agentic_flags(self, agentic: Agentic, chat_template: str | None) -> list[str]:
-        flags: list[str] = []
-        if agentic.tool_parser is not None:
-            flags += ["--enable-auto-tool-choice", "--tool-call-parser", agentic.tool_parser]
-        if agentic.reasoning_parser is not None:
-            flags += ["--reasoning-parser", agentic.reasoning_parser]
-        if chat_template is not None:
-            flags += ["--chat-template", chat_template]
-        return flags
+        return parser_flags(agentic, chat_template, ("--enable-auto-tool-choice",))
 
     # --- Teacher-forced scoring (KL gate) ---------------------------------------------------
     # /v1/completions takes a token-id list as `prompt` (no BOS is added to ids) and, with the
