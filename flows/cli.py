@@ -14,7 +14,7 @@ import sys
 from importlib import import_module
 from pathlib import Path
 
-from tasks.build import REPO
+from tasks.engines.build import REPO
 
 DEFAULT_HOSTS = REPO / "hosts.yaml"
 # Flows that bring their own subcommand: each module has register_cli(subparsers), which
@@ -38,7 +38,8 @@ def _quiet_prefect() -> None:
 
 
 def cmd_nightly(args: argparse.Namespace) -> int:
-    from tasks.config import ConfigError, check_prompt_files, load_inventory
+    from tasks.inventory.models import ConfigError
+    from tasks.inventory.load import check_prompt_files, load_inventory
 
     hosts = Path(args.hosts)
     try:
@@ -52,7 +53,7 @@ def cmd_nightly(args: argparse.Namespace) -> int:
 
     _quiet_prefect()
     from flows.nightly import nightly
-    from tasks.progress import closing, run_folder_of
+    from tasks.record.progress import closing, run_folder_of
 
     artifacts = Path(args.artifacts)
     state = nightly(hosts=str(hosts.resolve()), lanes=args.lane, artifacts_root=str(artifacts),
@@ -62,7 +63,7 @@ def cmd_nightly(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from tasks.audit import audit
+    from tasks.record.audit import audit
 
     run = Path(args.run)
     if not (run / "manifest.json").is_file():

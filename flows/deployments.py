@@ -32,7 +32,7 @@ from pathlib import Path
 import httpx
 import yaml
 
-from tasks.build import REPO
+from tasks.engines.build import REPO
 
 PREFECT_FILE = REPO / "prefect.yaml"
 POOL = "lanebench"
@@ -97,7 +97,7 @@ def wait_healthy(api_url: str, proc: subprocess.Popen | None, timeout_s: float) 
 def server(host: str, port: int, home: Path | None, timeout_s: float = 180,
            extra_env: dict[str, str] | None = None) -> Iterator[str]:
     """`prefect server start` on host:port (SQLite under PREFECT_HOME); yields its API URL; stopped on exit."""
-    from tasks.host_lock import FILE_LEASES, LEASE_STORAGE_ENV
+    from tasks.hosts.lock import FILE_LEASES, LEASE_STORAGE_ENV
 
     api_url = f"http://{host}:{port}/api"
     env = prefect_env(api_url, home, extra_env)

@@ -51,7 +51,7 @@ def _print(df: Any, csv: bool, title: str) -> None:
 
 def cmd_history(args: argparse.Namespace) -> int:
     from flows.cli import _bad_input
-    from tasks import history
+    from tasks.record import history
 
     root = Path(args.artifacts)
     if not root.is_dir():
@@ -95,7 +95,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def register_cli(subparsers: Any) -> None:
-    from tasks.build import REPO
+    from tasks.engines.build import REPO
 
     p = subparsers.add_parser("history", help="query the run history (DuckDB over every run folder)")
     p.add_argument("--artifacts", default=str(REPO / "artifacts"), help="folder that holds the run folders")

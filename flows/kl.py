@@ -29,10 +29,10 @@ def run_gate(kl_file: str, artifacts_root: str = "artifacts", prompt_count: int 
     from prefect.runtime import flow_run
     from prefect.states import Completed, Failed
 
-    from tasks.artifacts import RunFolder
-    from tasks.kl_config import load_kl_file, resolve, resolve_lanes
-    from tasks.kl_gate import Gate
-    from tasks.prompts import load_prompts
+    from tasks.record.run_folder import RunFolder
+    from tasks.kl.config import load_kl_file, resolve, resolve_lanes
+    from tasks.kl.gate import Gate
+    from tasks.client.prompts import load_prompts
 
     path = Path(kl_file).resolve()
     spec = load_kl_file(path)
@@ -65,9 +65,9 @@ def __getattr__(name: str) -> Any:
 
 def cmd_kl(args: argparse.Namespace) -> int:
     from flows.cli import _bad_input, _quiet_prefect
-    from tasks.config import ConfigError
-    from tasks.kl_config import load_kl_file, resolve, resolve_lanes
-    from tasks.prompts import load_prompts
+    from tasks.inventory.models import ConfigError
+    from tasks.kl.config import load_kl_file, resolve, resolve_lanes
+    from tasks.client.prompts import load_prompts
 
     path = Path(args.file)
     try:
@@ -89,7 +89,7 @@ def cmd_kl(args: argparse.Namespace) -> int:
         return _bad_input(f"{path}: prompts: prompt ids repeat in the prompt file. Fix: give every prompt its own id")
 
     _quiet_prefect()
-    from tasks.progress import closing, run_folder_of
+    from tasks.record.progress import closing, run_folder_of
 
     artifacts = Path(args.artifacts)
     state = __getattr__("kl_gate")(kl_file=str(path.resolve()), artifacts_root=str(artifacts),
@@ -98,7 +98,7 @@ def cmd_kl(args: argparse.Namespace) -> int:
 
 
 def register_cli(subparsers: Any) -> None:
-    from tasks.build import REPO
+    from tasks.engines.build import REPO
 
     p = subparsers.add_parser("kl", help="KL gate: score candidates teacher-forced against a reference lane")
     p.add_argument("file", help="KL file (e.g. kl/rehearsal.yaml)")

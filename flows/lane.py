@@ -24,24 +24,25 @@ from typing import Literal
 from prefect import flow, get_run_logger
 from prefect.states import Completed, Failed, State
 
-from tasks import correctness
-from tasks.acceptance import acceptance_probe
-from tasks.artifacts import LaneRecord, RunFolder
-from tasks.boot import Placement, Server, Worker, boot, read_facts, stop
-from tasks.config import CapacityGate, Host, Inventory, Lane, shipped_or_local
-from tasks.containers import image_pull
-from tasks.decode_curve import decode_curve
+from tasks.correctness import record as correctness
+from tasks.stages.acceptance import acceptance_probe
+from tasks.record.run_folder import LaneRecord, RunFolder
+from tasks.stages.boot import Placement, Server, Worker, boot, read_facts, stop
+from tasks.inventory.models import CapacityGate, Host, Inventory, Lane
+from tasks.inventory.load import shipped_or_local
+from tasks.hosts.containers import image_pull
+from tasks.stages.decode_curve import decode_curve
 from tasks.engines import engine_for
-from tasks.gates import GateFailed, capacity_gate, counter_gate
-from tasks.needles import needle_ladder
-from tasks.preflight import Preflight, Reach, model_paths, preflight, resolve
-from tasks.progress import progress
-from tasks.prompts import Prompt, load_prompts
-from tasks.records import GateResult
-from tasks.smoke import smoke_gate
-from tasks.thinking import thinking_check
-from tasks.tool_gate import tool_gate
-from tasks.warmup import warmup
+from tasks.stages.gates import GateFailed, capacity_gate, counter_gate
+from tasks.correctness.needles import needle_ladder
+from tasks.stages.preflight import Preflight, Reach, model_paths, preflight, resolve
+from tasks.record.progress import progress
+from tasks.client.prompts import Prompt, load_prompts
+from tasks.record.rows import GateResult
+from tasks.correctness.smoke import smoke_gate
+from tasks.correctness.thinking import thinking_check
+from tasks.correctness.tool_gate import tool_gate
+from tasks.stages.warmup import warmup
 
 
 # Flows whose lanes are speed measurements of one target under many arms (drafter x K): the

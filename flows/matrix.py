@@ -34,7 +34,7 @@ MATRIX_DIR = "matrix"  # run-folder folder of the cross-arm tables and plots
 
 
 def _in_repo(p: str) -> Path:
-    from tasks.build import REPO
+    from tasks.engines.build import REPO
 
     q = Path(p).expanduser()
     return q if q.is_absolute() else (REPO / q).resolve()
@@ -47,12 +47,12 @@ def run_matrix(matrix_file: str, artifacts_root: str = "artifacts") -> Any:
     from prefect.states import Completed, Failed
 
     from flows.lane import lane_flow
-    from tasks.artifacts import RunFolder
-    from tasks.files import sha256_of
-    from tasks.host_lock import host_lock, limit_name
-    from tasks.matrix import arm_lane, arm_port, load_matrix
-    from tasks.matrix_bars import earlier_run, register
-    from tasks.progress import progress
+    from tasks.record.run_folder import RunFolder
+    from tasks.hosts.files import sha256_of
+    from tasks.hosts.lock import host_lock, limit_name
+    from tasks.matrix.config import arm_lane, arm_port, load_matrix
+    from tasks.matrix.bars import earlier_run, register
+    from tasks.record.progress import progress
 
     logger = get_run_logger()
     path = _in_repo(matrix_file)
@@ -110,8 +110,8 @@ def run_matrix(matrix_file: str, artifacts_root: str = "artifacts") -> Any:
 
 def _registered_copy(run: Any) -> tuple[Any, str]:
     """The registration as written before the first boot, checked against the hashes in the manifest."""
-    from tasks.files import sha256_of
-    from tasks.matrix_bars import Registration
+    from tasks.hosts.files import sha256_of
+    from tasks.matrix.bars import Registration
 
     facts = run.manifest.flow["matrix"]
     path = run.path / "registration.json"
@@ -126,10 +126,10 @@ def _registered_copy(run: Any) -> tuple[Any, str]:
 
 def _finish(run: Any, m: Any) -> tuple[bool, str]:
     """Tables (GX), plots, report and Prefect artifacts from whatever the arms left; (complete, message)."""
-    from tasks.files import sha256_of
-    from tasks.matrix_report import curves_png, k_png, render
-    from tasks.matrix_verdict import collect, contention, drafter_verdicts, judge, model_drift
-    from tasks.report import render as render_lanes
+    from tasks.hosts.files import sha256_of
+    from tasks.matrix.report import curves_png, k_png, render
+    from tasks.matrix.verdict import collect, contention, drafter_verdicts, judge, model_drift
+    from tasks.record.report import render as render_lanes
 
     facts = run.manifest.flow["matrix"]
     reg, altered = _registered_copy(run)
@@ -186,7 +186,7 @@ def _finish(run: Any, m: Any) -> tuple[bool, str]:
 
 
 def _earlier(facts: dict) -> Any:
-    from tasks.matrix_bars import EarlierRun
+    from tasks.matrix.bars import EarlierRun
 
     return EarlierRun.model_validate(facts["earlier_run"]) if facts.get("earlier_run") else None
 
@@ -220,7 +220,7 @@ def __getattr__(name: str) -> Any:
     if name != "matrix":
         raise AttributeError(name)
     if _flow is None:
-        import tasks.host_lock  # noqa: F401  # sets the lease storage before any Prefect server starts
+        import tasks.hosts.lock  # noqa: F401  # sets the lease storage before any Prefect server starts
         from prefect import flow
 
         _flow = flow(name="matrix", flow_run_name=_run_name)(run_matrix)
@@ -229,8 +229,8 @@ def __getattr__(name: str) -> Any:
 
 def cmd_matrix(args: argparse.Namespace) -> int:
     from flows.cli import _bad_input, _quiet_prefect
-    from tasks.config import ConfigError
-    from tasks.matrix import load_matrix
+    from tasks.inventory.models import ConfigError
+    from tasks.matrix.config import load_matrix
 
     path = Path(args.file)
     try:
@@ -239,7 +239,7 @@ def cmd_matrix(args: argparse.Namespace) -> int:
         return _bad_input(str(e))
 
     _quiet_prefect()
-    from tasks.progress import closing, run_folder_of, say
+    from tasks.record.progress import closing, run_folder_of, say
 
     artifacts = Path(args.artifacts).resolve()
     state = __getattr__("matrix")(matrix_file=str(path.resolve()), artifacts_root=str(artifacts), return_state=True)
@@ -258,7 +258,7 @@ def cmd_matrix(args: argparse.Namespace) -> int:
 
 
 def register_cli(subparsers: Any) -> None:
-    from tasks.build import REPO
+    from tasks.engines.build import REPO
 
     p = subparsers.add_parser("matrix", help="drafter matrix: drafters x K x prompt class, judged against registered bars")
     p.add_argument("file", help="matrix file (e.g. matrix/rehearsal.yaml)")

@@ -22,13 +22,14 @@ from prefect.runtime import flow_run
 from prefect.states import Completed, Failed, State
 
 from flows.lane import lane_flow
-from tasks.artifacts import RunFolder
-from tasks.config import Inventory, load_inventory
-from tasks.host_lock import Hold, host_lock, limit_name
-from tasks.notify import on_failure
-from tasks.progress import progress
-from tasks.regression import LaneComparison, RegressionPolicy, describe
-from tasks.report import embed_images, render
+from tasks.record.run_folder import RunFolder
+from tasks.inventory.models import Inventory
+from tasks.inventory.load import load_inventory
+from tasks.hosts.lock import Hold, host_lock, limit_name
+from tasks.record.notify import on_failure
+from tasks.record.progress import progress
+from tasks.record.regression import LaneComparison, RegressionPolicy, describe
+from tasks.record.report import embed_images, render
 
 TREND_RUNS = 30  # runs shown in a trend plot
 POLICY_ENV = "LANEBENCH_REGRESSION"  # JSON of RegressionPolicy fields, for runs started from the CLI
@@ -90,7 +91,7 @@ def _plots(run: RunFolder, name: str, con: Any, comparison: LaneComparison | Non
     """Concurrency curve, per-position acceptance and the trend, registered beside the tables."""
     import pandas as pd
 
-    from tasks import plots
+    from tasks.record import plots
 
     tables = {a.kind: a for a in run.manifest.artifacts if a.lane == name and a.validation == "passed"}
     made = []
@@ -110,8 +111,8 @@ def _plots(run: RunFolder, name: str, con: Any, comparison: LaneComparison | Non
 
 def _against_baseline(run: RunFolder, artifacts_root: str, policy: RegressionPolicy) -> dict[str, LaneComparison]:
     """Compare every passed lane with its baseline window; write each comparison (GX-validated) and the plots."""
-    from tasks.history import open_index
-    from tasks.regression import compare_lane
+    from tasks.record.history import open_index
+    from tasks.record.regression import compare_lane
 
     run.save_manifest()
     passed = [n for n, r in run.manifest.lanes.items() if r.status == "passed"]

@@ -30,12 +30,12 @@ def run_tools(hosts: str, lanes: list[str], artifacts_root: str = "artifacts", h
     from prefect.states import Completed, Failed
 
     from flows.lane import lane_flow
-    from tasks import correctness
-    from tasks.artifacts import RunFolder
-    from tasks.config import load_inventory
-    from tasks.host_lock import host_lock
-    from tasks.progress import progress
-    from tasks.report import render
+    from tasks.correctness import record as correctness
+    from tasks.record.run_folder import RunFolder
+    from tasks.inventory.load import load_inventory
+    from tasks.hosts.lock import host_lock
+    from tasks.record.progress import progress
+    from tasks.record.report import render
 
     inventory_path = Path(hosts).resolve()
     inventory = load_inventory(inventory_path)
@@ -73,7 +73,7 @@ def __getattr__(name: str) -> Any:
     if name != "tools":
         raise AttributeError(name)
     if _flow is None:
-        import tasks.host_lock  # noqa: F401  # sets the lease storage before any Prefect server starts
+        import tasks.hosts.lock  # noqa: F401  # sets the lease storage before any Prefect server starts
         from prefect import flow
 
         _flow = flow(name="tools", flow_run_name="tools")(run_tools)
@@ -82,7 +82,8 @@ def __getattr__(name: str) -> Any:
 
 def _selected(args: argparse.Namespace) -> tuple[Path, list[str]] | str:
     """The inventory and the lanes to run, or the one-line problem with them."""
-    from tasks.config import ConfigError, check_prompt_files, load_inventory
+    from tasks.inventory.models import ConfigError
+    from tasks.inventory.load import check_prompt_files, load_inventory
 
     hosts = Path(args.hosts)
     try:
@@ -116,7 +117,7 @@ def cmd_tools(args: argparse.Namespace) -> int:
         return _bad_input(selected)
     hosts, names = selected
     _quiet_prefect()
-    from tasks.progress import closing, run_folder_of, say
+    from tasks.record.progress import closing, run_folder_of, say
 
     artifacts = Path(args.artifacts).resolve()
     state = __getattr__("tools")(hosts=str(hosts.resolve()), lanes=names, artifacts_root=str(artifacts),
@@ -132,7 +133,7 @@ def cmd_tools(args: argparse.Namespace) -> int:
 
 
 def register_cli(subparsers: Any) -> None:
-    from tasks.build import REPO
+    from tasks.engines.build import REPO
 
     p = subparsers.add_parser("tools", help="tool-call gate: boot each lane with a tool gate, smoke it, grade its suites")
     p.add_argument("--hosts", default=str(REPO / "hosts.yaml"), help="inventory file (default: the shipped hosts.yaml)")

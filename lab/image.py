@@ -35,7 +35,7 @@ class ImageBuildError(RuntimeError):
 
 def build_identity(bin_dir: Path) -> dict[str, str]:
     """The labels that say which build is inside: the pin and the llama-server binary's sha256."""
-    from tasks.build import llama_cpp_identity
+    from tasks.engines.build import llama_cpp_identity
 
     source = (bin_dir.parent / "SOURCE").read_text() if (bin_dir.parent / "SOURCE").exists() else ""
     pin = re.search(r"sdist_sha256=([0-9a-f]{64})", source)
@@ -93,7 +93,7 @@ def build_and_push(docker_host: str, registry: str, bin_dir: Path | None = None)
     if not _REGISTRY.fullmatch(registry):
         raise ValueError(f"registry {registry!r} must be host[:port]")
     if bin_dir is None:
-        from tasks.build import llama_cpp_bin_dir
+        from tasks.engines.build import llama_cpp_bin_dir
 
         bin_dir = llama_cpp_bin_dir()
     identity = build_identity(bin_dir)

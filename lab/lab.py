@@ -252,7 +252,7 @@ class Lab:
 
     def _render(self, docker_host: str, image: str) -> None:
         """hosts.lab.yaml from the template: this machine's image digest, paths and model sizes."""
-        from tasks.config import load_inventory
+        from tasks.inventory.load import load_inventory
 
         def facts(name: str) -> tuple[int, str]:
             path = REPO / "testbed" / "models" / name
@@ -273,13 +273,13 @@ class Lab:
     # ---- for tests and flows ---------------------------------------------------------------------
     def inventory(self):  # -> tasks.config.Inventory
         """The generated inventory (hosts.lab.yaml), validated."""
-        from tasks.config import load_inventory
+        from tasks.inventory.load import load_inventory
 
         return load_inventory(self.inventory_path)
 
     def transports(self) -> dict[str, Any]:
         """A transport per lab host (SSH, keys checked against .lab/known_hosts); close them when done."""
-        from tasks.transport import transport_for
+        from tasks.hosts.connect import transport_for
 
         inv = self.inventory()
         return {name: transport_for(name, host, self.inventory_path.parent) for name, host in inv.hosts.items()}

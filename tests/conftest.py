@@ -18,7 +18,7 @@ os.environ.setdefault("DO_NOT_TRACK", "1")
 @pytest.fixture(scope="session")
 def llama_bin() -> Path:
     """The pinned llama.cpp build (built on first use, cached in ~/.cache/lanebench)."""
-    from tasks.build import llama_cpp_bin_dir
+    from tasks.engines.build import llama_cpp_bin_dir
 
     return llama_cpp_bin_dir()
 

@@ -12,10 +12,10 @@ import re
 import pytest
 
 from conftest import REPO, shipped_inventory
-from tasks.acceptance import acceptance_probe
-from tasks.boot import start, stop, wait_healthy
-from tasks.config import Inventory
-from tasks.prompts import load_prompts
+from tasks.stages.acceptance import acceptance_probe
+from tasks.stages.boot import start, stop, wait_healthy
+from tasks.inventory.models import Inventory
+from tasks.client.prompts import load_prompts
 
 _LINE = re.compile(r"draft acceptance = [0-9.]+ \(\s*(\d+) accepted /\s*(\d+) generated\), mean len =\s*([0-9.]+)")
 

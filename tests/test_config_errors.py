@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tasks.config import load_inventory
+from tasks.inventory.load import load_inventory
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -22,8 +22,8 @@ from docker_fixture import DockerLab, free_loopback_port
 
 from lab.docker import _alive
 from lab.image import LABEL_BUILD, REPOSITORY, build_and_push, build_identity
-from tasks.config import ContainerSettings
-from tasks.containers import (
+from tasks.inventory.models import ContainerSettings
+from tasks.hosts.containers import (
     ContainerError,
     ImageError,
     container_name,
@@ -32,7 +32,7 @@ from tasks.containers import (
     run_container,
     verify_repo_digests,
 )
-from tasks.transport import LocalTransport
+from tasks.hosts.transport import LocalTransport
 
 PORTS = range(18600, 18620)
 MODELS = REPO / "testbed" / "models"

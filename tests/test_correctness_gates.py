@@ -13,13 +13,14 @@ import pandas as pd
 import pytest
 
 from conftest import REPO, manifest_of, no_llama_server_left, run_cli, run_folder_of, shipped_inventory, write_inventory
-from tasks.chat import ChatReply, ToolCall, parse_openai_chat
-from tasks.config import Agentic, ConfigError, ThinkingSwitch, check_prompt_files, load_inventory
+from tasks.client.replies import ChatReply, ToolCall, parse_openai_chat
+from tasks.inventory.models import Agentic, ConfigError, ThinkingSwitch
+from tasks.inventory.load import check_prompt_files, load_inventory
 from tasks.engines import engine_for
-from tasks.needles import build, default_rungs, judge
-from tasks.smoke import judge_reasoning, judge_tool_calls
-from tasks.thinking import judge_switch, switch_kwargs
-from tasks.tool_gate import cost_per_1000_solved
+from tasks.correctness.needles import build, default_rungs, judge
+from tasks.correctness.smoke import judge_reasoning, judge_tool_calls
+from tasks.correctness.thinking import judge_switch, switch_kwargs
+from tasks.correctness.tool_gate import cost_per_1000_solved
 
 # --- judges on recorded replies ------------------------------------------------------------------
 

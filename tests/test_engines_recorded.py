@@ -12,11 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from tasks.config import Lane
+from tasks.inventory.models import Lane
 from tasks.engines import engine_for
 from tasks.engines.sglang import SGLang, sglang_method
 from tasks.engines.vllm import VLLM, counter_by_position, vllm_method
-from tasks.records import Metrics, RequestRecord, StreamEvent
+from tasks.client.records import RequestRecord, StreamEvent
+from tasks.engines.facts import Metrics
 
 FIX = Path(__file__).resolve().parent / "fixtures" / "engines"
 

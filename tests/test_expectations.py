@@ -10,8 +10,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tasks.expectations import KINDS, SUITES_DIR, _get_engine, derive, validate
-from tasks.records import AcceptanceRow, DecodeRow, RequestRecord, WarmupRow
+from tasks.record.expectations import KINDS, SUITES_DIR, _get_engine, derive, validate
+from tasks.client.records import RequestRecord
+from tasks.record.rows import AcceptanceRow, DecodeRow, WarmupRow
 
 RECORDS = {"requests": RequestRecord, "warmup": WarmupRow, "decode": DecodeRow, "acceptance": AcceptanceRow}
 

@@ -15,8 +15,8 @@ import pandas as pd
 import pytest
 
 from conftest import REPO
-from tasks.artifacts import RunFolder
-from tasks.records import AcceptanceRow, DecodeRow
+from tasks.record.run_folder import RunFolder
+from tasks.record.rows import AcceptanceRow, DecodeRow
 
 DRAFTERS = {"good": "1" * 64, "weak": "2" * 64}
 
@@ -125,8 +125,8 @@ def test_the_index_is_rebuilt_from_the_folders_and_stays_outside_them(history_ro
 
 def test_baselines_skip_regressed_and_failed_runs(tmp_path):
     """A night flagged as a regression, or whose lane failed, never becomes the standard for the next."""
-    from tasks.history import open_index
-    from tasks.regression import RegressionPolicy, compare_lane
+    from tasks.record.history import open_index
+    from tasks.record.regression import RegressionPolicy, compare_lane
 
     inventory = REPO / "hosts.yaml"
     good = [_run(tmp_path, "nightly", {"rehearsal": {"tok_s": tok}}, inventory) for tok in (20.0, 20.4, 19.8)]
@@ -154,10 +154,10 @@ def test_baselines_skip_regressed_and_failed_runs(tmp_path):
 def test_the_report_shows_the_comparison_and_the_trend(tmp_path):
     """report.md from the run folder: the verdict line, the comparison table (judged or not) and the plots."""
     from flows.nightly import _history
-    from tasks import plots
-    from tasks.history import open_index
-    from tasks.regression import RegressionPolicy, compare_lane
-    from tasks.report import embed_images, render
+    from tasks.record import plots
+    from tasks.record.history import open_index
+    from tasks.record.regression import RegressionPolicy, compare_lane
+    from tasks.record.report import embed_images, render
 
     inventory = REPO / "hosts.yaml"
     runs = [_run(tmp_path, "nightly", {"rehearsal": {"tok_s": tok}}, inventory) for tok in (20.0, 20.3, 19.9, 13.0)]
@@ -181,9 +181,9 @@ def test_the_report_shows_the_comparison_and_the_trend(tmp_path):
 
 def test_kl_figures_are_judged_against_earlier_kl_runs(tmp_path):
     """The KL gate's candidates appear as lanes of a `kl` run; compare_run judges them like nightly lanes."""
-    from tasks.history import open_index
-    from tasks.kl_records import KlSummaryRow
-    from tasks.regression import RegressionPolicy, compare_run
+    from tasks.record.history import open_index
+    from tasks.kl.records import KlSummaryRow
+    from tasks.record.regression import RegressionPolicy, compare_run
 
     def kl_run(mean: float) -> RunFolder:
         run = RunFolder(tmp_path, "kl", str(uuid.uuid4()), REPO / "hosts.yaml")

@@ -21,7 +21,7 @@ from prefect_stack import prefect_server
 _HOLDER = """
 import json, sys, time
 from prefect import flow
-from tasks.host_lock import host_lock
+from tasks.hosts.lock import host_lock
 
 @flow(name="hold-host")
 def hold(host: str, seconds: float) -> dict:

@@ -280,7 +280,7 @@ def test_bad_kl_files_are_one_line_and_exit_2(tmp_path):
 
 
 def test_inventory_lanes_lose_their_speculation(tmp_path):
-    from tasks.kl_config import load_kl_file, resolve_lanes
+    from tasks.kl.config import load_kl_file, resolve_lanes
 
     inventory = tmp_path / "hosts.yaml"
     inventory.write_text(yaml.safe_dump({"hosts": {"localhost": {"address": "127.0.0.1"}}, "lanes": {"spec": {
@@ -298,7 +298,7 @@ def test_inventory_lanes_lose_their_speculation(tmp_path):
 
 
 def test_paired_bootstrap_is_seeded_and_sees_a_real_gap():
-    from tasks.kl_stats import paired_bootstrap
+    from tasks.kl.stats import paired_bootstrap
 
     rng = np.random.default_rng(1)
     n = np.full(40, 128.0)
@@ -314,8 +314,8 @@ def test_paired_bootstrap_is_seeded_and_sees_a_real_gap():
 
 
 def test_bars_name_what_they_miss():
-    from tasks.kl_config import Bars
-    from tasks.kl_stats import bar_failures
+    from tasks.kl.config import Bars
+    from tasks.kl.stats import bar_failures
 
     stats = {"mean_abs_dlogprob": 0.12, "p95_abs_dlogprob": 0.6, "argmax_flip_share": 0.02}
     assert bar_failures(stats, Bars(max_mean_abs_dlogprob=0.1, max_argmax_flip_share=0.05)) == ["mean_abs_dlogprob 0.12 > 0.1"]
@@ -324,7 +324,7 @@ def test_bars_name_what_they_miss():
 
 def test_llamacpp_probes_one_position_each_with_the_forced_token_sampled():
     from tasks.engines import engine_for
-    from tasks.kl_records import ProbeRetry
+    from tasks.kl.records import ProbeRetry
 
     engine = engine_for("llamacpp")
     probes = engine.forced_probes([1, 87, 107, 104, 259], 3)

@@ -20,10 +20,11 @@ from conftest import run_cli
 
 from lab import netns
 from lab.lab import BRIDGE, DIRECT_IF, HOSTS, ORCHESTRATOR, REGISTRY_PORT
-from tasks.config import FileRef, Link
-from tasks.host_checks import check_host
-from tasks.links import check_link, lane_links
-from tasks.transport import HostKeyError, transport_for
+from tasks.inventory.models import FileRef, Link
+from tasks.hosts.checks import check_host
+from tasks.hosts.links import check_link, lane_links
+from tasks.hosts.connect import transport_for
+from tasks.hosts.transport import HostKeyError
 
 pytest_plugins = ["lab_fixture"]  # the session `lab` fixture, one instance for every module that uses it
 
@@ -211,8 +212,8 @@ def test_host_check_failures_name_the_fault(lab, transports, tmp_path):
 def test_host_check_on_a_local_host_resolves_paths_from_the_inventory(tmp_path):
     from conftest import REPO, shipped_inventory
 
-    from tasks.config import Inventory
-    from tasks.transport import LocalTransport
+    from tasks.inventory.models import Inventory
+    from tasks.hosts.transport import LocalTransport
 
     inv = Inventory.model_validate(shipped_inventory())
     lane = inv.lanes["rehearsal"]

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from conftest import manifest_of, run_cli, run_folder_of
-from tasks.config import load_inventory
+from tasks.inventory.load import load_inventory
 
 pytest_plugins = ["lab_fixture"]  # the session `lab` fixture, shared with tests/test_lab.py
 
@@ -95,7 +95,7 @@ def test_a_cut_link_skips_the_two_host_lane_and_the_rest_still_runs(lab, tmp_pat
 def test_the_two_host_lane_truly_needs_the_link(lab, tmp_path):
     """Past preflight, the link still carries the lane: with it cut, llama-server cannot reach its
     RPC worker and dies at boot (the seeds' lane that could not boot for an unplugged cable)."""
-    from tasks.build import llama_cpp_bin_dir
+    from tasks.engines.build import llama_cpp_bin_dir
 
     transports = lab.transports()
     bin_dir = llama_cpp_bin_dir()

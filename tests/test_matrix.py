@@ -18,10 +18,10 @@ import pytest
 import yaml
 
 from conftest import REPO, manifest_of, no_llama_server_left, run_cli, run_folder_of, shipped_inventory, write_inventory
-from tasks.config import ConfigError
-from tasks.matrix import load_matrix
-from tasks.matrix_bars import Bar, EarlierRun, earlier_run, register
-from tasks.matrix_verdict import ArmClassRow, SpeedRow, drafter_verdicts, judge
+from tasks.inventory.models import ConfigError
+from tasks.matrix.config import load_matrix
+from tasks.matrix.bars import Bar, EarlierRun, earlier_run, register
+from tasks.matrix.verdict import ArmClassRow, SpeedRow, drafter_verdicts, judge
 
 MODELS = REPO / "testbed" / "models"
 PROMPTS = REPO / "testbed" / "prompts"
@@ -193,7 +193,7 @@ def test_verdict_follows_the_measured_values():
 
 
 def test_verdict_suites_pass_real_rows_and_catch_a_flipped_outcome():
-    from tasks.expectations import validate
+    from tasks.record.expectations import validate
 
     m = load_matrix(REPO / "matrix" / "rehearsal.yaml")
     rows, speed = _synthetic(m, failed_arm="weak-k7")
@@ -275,7 +275,7 @@ def test_registration_cannot_be_edited():
         reg.bars_sha256 = "0" * 64  # type: ignore[misc]
     tampered = json.loads(reg.model_dump_json())
     tampered["bars"][0]["value"] = 1.0
-    from tasks.matrix_bars import Registration
+    from tasks.matrix.bars import Registration
 
     copy = Registration.model_validate(tampered)
     assert copy.recomputed()[0] != copy.bars_sha256  # the flow refuses to judge with such a copy

@@ -16,7 +16,7 @@ import pytest
 
 from conftest import REPO, manifest_of, shipped_inventory, write_inventory
 from prefect_stack import Receiver, free_port, prefect_server
-from tasks.regression import change_interval, t_quantile, verdict
+from tasks.record.regression import change_interval, t_quantile, verdict
 
 
 @pytest.mark.parametrize(("p", "df", "expected"), [(0.975, 1, 12.7062), (0.975, 2, 4.3027), (0.975, 4, 2.7764),

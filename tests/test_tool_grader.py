@@ -11,8 +11,8 @@ from collections import Counter
 
 import pytest
 
-from tasks.chat import ChatReply, ToolCall
-from tasks.tool_grader import MISS_KINDS, ToolCase, grade, load_suite, merge_bfcl, openai_tools, standardize
+from tasks.client.replies import ChatReply, ToolCall
+from tasks.correctness.tool_grader import MISS_KINDS, ToolCase, grade, load_suite, merge_bfcl, openai_tools, standardize
 
 
 def fn(name: str, props: dict[str, dict], required: list[str]) -> dict:
@@ -266,7 +266,7 @@ def test_suites_load_from_bfcl_files_and_bad_lines_are_named(tmp_path):
 
 
 def test_shipped_suites_load():
-    from tasks.build import REPO
+    from tasks.engines.build import REPO
 
     for name in ("testbed-dev.jsonl", "testbed-held-out.jsonl"):
         cases = load_suite(REPO / "toolsuites" / name)

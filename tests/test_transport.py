@@ -16,16 +16,16 @@ from pathlib import Path
 import pytest
 
 from lab.sshd import Sshd, make_keypair, start_sshd
-from tasks.config import Host
-from tasks.ssh import SSHTransport
-from tasks.transport import (
+from tasks.inventory.models import Host
+from tasks.hosts.ssh import SSHTransport
+from tasks.hosts.transport import (
     CommandTimeout,
     HostKeyError,
     LocalTransport,
     TransportError,
     local_pidfile,
-    transport_for,
 )
+from tasks.hosts.connect import transport_for
 
 ODD_ARGS = ["a b", "it's", 'say "hi"', "$(touch {canary})", "`touch {canary}`", "; touch {canary}", "*",
             "$HOME", "tab\there", "new\nline", "", "-n", "back\\slash", "ünïcode"]

@@ -14,10 +14,11 @@ from typing import Any, ClassVar
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from tasks.chat import ChatReply, parse_openai_chat
-from tasks.config import Agentic, Lane
-from tasks.kl_records import ForcedProbe, ForcedScore
-from tasks.records import Acceptance, BootFacts, Metrics, RequestRecord, RequestSpec, StreamEvent
+from tasks.client.replies import ChatReply, parse_openai_chat
+from tasks.inventory.models import Agentic, Lane
+from tasks.kl.records import ForcedProbe, ForcedScore
+from tasks.client.records import RequestRecord, RequestSpec, StreamEvent
+from tasks.engines.facts import Acceptance, BootFacts, Metrics
 
 
 class Engine(ABC):

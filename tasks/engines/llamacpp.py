@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import re
 
-from tasks.config import Agentic, Lane
+from tasks.inventory.models import Agentic, Lane
 from tasks.engines.base import Engine, per_position_from_counts
-from tasks.kl_records import ForcedProbe, ForcedScore, ProbeRetry
-from tasks.records import Acceptance, BootFacts, Metrics, RequestRecord, RequestSpec, StreamEvent
+from tasks.kl.records import ForcedProbe, ForcedScore, ProbeRetry
+from tasks.client.records import RequestRecord, RequestSpec, StreamEvent
+from tasks.engines.facts import Acceptance, BootFacts, Metrics
 
 _SLOTS = re.compile(r"initializing, n_slots = (\d+), n_ctx_slot = (\d+)")
 _DRAFT_LOADED = re.compile(r"loading draft model '([^']*)'")

@@ -54,10 +54,11 @@ import re
 import uuid
 from typing import Any
 
-from tasks.config import Agentic, Lane
+from tasks.inventory.models import Agentic, Lane
 from tasks.engines.base import Engine, per_position_from_counts, parser_flags
-from tasks.kl_records import ForcedProbe, ForcedScore
-from tasks.records import Acceptance, BootFacts, Metrics, RequestRecord, RequestSpec, StreamEvent
+from tasks.kl.records import ForcedProbe, ForcedScore
+from tasks.client.records import RequestRecord, RequestSpec, StreamEvent
+from tasks.engines.facts import Acceptance, BootFacts, Metrics
 
 _PREFIX = re.compile(r"\[[\d-]+ [\d:.]+((?: [A-Z]+\d+)*)\] ?")
 _MAMBA_CAP = re.compile(

@@ -45,10 +45,11 @@ import math
 import re
 import uuid
 
-from tasks.config import Agentic, Lane
+from tasks.inventory.models import Agentic, Lane
 from tasks.engines.base import Engine, per_position_from_counts, parser_flags
-from tasks.kl_records import ForcedProbe, ForcedScore
-from tasks.records import Acceptance, BootFacts, Metrics, RequestRecord, RequestSpec, StreamEvent
+from tasks.kl.records import ForcedProbe, ForcedScore
+from tasks.client.records import RequestRecord, RequestSpec, StreamEvent
+from tasks.engines.facts import Acceptance, BootFacts, Metrics
 
 _CONCURRENCY = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x")
 _KV_TOKENS = re.compile(r"GPU KV cache size: ([\d,]+) tokens")

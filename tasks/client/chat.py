@@ -1,0 +1,63 @@
+"""Chat requests for the correctness gates: one OpenAI `/v1/chat/completions` shape for every engine.
+
+The speed stages talk to each engine's native streaming route; the correctness gates ask what an
+agent client asks, through the OpenAI chat route all three engines serve, non-streamed, so the
+server's own tool-call and reasoning parsers shape the answer. A refused or failed request is a
+reply with `ok=False` and what came back, never an exception: a gate judges it and names it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import httpx
+from tasks.client.replies import ChatReply
+
+if TYPE_CHECKING:
+    from tasks.engines.base import Engine
+    from tasks.client.records import RequestSpec
+
+_TIMEOUT = httpx.Timeout(connect=10.0, read=300.0, write=30.0, pool=300.0)
+
+
+async def _one(client: httpx.AsyncClient, engine: Engine, spec: RequestSpec) -> ChatReply:
+    t0 = time.perf_counter()
+    try:
+        r = await client.post(spec.path, json=spec.body)
+    except httpx.HTTPError as e:
+        return ChatReply(ok=False, error=f"{type(e).__name__}: {e}", seconds=time.perf_counter() - t0)
+    seconds = time.perf_counter() - t0
+    if r.status_code >= 400:
+        return ChatReply(ok=False, http_status=r.status_code, error=r.text[:500], seconds=seconds)
+    try:
+        reply = engine.parse_chat(r.json())
+    except (ValueError, KeyError, TypeError) as e:
+        return ChatReply(ok=False, http_status=r.status_code, error=f"unreadable reply: {e}: {r.text[:300]}",
+                         seconds=seconds)
+    return reply.model_copy(update={"seconds": seconds})
+
+
+async def _many(base_url: str, engine: Engine, specs: Sequence[RequestSpec], concurrency: int) -> list[ChatReply]:
+    gate = asyncio.Semaphore(concurrency)
+    limits = httpx.Limits(max_connections=concurrency + 2, max_keepalive_connections=concurrency + 2)
+    async with httpx.AsyncClient(base_url=base_url, timeout=_TIMEOUT, limits=limits) as client:
+
+        async def bounded(spec: RequestSpec) -> ChatReply:
+            async with gate:
+                return await _one(client, engine, spec)
+
+        return list(await asyncio.gather(*(bounded(s) for s in specs)))
+
+
+def send_chats(base_url: str, engine: Engine, specs: Sequence[RequestSpec], concurrency: int = 1) -> list[ChatReply]:
+    """Send every request, at most `concurrency` in flight; replies in request order. No retries."""
+    if not specs:
+        return []
+    return asyncio.run(_many(base_url, engine, specs, max(1, concurrency)))
+
+
+def send_chat(base_url: str, engine: Engine, spec: RequestSpec) -> ChatReply:
+    return send_chats(base_url, engine, [spec])[0]

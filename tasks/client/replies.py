@@ -1,0 +1,76 @@
+"""A chat reply as it came back, in the same shape for every engine, and the OpenAI body parser."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+_SHOWN = 160  # characters of content or reasoning quoted in a gate's detail
+
+
+class ToolCall(BaseModel):
+    """One structured call as the server returned it; `arguments` is the raw JSON text."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    arguments: str
+
+
+class ChatReply(BaseModel):
+    """One chat request as it came back, in the same shape for every engine."""
+
+    model_config = ConfigDict(extra="forbid")
+    ok: bool
+    http_status: int | None = None
+    error: str | None = None
+    content: str = ""
+    reasoning: str = ""
+    tool_calls: list[ToolCall] = []
+    finish_reason: str | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    seconds: float = 0.0
+
+    def shown(self) -> str:
+        """What came back, quoted short enough for a one-line gate verdict."""
+        if not self.ok:
+            return f"HTTP {self.http_status}: {(self.error or '')[:_SHOWN]}" if self.http_status else (self.error or "")
+        parts = [f"finish_reason={self.finish_reason}"]
+        if self.tool_calls:
+            parts.append("tool_calls=" + ", ".join(f"{c.name}({c.arguments[:60]})" for c in self.tool_calls))
+        parts.append(f"content={_quote(self.content)}")
+        parts.append(f"reasoning={_quote(self.reasoning)}")
+        return ", ".join(parts)
+
+
+def _quote(text: str) -> str:
+    return json.dumps(text if len(text) <= _SHOWN else text[:_SHOWN] + "...")
+
+
+def parse_openai_chat(data: dict[str, Any]) -> ChatReply:
+    """An OpenAI chat completion body -> ChatReply.
+
+    Reasoning arrives as `reasoning_content` (llama.cpp, SGLang, older vLLM) or `reasoning`
+    (vLLM since the field was renamed); both are read.
+    """
+    choice = (data.get("choices") or [{}])[0]
+    message = choice.get("message") or {}
+    calls = []
+    for call in message.get("tool_calls") or []:
+        fn = call.get("function") or {}
+        args = fn.get("arguments")
+        calls.append(ToolCall(name=str(fn.get("name") or ""),
+                              arguments=args if isinstance(args, str) else json.dumps(args)))
+    usage = data.get("usage") or {}
+    return ChatReply(
+        ok=True,
+        http_status=200,
+        content=message.get("content") or "",
+        reasoning=message.get("reasoning_content") or message.get("reasoning") or "",
+        tool_calls=calls,
+        finish_reason=choice.get("finish_reason"),
+        prompt_tokens=usage.get("prompt_tokens"),
+        completion_tokens=usage.get("completion_tokens"),
+    )

@@ -1,0 +1,94 @@
+"""The correctness record of a lane: verdicts in the manifest, tables in `<lane>/correctness.md`.
+
+The correctness verdicts (agentic smoke, thinking switch, tool gate, needle ladder) are kept in
+the manifest under `flow.correctness.<lane>.gates`, beside the tool protocol and the held-out
+ledger, apart from the lane's declared boot gates (`lanes.<lane>.gates`). A failed one fails
+the lane like any gate and its line becomes the lane's reason. `section` renders verdicts and
+tables as markdown; `write` puts them in `<lane>/correctness.md` for report.md to include.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+from tasks.record.run_folder import RunFolder
+from tasks.correctness.tool_grader import MISS_KINDS, MISS_LABELS
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
+            *("| " + " | ".join(r) + " |" for r in rows)]
+
+
+def _money(v: float | None) -> str:
+    return "" if v is None or pd.isna(v) else f"${v:.3f}"
+
+
+def ledger(run: RunFolder, lane: str) -> dict[str, Any]:
+    """The lane's correctness entry in the manifest (created on first use)."""
+    return run.manifest.flow.setdefault("correctness", {}).setdefault(lane, {})
+
+
+def verdicts(run: RunFolder, lane: str) -> list[dict[str, Any]]:
+    """The lane's correctness verdicts (GateResult dicts), in the order they were judged."""
+    return ledger(run, lane).setdefault("gates", [])
+
+
+def section(run: RunFolder, lane: str) -> list[str]:
+    """Markdown lines for one lane's correctness verdicts and tables (empty when it ran none)."""
+    out: list[str] = []
+    entries = {a.kind: a for a in run.manifest.artifacts if a.lane == lane and a.kind in ("tools", "needles")}
+    entry_ledger = (run.manifest.flow.get("correctness") or {}).get(lane) or {}
+    for gate in entry_ledger.get("gates", []):
+        verdict = "passed" if gate["passed"] else "FAILED"
+        out.append(f"- {gate['kind']} **{gate['gate']}** {verdict}: {gate['detail']}")
+    if "tools" in entries:
+        entry = entries["tools"]
+        out += ["", "### Tool-call gate" + (": QUARANTINED" if entry.validation == "failed" else ""), ""]
+        if entry.validation == "failed":
+            out += [f"- {f}" for f in entry.failed_expectations]
+        else:
+            df = pd.read_parquet(run.path / entry.path)
+            kinds = [k for k in MISS_KINDS if df[k].sum() > 0]
+            header = ["suite", "split", "solved", "%", *(MISS_LABELS[k] for k in kinds), "seconds", "$ / 1,000 solved"]
+            rows = [[r.suite, r.split + (f" #{r.run_number}" if r.split == "held_out" else ""),
+                     f"{r.solved}/{r.cases}", f"{r.solved_pct:.1f}", *(str(getattr(r, k)) for k in kinds),
+                     f"{r.seconds:.1f}", _money(r.cost_per_1000_solved)] for r in df.itertuples()]
+            out += _table(header, rows)
+        protocol = (entry_ledger.get("tool_gate") or {}).get("protocol") or {}
+        if protocol:
+            out += ["", f"Protocol `{protocol.get('path')}` (sha256 {str(protocol.get('sha256'))[:12]}): "
+                        f"T={protocol.get('temperature')}, tool_choice {protocol.get('tool_choice')}, thinking "
+                        f"{protocol.get('thinking')}, strict {'on' if protocol.get('strict') else 'off'}, no retries, "
+                        f"concurrency {protocol.get('concurrency')}, max_tokens {protocol.get('max_tokens')}. "
+                        "Scores compare candidates on this grader; they are not a leaderboard entry."]
+        held = (entry_ledger.get("tool_gate") or {}).get("held_out") or {}
+        if held and not held.get("run"):
+            out += [f"Held-out suite `{held.get('suite')}` not run ({held.get('why')})."]
+    if "needles" in entries:
+        entry = entries["needles"]
+        out += ["", "### Needle ladder" + (": QUARANTINED" if entry.validation == "failed" else ""), ""]
+        if entry.validation == "failed":
+            out += [f"- {f}" for f in entry.failed_expectations]
+        else:
+            df = pd.read_parquet(run.path / entry.path)
+            rows = [[r.needle_kind, str(r.rung), str(r.target_tokens), str(r.message_tokens),
+                     "" if pd.isna(r.prompt_tokens) else str(int(r.prompt_tokens)),
+                     f"{r.keys_found}/{r.keys_expected}", f"**{r.outcome}**" if r.outcome != "pass" else "pass"]
+                    for r in df.itertuples()]
+            out += _table(["needle", "rung", "target tokens", "message tokens", "prompt tokens", "keys found",
+                           "outcome"], rows)
+            out += ["", "Each prompt opens with its own nonce; truncated = cut off by max_tokens before the keys "
+                        "came back (counted apart from wrong answers)."]
+    return out
+
+
+def write(run: RunFolder, lane: str) -> None:
+    """`<lane>/correctness.md`, registered in the manifest, when the lane ran any correctness table."""
+    lines = section(run, lane)
+    if not lines:
+        return
+    (run.lane_dir(lane) / "correctness.md").write_text(f"## {lane}: correctness\n" + "\n".join(lines) + "\n")
+    run.register(lane, f"{lane}/correctness.md", "correctness-report")

@@ -1,0 +1,103 @@
+"""Agentic smoke gate: the booted server serves the workload the lane declares, not just text.
+
+"The bug that passed every benchmark" in the seeds: without `--tool-call-parser` and
+`--reasoning-parser` the server aced every throughput bench, plain chat worked, and agents
+broke silently (tool calls came back as text, chain-of-thought leaked into replies). So a
+lane that declares `agentic.tools` must answer one tool request with structured `tool_calls`,
+and a lane that declares `agentic.reasoning` must return reasoning apart from the content.
+Either failure fails the boot, quoting what came back.
+"""
+
+from __future__ import annotations
+
+import json
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from tasks.stages.boot import Server
+from tasks.client.chat import send_chats
+from tasks.client.replies import ChatReply
+from tasks.inventory.models import Lane
+from tasks.engines import engine_for
+from tasks.client.records import RequestSpec
+from tasks.record.rows import GateResult
+from tasks.correctness.thinking import switch_kwargs
+
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather",
+    "description": "Current weather in a city.",
+    "parameters": {"type": "object", "properties": {
+        "city": {"type": "string", "description": "City name, e.g. Paris"},
+        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+    }, "required": ["city", "unit"]},
+}}
+TOOL_QUESTION = "What's the weather in Paris in celsius?"
+REASONING_QUESTION = "What is 17 times 3? Think it through, then answer."
+TOOL_MAX_TOKENS = 256  # a whole call, even from a byte-level testbed model (one token per character)
+REASONING_MAX_TOKENS = 96  # reasoning only has to start
+_THINK_TAGS = ("<think>", "</think>")
+
+
+def _is_object(arguments: str) -> bool:
+    try:
+        return isinstance(json.loads(arguments), dict)
+    except json.JSONDecodeError:
+        return False
+
+
+def judge_tool_calls(reply: ChatReply) -> GateResult:
+    """Pass when at least one structured call with a name and JSON-object arguments came back."""
+    good = [c for c in reply.tool_calls if c.name and _is_object(c.arguments)]
+    if good:
+        detail = "a tool request came back as structured tool_calls: " + ", ".join(
+            f"{c.name}({c.arguments[:80]})" for c in good)
+    elif not reply.ok:
+        detail = f"the tool request failed: {reply.shown()}"
+    elif reply.tool_calls:
+        detail = f"tool_calls came back with arguments that are not a JSON object: {reply.shown()}"
+    else:
+        detail = ("a tool request came back as text, not as tool_calls (no tool-call parser, or a chat "
+                  f"template without tools?): {reply.shown()}")
+    return GateResult(gate="smoke:tool-calls", kind="smoke", passed=bool(good), value=float(len(good)),
+                      op=">=", threshold=1.0, detail=detail)
+
+
+def judge_reasoning(reply: ChatReply) -> GateResult:
+    """Pass when reasoning came back in its own field and no thinking markup is left in the content."""
+    leaked = [t for t in _THINK_TAGS if t in reply.content]
+    passed = reply.ok and bool(reply.reasoning.strip()) and not leaked
+    if passed:
+        detail = f"reasoning came back apart from the content ({len(reply.reasoning)} characters)"
+    elif not reply.ok:
+        detail = f"the reasoning request failed: {reply.shown()}"
+    elif leaked:
+        detail = f"thinking markup {leaked[0]} leaked into the content (no reasoning parser?): {reply.shown()}"
+    else:
+        detail = ("no reasoning came back apart from the content (no reasoning parser, or thinking off?): "
+                  f"{reply.shown()}")
+    return GateResult(gate="smoke:reasoning", kind="smoke", passed=passed, value=1.0 if passed else 0.0,
+                      op="==", threshold=1.0, detail=detail)
+
+
+@task(name="agentic-smoke", cache_policy=NO_CACHE)
+def smoke_gate(server: Server, lane: Lane) -> list[GateResult]:
+    """The checks the lane's declarations call for: tool calls with thinking off, reasoning with it on."""
+    agentic = lane.agentic
+    if agentic is None or not (agentic.tools or agentic.reasoning):
+        return []
+    engine = engine_for(lane.engine)
+    specs: list[RequestSpec] = []
+    judges = []
+    if agentic.tools:
+        specs.append(engine.chat_request([{"role": "user", "content": TOOL_QUESTION}], TOOL_MAX_TOKENS,
+                                         tools=[WEATHER_TOOL], tool_choice="auto",
+                                         template_kwargs=switch_kwargs(agentic, "off")))
+        judges.append(judge_tool_calls)
+    if agentic.reasoning:
+        specs.append(engine.chat_request([{"role": "user", "content": REASONING_QUESTION}],
+                                         REASONING_MAX_TOKENS,
+                                         template_kwargs=switch_kwargs(agentic, "on")))
+        judges.append(judge_reasoning)
+    replies = send_chats(server.base_url, engine, specs, concurrency=len(specs))
+    return [judge(reply) for judge, reply in zip(judges, replies)]

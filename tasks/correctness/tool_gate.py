@@ -1,0 +1,212 @@
+"""The tool-call gate: a suite of tool requests on the booted server, graded, priced, under a pinned protocol.
+
+The seeds made tool calling "a claim, not a smoke test": a pinned protocol (T=0, tool_choice
+auto, a fixed reasoning setting, no retries, fixed concurrency), a dev suite scored every time,
+a frozen held-out sibling run rarely, misses sorted by kind, and the pass priced per 1,000
+solved from the box's hourly cost. Numbers compare candidates on this grader; they are not a
+leaderboard entry.
+
+- The protocol file (toolsuites/protocol.yaml) is read, validated and copied into the manifest
+  with its sha256, so every score says what it was measured under.
+- The held-out suite runs only when asked; each run records how many earlier runs of the same
+  suite bytes the artifacts folder holds, so a held-out score that was looked at many times
+  says so.
+- `strict` stays off unless the protocol says otherwise: the seeds lost 35 of 600 with it on.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+from pydantic import BaseModel
+
+from tasks.record.run_folder import RunFolder
+from tasks.stages.boot import Server
+from tasks.client.chat import send_chats
+from tasks.client.replies import ChatReply
+from tasks.inventory.models import Agentic, Host, Lane, ToolGatePlan, ToolProtocol, load_protocol
+from tasks.inventory.load import shipped_or_local
+from tasks.correctness.record import ledger as correctness_ledger
+from tasks.engines import Engine, engine_for
+from tasks.hosts.files import sha256_of
+from tasks.record.rows import GateResult
+from tasks.correctness.thinking import switch_kwargs
+from tasks.correctness.tool_grader import MISS_KINDS, MISS_LABELS, ToolCase, grade, load_suite, openai_tools
+
+
+class ToolCaseRecord(BaseModel):
+    """One graded case as it happened (raw, appended to `<lane>/tool_cases.jsonl`)."""
+
+    lane: str
+    suite: str
+    split: Literal["dev", "held_out"]
+    case_id: str
+    category: str
+    solved: bool
+    kind: str | None
+    detail: str
+    finish_reason: str | None
+    http_status: int | None
+    calls: list[dict[str, str]]
+    content: str
+    seconds: float
+    prompt_tokens: int | None
+    completion_tokens: int | None
+
+
+class ToolGateRow(BaseModel):
+    """One suite pass: solved/total, misses by kind, seconds, and cost per 1,000 solved."""
+
+    lane: str
+    suite: str
+    split: Literal["dev", "held_out"]
+    suite_sha256: str
+    cases: int
+    solved: int
+    solved_pct: float
+    http_error: int
+    truncated: int
+    no_call: int
+    malformed_call: int
+    wrong_count: int
+    wrong_function: int
+    missing_argument: int
+    unexpected_argument: int
+    wrong_value: int
+    accounted: int  # solved + every miss: each case lands in exactly one bucket
+    seconds: float
+    concurrency: int
+    max_tokens: int
+    dollars_per_hour: float | None
+    cost_per_1000_solved: float | None
+    run_number: int  # dev: 1; held_out: how many times these suite bytes have been run, this one included
+
+
+def run_suite(base_url: str, engine: Engine, lane_name: str, cases: list[ToolCase], suite: str,
+              split: Literal["dev", "held_out"], protocol: ToolProtocol, agentic: Agentic | None,
+              ) -> tuple[list[ToolCaseRecord], dict[str, Any]]:
+    """Send every case once under the protocol and grade it; returns the raw records and the tallies."""
+    kwargs = switch_kwargs(agentic, protocol.thinking)
+    specs = [engine.chat_request(case.messages, protocol.max_tokens, temperature=protocol.temperature,
+                                 tools=openai_tools(case, protocol.strict), tool_choice=protocol.tool_choice,
+                                 template_kwargs=kwargs) for case in cases]
+    t0 = time.perf_counter()
+    replies = send_chats(base_url, engine, specs, protocol.concurrency)
+    seconds = time.perf_counter() - t0
+    records = [_record(lane_name, suite, split, case, reply) for case, reply in zip(cases, replies)]
+    tallies = {kind: sum(1 for r in records if r.kind == kind) for kind in MISS_KINDS}
+    solved = sum(1 for r in records if r.solved)
+    return records, {"cases": len(cases), "solved": solved, "seconds": seconds, **tallies}
+
+
+def _record(lane: str, suite: str, split: Literal["dev", "held_out"], case: ToolCase,
+            reply: ChatReply) -> ToolCaseRecord:
+    verdict = grade(case, reply)
+    return ToolCaseRecord(
+        lane=lane, suite=suite, split=split, case_id=case.id, category=case.category, solved=verdict.solved,
+        kind=verdict.kind, detail=verdict.detail, finish_reason=reply.finish_reason, http_status=reply.http_status,
+        calls=[{"name": c.name, "arguments": c.arguments} for c in reply.tool_calls], content=reply.content[:500],
+        seconds=reply.seconds, prompt_tokens=reply.prompt_tokens, completion_tokens=reply.completion_tokens,
+    )
+
+
+def cost_per_1000_solved(seconds: float, solved: int, dollars_per_hour: float | None) -> float | None:
+    """What 1,000 solved cases cost at this pass's speed: box time per solved case, times 1,000."""
+    if dollars_per_hour is None or solved == 0:
+        return None
+    return dollars_per_hour * seconds / 3600.0 / solved * 1000.0
+
+
+def summary(row: ToolGateRow) -> str:
+    """One line: the score, the misses by kind, the time and the price."""
+    misses = [f"{getattr(row, k)} {MISS_LABELS[k]}" for k in MISS_KINDS if getattr(row, k)]
+    if row.cost_per_1000_solved is not None:
+        price = f"${row.cost_per_1000_solved:.3f} per 1,000 solved at ${row.dollars_per_hour:g}/h"
+    elif row.dollars_per_hour is None:
+        price = "no cost (the host declares no dollars_per_hour)"
+    else:
+        price = "no cost per 1,000 solved (nothing solved)"
+    run = f" (held-out run #{row.run_number})" if row.split == "held_out" else ""
+    return (f"{row.suite}{run}: {row.solved}/{row.cases} solved ({row.solved_pct:.1f}%); "
+            f"misses: {', '.join(misses) or 'none'}; {row.seconds:.1f} s at concurrency {row.concurrency}; {price}")
+
+
+def gate_result(plan: ToolGatePlan, row: ToolGateRow) -> GateResult:
+    """The dev score gates the lane when `min_solved_pct` is declared; otherwise it is reported only."""
+    threshold = plan.min_solved_pct if row.split == "dev" else None
+    passed = threshold is None or row.solved_pct >= threshold
+    tail = "report only" if threshold is None else f"required >= {threshold:g}%: {'passed' if passed else 'failed'}"
+    return GateResult(gate=f"tool-gate:{row.split}", kind="tools", passed=passed, value=row.solved_pct, op=">=",
+                      threshold=threshold, detail=f"{summary(row)}; {tail}")
+
+
+def earlier_held_out_runs(artifacts_root: Path, suite_sha256: str, this_run: str) -> list[str]:
+    """`<run folder>:<lane>` of every earlier run of the same held-out suite bytes under the artifacts folder."""
+    earlier = []
+    for manifest in sorted(artifacts_root.glob("*/manifest.json")):
+        if manifest.parent.name == this_run:
+            continue
+        try:
+            flow = json.loads(manifest.read_text()).get("flow") or {}
+        except (OSError, ValueError):
+            continue
+        for lane, entry in (flow.get("correctness") or {}).items():
+            held = ((entry or {}).get("tool_gate") or {}).get("held_out") or {}
+            if held.get("sha256") == suite_sha256 and held.get("run_number"):
+                earlier.append(f"{manifest.parent.name}:{lane}")
+    return earlier
+
+
+@task(name="tool-gate", cache_policy=NO_CACHE)
+def tool_gate(server: Server, run: RunFolder, lane_name: str, lane: Lane, host: Host, base_dir: Path,
+              held_out: bool = False) -> list[GateResult]:
+    """Dev suite always, held-out suite when asked: raw records, the `tools` table, one gate result per suite."""
+    plan = lane.correctness.tool_gate if lane.correctness else None
+    if plan is None:
+        return []
+    engine = engine_for(lane.engine)
+    protocol_path = shipped_or_local(base_dir, plan.protocol)
+    protocol = load_protocol(protocol_path)
+    ledger: dict[str, Any] = {"protocol": {"path": plan.protocol, "sha256": sha256_of(protocol_path),
+                                           **protocol.model_dump()}}
+    correctness_ledger(run, lane_name)["tool_gate"] = ledger
+    splits: list[tuple[Literal["dev", "held_out"], str]] = [("dev", plan.dev)]
+    if plan.held_out is not None:
+        if held_out:
+            splits.append(("held_out", plan.held_out))
+        else:
+            ledger["held_out"] = {"suite": plan.held_out, "run": False,
+                                  "why": "runs only when asked: lanebench tools --held-out"}
+    rows, results = [], []
+    for split, rel in splits:
+        path = shipped_or_local(base_dir, rel)
+        cases, sha = load_suite(path), sha256_of(path)
+        entry: dict[str, Any] = {"suite": rel, "sha256": sha, "cases": len(cases)}
+        run_number = 1
+        if split == "held_out":
+            earlier = earlier_held_out_runs(run.path.parent, sha, run.path.name)
+            run_number = len(earlier) + 1
+            entry |= {"run": True, "run_number": run_number, "earlier_runs": earlier}
+        ledger[split] = entry
+        run.save_manifest()
+        records, t = run_suite(server.base_url, engine, lane_name, cases, Path(rel).name, split, protocol, lane.agentic)
+        for record in records:
+            run.append_jsonl(lane_name, "tool_cases.jsonl", record)
+        row = ToolGateRow(
+            lane=lane_name, suite=Path(rel).name, split=split, suite_sha256=sha,
+            solved_pct=100.0 * t["solved"] / t["cases"], accounted=t["solved"] + sum(t[k] for k in MISS_KINDS),
+            concurrency=protocol.concurrency, max_tokens=protocol.max_tokens, dollars_per_hour=host.dollars_per_hour,
+            cost_per_1000_solved=cost_per_1000_solved(t["seconds"], t["solved"], host.dollars_per_hour),
+            run_number=run_number, **t,
+        )
+        entry |= {"solved": row.solved, "seconds": round(row.seconds, 3)}
+        rows.append(row)
+        results.append(gate_result(plan, row))
+    run.register(lane_name, f"{lane_name}/tool_cases.jsonl", "tool-cases", rows=sum(r.cases for r in rows))
+    run.write_table(lane_name, "tools", rows)
+    return results

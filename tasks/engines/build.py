@@ -1,0 +1,30 @@
+"""The pinned llama.cpp build: built once from the sdist pin, cached outside the repo."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+BUILD_SCRIPT = REPO / "scripts" / "build-llama-cpp.sh"
+
+
+class BuildError(RuntimeError):
+    pass
+
+
+def llama_cpp_bin_dir() -> Path:
+    """Folder holding llama-server, llama-quantize, llama-perplexity, rpc-server (builds on first use)."""
+    proc = subprocess.run(["bash", str(BUILD_SCRIPT)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise BuildError(f"building llama.cpp failed (exit {proc.returncode}): {proc.stderr[-2000:]}")
+    return Path(proc.stdout.strip().splitlines()[-1])
+
+
+def llama_cpp_identity(bin_dir: Path) -> dict[str, str]:
+    """What the manifest records about the engine binary: the source pin and the binary's hash."""
+    from tasks.hosts.files import sha256_of
+
+    source = (bin_dir.parent / "SOURCE").read_text().split() if (bin_dir.parent / "SOURCE").exists() else []
+    server = bin_dir / "llama-server"
+    return {"source": " ".join(source), "llama_server_sha256": sha256_of(server), "path": str(server)}

@@ -1,0 +1,532 @@
+"""The SSH transport: commands and servers on a remote host over paramiko.
+
+Long because one class implements the whole transport contract (run, spawn, stop, copy, host keys).
+
+Why each rule (see tasks/hosts/transport.py for the contract):
+- Key authentication only, no agent, no password: a benchmark run must not depend on who is
+  logged in where, nor prompt.
+- The host key is checked against a known_hosts file and never silently accepted: an unknown
+  key is refused with its fingerprint and the command that trusts it; a changed key is refused
+  even with trust-on-first-use.
+- Every remote command is `shlex.join`ed and run as `setsid -w sh -c WRAPPER sh ARGV...`: the
+  wrapper reports its pid (= process group) first, so a command past its deadline, or a server
+  being stopped, can be killed as a whole group from a fresh channel.
+- A dropped connection leaves a command's fate unknown: it is re-run only when the caller
+  declared it idempotent. Opening the connection (nothing has run yet) is always retried.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import select
+import shlex
+import socket
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import paramiko
+
+from tasks.hosts.transport import (
+    PIDFILE_DIR,
+    CommandResult,
+    CommandTimeout,
+    HostKeyError,
+    OutputCallback,
+    Spawned,
+    StreamText,
+    Transport,
+    TransportError,
+    check_env,
+    check_spawn_name,
+    resolve_path,
+)
+
+if TYPE_CHECKING:
+    from tasks.inventory.models import Host
+
+_MARK = b"lanebench-pgid "
+# Run "$@" as a child (not exec), and outlive a group-wide SIGTERM (the no-op trap resets to the
+# default in the child), so the exit code is the child's own, 128+N when a signal killed it
+# (paramiko ignores SSH's exit-signal message).
+_RUN_WRAPPER = 'trap : TERM INT HUP; echo "lanebench-pgid $$" >&2; "$@"; exit $?'
+# $1 = spawn name: record the group in the pidfile, report it on the (combined) output, run the rest.
+_SPAWN_WRAPPER = ('trap : TERM INT HUP; d="$HOME/' + PIDFILE_DIR.removeprefix("~/") + '"; mkdir -p "$d" && '
+                  'echo $$ > "$d/$1.pid" || exit 125; echo "lanebench-pgid $$"; shift; "$@"; exit $?')
+# $1 = pgid (or empty: read it from the pidfile), $2 = grace in tenths of a second, $3 = spawn name or empty.
+# Exit 0: a group was running and is stopped; 3: nothing was running. The pidfile is removed only
+# while it still names this group (a newer spawn may have taken the name).
+_STOP_SCRIPT = r'''
+g=$1; n=$2; f=
+[ -n "$3" ] && f="$HOME/''' + PIDFILE_DIR.removeprefix("~/") + r'''/$3.pid"
+cur=
+[ -n "$f" ] && [ -f "$f" ] && read -r cur < "$f"
+[ -z "$g" ] && g=$cur
+unrecord() { [ -n "$f" ] && [ "$cur" = "$g" ] && rm -f "$f"; return 0; }
+case "$g" in ''|*[!0-9]*) exit 3;; esac
+[ "$g" -gt 1 ] || exit 3
+kill -0 -"$g" 2>/dev/null || { unrecord; exit 3; }
+kill -TERM -"$g" 2>/dev/null
+i=0
+while kill -0 -"$g" 2>/dev/null; do
+  [ "$i" -eq "$n" ] && kill -KILL -"$g" 2>/dev/null
+  [ "$i" -ge $((n + 50)) ] && break  # killed 5 s ago and still listed: zombies not reaped yet
+  sleep 0.1; i=$((i+1))
+done
+unrecord
+exit 0
+'''
+
+_CONNECTION_FAULTS = (paramiko.SSHException, OSError, EOFError)
+
+
+class _Dropped(TransportError):
+    """The connection broke after the command may have started."""
+
+
+class _NotStarted(TransportError):
+    """The connection broke before the command was sent (safe to retry)."""
+
+
+def host_key_name(address: str, port: int) -> str:
+    """How known_hosts names a host: the bare address on port 22, `[address]:port` otherwise."""
+    return address if port == 22 else f"[{address}]:{port}"
+
+
+def _wrap(wrapper: str, argv: list[str]) -> str:
+    return f"exec setsid -w sh -c {shlex.quote(wrapper)} sh {shlex.join(argv)}"
+
+
+class _FirstLine:
+    """Takes the wrapper's `lanebench-pgid N` line off the front of a stream, passes the rest on."""
+
+    def __init__(self, sink: StreamText | None, write: Callable[[bytes], None] | None = None) -> None:
+        self.pgid: int | None = None
+        self.done = False
+        self._buf = b""
+        self._sink, self._write = sink, write
+
+    def feed(self, data: bytes) -> None:
+        if not self.done:
+            self._buf += data
+            if b"\n" not in self._buf and len(self._buf) < 64:
+                return
+            line, _, rest = self._buf.partition(b"\n")
+            self.done = True
+            if line.startswith(_MARK) and line[len(_MARK):].strip().isdigit():
+                self.pgid = int(line[len(_MARK):])
+                data = rest
+            else:
+                data = self._buf
+            self._buf = b""
+        if data:
+            if self._sink is not None:
+                self._sink.feed(data)
+            if self._write is not None:
+                self._write(data)
+
+    def flush(self) -> None:
+        if not self.done and self._buf:
+            self.done, data, self._buf = True, self._buf, b""
+            self.feed(data)
+
+
+class SSHSpawned(Spawned):
+    """A remote server started by `SSHTransport.spawn`; its output is copied into a local log."""
+
+    def __init__(self, transport: SSHTransport, chan: paramiko.Channel, argv: list[str], name: str,
+                 log_path: Path) -> None:
+        self.argv, self.name, self.log_path = argv, name, log_path
+        self.pid = 0
+        self._transport, self._chan = transport, chan
+        self._exit: int | None = None
+        self._stopped = False
+        self._started = threading.Event()
+        self._head = b""
+        self._reader = threading.Thread(target=self._copy_output, name=f"ssh-log-{name}", daemon=True)
+        self._reader.start()
+
+    def _copy_output(self) -> None:
+        with self.log_path.open("ab") as log:
+            def write(data: bytes) -> None:
+                log.write(data)
+                log.flush()
+
+            first = _FirstLine(None, write)
+            try:
+                while data := self._chan.recv(65536):
+                    if not first.done:
+                        self._head += data
+                    first.feed(data)
+                    if first.done and not self._started.is_set():
+                        self.pid = first.pgid or 0
+                        self._started.set()
+            except _CONNECTION_FAULTS:
+                pass
+            finally:
+                first.flush()
+                self._started.set()
+
+    def wait_started(self, timeout_s: float) -> None:
+        if not self._started.wait(timeout_s) or not self.pid:
+            head = self._head.decode(errors="replace").strip()[-2000:]
+            self._chan.close()
+            raise TransportError(f"{self._transport.host_name}: could not start {self.argv[0]} "
+                                 f"(no pid reported within {timeout_s:g} s); output: {head or '(none)'}")
+
+    def poll(self) -> int | None:
+        """Exit code once it ended, else None. If the connection dropped, a fresh one asks the host
+        (TransportError when it cannot be reached)."""
+        if self._exit is not None:
+            return self._exit
+        if not self._chan.exit_status_ready():
+            return None
+        status = self._chan.recv_exit_status()
+        if status != -1:
+            # The exit status can arrive before the reader has copied the last output: let it
+            # drain, so a caller reading the log on exit (a boot error's log tail) sees it all.
+            self._reader.join(timeout=5.0)
+            self._exit = status
+            return status
+        # The channel closed without an exit status: the connection dropped. Ask the host.
+        if self._transport.group_alive(self.pid):
+            return None
+        self._exit = 255  # gone while we were cut off: its own exit code is lost (255 as ssh says)
+        return self._exit
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        if self._stopped:
+            return
+        if self.pid:
+            self._transport.stop_group(self.pid, grace_s, self.name)
+        self._reader.join(timeout=5.0)
+        self._chan.close()
+        self._reader.join(timeout=1.0)
+        self._stopped = True
+        self._transport._spawns.discard(self)
+
+
+class SSHTransport(Transport):
+    """Commands on `user@address:port` over one paramiko connection, reopened when it drops."""
+
+    def __init__(self, host_name: str, address: str, *, port: int = 22, user: str | None = None,
+                 identity_file: Path | str = "~/.ssh/id_ed25519", known_hosts: Path | str = "~/.ssh/known_hosts",
+                 trust_on_first_use: bool = False, keepalive_s: float = 15.0, connect_timeout_s: float = 10.0,
+                 attempts: int = 3, backoff_s: float = 0.5) -> None:
+        self.host_name, self.address, self.port = host_name, address, port
+        self.user = user or _current_user()
+        self.identity_file = Path(os.path.expanduser(identity_file))
+        self.known_hosts = Path(os.path.expanduser(known_hosts))
+        self.trust_on_first_use = trust_on_first_use
+        self.keepalive_s, self.connect_timeout_s = keepalive_s, connect_timeout_s
+        self.attempts, self.backoff_s = max(1, attempts), backoff_s
+        self._conn: paramiko.Transport | None = None
+        self._lock = threading.Lock()
+        self._spawns: set[SSHSpawned] = set()  # running spawns, stopped at exit if still running
+        _TRANSPORTS.add(self)
+
+    @classmethod
+    def from_host(cls, host_name: str, host: Host, base_dir: Path) -> SSHTransport:
+        return cls(host_name, host.address, port=host.port, user=host.user,
+                   identity_file=resolve_path(host.identity_file, "~/.ssh/id_ed25519", base_dir),
+                   known_hosts=resolve_path(host.known_hosts, "~/.ssh/known_hosts", base_dir),
+                   trust_on_first_use=host.trust_on_first_use, keepalive_s=host.keepalive_s,
+                   connect_timeout_s=host.connect_timeout_s)
+
+    @property
+    def where(self) -> str:
+        return f"{self.user}@{self.address}:{self.port}"
+
+    def _delay(self, attempt: int) -> float:
+        return self.backoff_s * 2 ** (attempt - 1)  # 0.5 s, 1 s, 2 s, ...
+
+    # -- connection ---------------------------------------------------------------------------
+
+    def _connection(self) -> paramiko.Transport:
+        """The live connection, opened (with retries: nothing has run yet) when there is none."""
+        with self._lock:
+            if self._conn is not None and self._conn.is_active():
+                return self._conn
+            self._close_conn()
+            key = self._load_key()
+            last: Exception | None = None
+            for attempt in range(1, self.attempts + 1):
+                try:
+                    self._conn = self._open(key)
+                    return self._conn
+                except (HostKeyError, paramiko.AuthenticationException) as e:
+                    if isinstance(e, HostKeyError):
+                        raise
+                    raise TransportError(
+                        f"{self.host_name}: {self.where} refused key {self.identity_file} ({e}). Fix: add "
+                        f"{self.identity_file}.pub to ~{self.user}/.ssh/authorized_keys on the host") from None
+                except _CONNECTION_FAULTS as e:
+                    last = e
+                    if attempt < self.attempts:
+                        time.sleep(self._delay(attempt))
+            raise TransportError(f"{self.host_name}: cannot connect to {self.where} after {self.attempts} "
+                                 f"attempts: {type(last).__name__}: {last}")
+
+    def _load_key(self) -> paramiko.PKey:
+        try:
+            return paramiko.PKey.from_path(self.identity_file)
+        except FileNotFoundError:
+            raise TransportError(f"{self.host_name}: identity file {self.identity_file} does not exist. Fix: "
+                                 f"ssh-keygen -t ed25519 -N '' -f {self.identity_file}, then add the .pub "
+                                 "to the host's authorized_keys (or set identity_file for this host)") from None
+        except paramiko.PasswordRequiredException:
+            raise TransportError(f"{self.host_name}: identity file {self.identity_file} is encrypted; lanebench "
+                                 "uses keys without a passphrase and no agent: point identity_file at a "
+                                 "dedicated key") from None
+        except (paramiko.SSHException, ValueError, OSError) as e:
+            raise TransportError(f"{self.host_name}: cannot read identity file {self.identity_file}: {e}") from None
+
+    def _open(self, key: paramiko.PKey) -> paramiko.Transport:
+        sock = socket.create_connection((self.address, self.port), timeout=self.connect_timeout_s)
+        conn = paramiko.Transport(sock)
+        try:
+            conn.banner_timeout = conn.handshake_timeout = conn.auth_timeout = self.connect_timeout_s
+            known = self._known_keys()
+            if known:  # ask for the key type we have on record, as OpenSSH does
+                opts = conn.get_security_options()
+                wanted = [t for k in known for t in _negotiated_types(k) if t in opts.key_types]
+                opts.key_types = wanted + [t for t in opts.key_types if t not in wanted]
+            conn.start_client(timeout=self.connect_timeout_s)
+            self._verify_host_key(conn.get_remote_server_key(), known)
+            conn.set_keepalive(max(1, round(self.keepalive_s)))
+            conn.auth_publickey(self.user, key)
+            if not conn.is_authenticated():
+                raise paramiko.AuthenticationException("further authentication required")
+            return conn
+        except BaseException:
+            conn.close()
+            raise
+
+    def _known_keys(self) -> dict[str, paramiko.PKey]:
+        """The keys the known_hosts file records for this host, by key type."""
+        keys = paramiko.HostKeys()
+        if self.known_hosts.exists():
+            try:
+                keys.load(str(self.known_hosts))
+            except (paramiko.hostkeys.InvalidHostKey, OSError) as e:
+                raise HostKeyError(f"{self.host_name}: cannot read known_hosts file {self.known_hosts}: {e}") from None
+        found = keys.lookup(host_key_name(self.address, self.port))
+        return dict(found.items()) if found else {}
+
+    def _verify_host_key(self, key: paramiko.PKey, known: dict[str, paramiko.PKey]) -> None:
+        name, kind, fp = host_key_name(self.address, self.port), key.get_name(), key.fingerprint
+        if not known:
+            if not self.trust_on_first_use:
+                raise HostKeyError(
+                    f"{self.host_name}: unknown host key for {self.address}:{self.port}: {kind} {fp} is not in "
+                    f"{self.known_hosts}. Refused. Check that fingerprint on the host itself "
+                    f"(ssh-keygen -lf /etc/ssh/ssh_host_{kind.removeprefix('ssh-')}_key.pub), then trust it with "
+                    f"`ssh-keyscan -p {self.port} {self.address} >> {self.known_hosts}`, or set "
+                    f"`trust_on_first_use: true` for host {self.host_name} to record it on first contact")
+            self.known_hosts.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            with self.known_hosts.open("a") as f:
+                f.write(f"{name} {kind} {key.get_base64()}\n")
+            return
+        recorded = known.get(kind)
+        if recorded is not None and recorded.asbytes() == key.asbytes():
+            return
+        if recorded is None:
+            kind_on_record, recorded = next(iter(known.items()))
+        else:
+            kind_on_record = kind
+        raise HostKeyError(
+            f"{self.host_name}: HOST KEY CHANGED for {self.address}:{self.port}: the server presents {kind} {fp}, "
+            f"but {self.known_hosts} records {kind_on_record} {recorded.fingerprint} for {name}. Refused (also "
+            "with trust_on_first_use): the host was reinstalled or someone is in between. If the change is "
+            f"expected, check the new fingerprint on the host, then `ssh-keygen -R '{name}' -f {self.known_hosts}` "
+            f"and add the new key (`ssh-keyscan -p {self.port} {self.address} >> {self.known_hosts}`)")
+
+    def _close_conn(self, conn: paramiko.Transport | None = None) -> None:
+        """Forget the connection (only `conn`, if given: another thread may have reopened it)."""
+        if self._conn is not None and (conn is None or conn is self._conn):
+            try:
+                self._conn.close()
+            except Exception:  # noqa: BLE001 - already broken
+                pass
+            self._conn = None
+
+    def _drop(self, conn: paramiko.Transport) -> None:
+        with self._lock:
+            self._close_conn(conn)
+
+    def _channel(self) -> tuple[paramiko.Transport, paramiko.Channel]:
+        conn = self._connection()
+        try:
+            return conn, conn.open_session(timeout=self.connect_timeout_s)
+        except _CONNECTION_FAULTS as e:
+            self._drop(conn)
+            raise _NotStarted(f"{type(e).__name__}: {e}") from None
+
+    # -- commands -----------------------------------------------------------------------------
+
+    def run(self, argv: list[str], *, deadline_s: float = 60.0, idempotent: bool = False,
+            stdin: bytes | None = None, on_output: OutputCallback | None = None) -> CommandResult:
+        """Run argv on the host; `deadline_s` bounds each attempt. Re-run after a dropped connection
+        only when `idempotent`."""
+        if not argv:
+            raise ValueError("empty argv")
+        t0 = time.monotonic()
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                result = self._run_once(argv, deadline_s, stdin, on_output)
+                return result.model_copy(update={"attempts": attempt, "seconds": time.monotonic() - t0})
+            except (_NotStarted, _Dropped) as e:
+                started = isinstance(e, _Dropped)
+                if started and not idempotent:
+                    raise TransportError(
+                        f"{self.host_name}: the connection to {self.where} dropped while `{shlex.join(argv)}` was "
+                        f"running ({e}); it was not re-run because it is not declared idempotent (its effect on "
+                        "the host is unknown)") from None
+                if attempt >= self.attempts:
+                    raise TransportError(f"{self.host_name}: the connection to {self.where} dropped on each of "
+                                         f"{attempt} attempts of `{shlex.join(argv)}`: {e}") from None
+                time.sleep(self._delay(attempt))
+
+    def _run_once(self, argv: list[str], deadline_s: float, stdin: bytes | None,
+                  on_output: OutputCallback | None) -> CommandResult:
+        conn, chan = self._channel()
+        t0 = time.monotonic()
+        out, err = StreamText(on_output), StreamText(on_output)
+        head = _FirstLine(err)
+        try:
+            try:
+                chan.exec_command(_wrap(_RUN_WRAPPER, argv))
+            except _CONNECTION_FAULTS as e:
+                self._drop(conn)
+                raise _NotStarted(f"{type(e).__name__}: {e}") from None
+            if stdin:
+                threading.Thread(target=_send_stdin, args=(chan, stdin), daemon=True).start()
+            else:
+                chan.shutdown_write()
+            end = t0 + deadline_s
+            while True:
+                busy = False
+                if chan.recv_ready():
+                    out.feed(chan.recv(65536))
+                    busy = True
+                if chan.recv_stderr_ready():
+                    head.feed(chan.recv_stderr(65536))
+                    busy = True
+                if not busy and chan.exit_status_ready():
+                    break
+                if time.monotonic() > end:
+                    chan.close()
+                    killed = self._kill_after_timeout(head.pgid)
+                    raise CommandTimeout(f"{self.host_name}: `{shlex.join(argv)}` still running after its "
+                                         f"{deadline_s:g} s deadline; {killed}")
+                if not busy:
+                    select.select([chan], [], [], 0.05)  # wakes on stdout; stderr and exit within 50 ms
+            status = chan.recv_exit_status()
+        except _CONNECTION_FAULTS as e:
+            self._drop(conn)
+            raise _Dropped(f"{type(e).__name__}: {e}") from None
+        finally:
+            chan.close()
+        if status == -1 and not conn.is_active():
+            self._drop(conn)
+            raise _Dropped("connection lost before the command reported its exit code")
+        head.flush()
+        out.feed(b"", final=True)
+        err.feed(b"", final=True)
+        return CommandResult(argv=argv, exit_code=status if status != -1 else 255, stdout=out.text,
+                             stderr=err.text, seconds=time.monotonic() - t0)
+
+    def _kill_after_timeout(self, pgid: int | None) -> str:
+        if pgid is None:
+            return "it had not reported its pid, so it could not be killed on the host"
+        try:
+            self.stop_group(pgid, grace_s=0.0)
+            return f"its process group {pgid} was killed"
+        except TransportError as e:
+            return f"killing its process group {pgid} failed: {e}"
+
+    # -- process groups -----------------------------------------------------------------------
+
+    def stop_group(self, pgid: int, grace_s: float, name: str | None = None) -> bool:
+        """SIGTERM a remote process group, SIGKILL after `grace_s`; True if it was running."""
+        args = [str(pgid) if pgid else "", str(max(0, round(grace_s * 10))), check_spawn_name(name) if name else ""]
+        r = self.run(["sh", "-c", _STOP_SCRIPT, "sh", *args], deadline_s=grace_s + 30.0, idempotent=True)
+        if r.exit_code not in (0, 3):
+            raise TransportError(f"{self.host_name}: stopping process group {pgid or name} failed "
+                                 f"(exit {r.exit_code}): {r.stderr.strip()}")
+        return r.exit_code == 0
+
+    def group_alive(self, pgid: int) -> bool:
+        r = self.run(["sh", "-c", 'kill -0 -"$1" 2>/dev/null', "sh", str(pgid)], deadline_s=30.0, idempotent=True)
+        return r.exit_code == 0
+
+    def stop_leftover(self, name: str, grace_s: float = 5.0) -> bool:
+        return self.stop_group(0, grace_s, name)
+
+    def spawn(self, argv: list[str], log_path: Path, *, name: str, env: dict[str, str] | None = None) -> Spawned:
+        """Start argv on the host in its own session, pid recorded in ~/.cache/lanebench/run/NAME.pid."""
+        if not argv:
+            raise ValueError("empty argv")
+        check_spawn_name(name)
+        env = check_env(env)
+        command = [name, *(["env", *(f"{k}={v}" for k, v in env.items())] if env else []), *argv]
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        conn, chan = self._channel()
+        try:
+            chan.set_combine_stderr(True)
+            chan.exec_command(_wrap(_SPAWN_WRAPPER, command))
+            chan.shutdown_write()  # the server's stdin sees EOF, as with DEVNULL locally
+        except _CONNECTION_FAULTS as e:
+            self._drop(conn)
+            raise TransportError(f"{self.host_name}: could not start {argv[0]} on {self.where}: {e}") from None
+        spawned = SSHSpawned(self, chan, argv, name, log_path)
+        spawned.wait_started(self.connect_timeout_s + 5.0)
+        self._spawns.add(spawned)
+        return spawned
+
+    def close(self) -> None:
+        """Close the connection (stop spawned servers first: their output stream goes with it)."""
+        with self._lock:
+            self._close_conn()
+
+
+def _send_stdin(chan: paramiko.Channel, data: bytes) -> None:
+    try:
+        chan.sendall(data)
+        chan.shutdown_write()
+    except _CONNECTION_FAULTS:
+        pass
+
+
+def _negotiated_types(key_type: str) -> list[str]:
+    """The host-key algorithms that yield a key of this known_hosts type."""
+    return ["rsa-sha2-512", "rsa-sha2-256", "ssh-rsa"] if key_type == "ssh-rsa" else [key_type]
+
+
+def _current_user() -> str:
+    import getpass
+
+    return getpass.getuser()
+
+
+_TRANSPORTS: weakref.WeakSet[SSHTransport] = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_spawns() -> None:
+    """Best effort on exit: a run that dies leaves no remote server (stop_leftover covers the rest)."""
+    for transport in list(_TRANSPORTS):
+        if transport._conn is None or not transport._conn.is_active():
+            continue  # unreachable now: do not stall the exit; the next boot's stop_leftover cleans up
+        for spawned in list(transport._spawns):
+            try:
+                spawned.stop(grace_s=1.0)
+            except Exception:  # noqa: BLE001, S110 - exiting anyway
+                pass
+        transport.close()

@@ -1,0 +1,295 @@
+"""How lanebench runs a command on a host: here (`local`) or over SSH (`ssh`, paramiko).
+
+Every stage that touches a host goes through a `Transport`, so preflight, image pull, boot
+and teardown read the same whether the host is this machine or a GB300 across the room.
+
+Contract (both implementations):
+- `run` executes an argv (never a shell string: each value is quoted with `shlex.join` on
+  the way to a remote shell) with a wall-clock deadline, returning exit code and output.
+  A non-zero exit code is a result, not an exception.
+- Connection-level faults (refused, reset, dropped, keepalive timeout) raise
+  `TransportError`. `run` retries them with backoff only when the caller declares the
+  command idempotent; otherwise it raises, and the command is never silently re-run.
+- An unknown or changed host key raises `HostKeyError` (never retried) with a message
+  that says how to trust the host. Trust-on-first-use only when the host opts in.
+- `spawn` starts a long-running process (a server) in its own session/process group,
+  streaming its output into a local log file, and returns a handle that can poll and stop
+  it. A remote spawn records its pid in a pidfile named after the lane, so a crashed run's
+  leftover can be found and stopped before the next boot.
+"""
+
+from __future__ import annotations
+
+import atexit
+import codecs
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, TYPE_CHECKING
+
+from pydantic import BaseModel
+
+if TYPE_CHECKING:
+    pass
+
+OutputCallback = Callable[[str], None]
+
+# Where a spawn records its process group, on the host it runs on: `stop_leftover(name)` finds a
+# crashed run's server there before the next boot. Fixed under $HOME so a new login finds it.
+PIDFILE_DIR = "~/.cache/lanebench/run"
+_SPAWN_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class CommandResult(BaseModel):
+    argv: list[str]
+    exit_code: int
+    stdout: str
+    stderr: str
+    seconds: float
+    attempts: int = 1
+
+
+class TransportError(RuntimeError):
+    """The host could not be reached or the connection dropped (the command's fate unknown)."""
+
+
+class HostKeyError(TransportError):
+    """The host's key is unknown or changed: refused, never retried; says how to trust it."""
+
+
+class CommandTimeout(TransportError):
+    """The command outlived its wall-clock deadline (it was stopped)."""
+
+
+class Spawned(ABC):
+    """A long-running process started by `Transport.spawn`."""
+
+    pid: int
+    argv: list[str]
+
+    @abstractmethod
+    def poll(self) -> int | None:
+        """Exit code once it has ended, else None."""
+
+    @abstractmethod
+    def stop(self, grace_s: float = 10.0) -> None:
+        """SIGTERM the process group, SIGKILL after `grace_s`; idempotent."""
+
+
+class Transport(ABC):
+    host_name: str
+
+    @abstractmethod
+    def run(self, argv: list[str], *, deadline_s: float = 60.0, idempotent: bool = False,
+            stdin: bytes | None = None, on_output: OutputCallback | None = None) -> CommandResult:
+        """Run argv to completion within the deadline; `on_output` sees stdout/stderr text as it comes."""
+
+    @abstractmethod
+    def spawn(self, argv: list[str], log_path: Path, *, name: str, env: dict[str, str] | None = None) -> Spawned:
+        """Start argv in the background, output streamed into the local `log_path`."""
+
+    @abstractmethod
+    def stop_leftover(self, name: str, grace_s: float = 5.0) -> bool:
+        """Stop the process group recorded in spawn `name`'s pidfile by an earlier (crashed) run.
+        True when one was still running."""
+
+    def close(self) -> None:  # noqa: B027 - nothing to close for local
+        """Release connections."""
+
+
+def check_spawn_name(name: str) -> str:
+    """Spawn names become file names on the host: letters, digits, '_', '.', '-' only."""
+    if not _SPAWN_NAME.fullmatch(name) or name in (".", ".."):
+        raise ValueError(f"spawn name {name!r} must be letters, digits, '_', '.', '-'")
+    return name
+
+
+def check_env(env: dict[str, str] | None) -> dict[str, str]:
+    """Environment names must be plain identifiers (values are quoted, so any value is safe)."""
+    env = dict(env or {})
+    for key in env:
+        if not _ENV_KEY.fullmatch(key):
+            raise ValueError(f"environment variable name {key!r} is not a valid identifier")
+    return env
+
+
+class StreamText:
+    """Incremental UTF-8 decoding of one output stream (a chunk may split a character)."""
+
+    def __init__(self, on_output: OutputCallback | None = None) -> None:
+        self.parts: list[str] = []
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._on_output = on_output
+
+    def feed(self, data: bytes, final: bool = False) -> None:
+        text = self._decoder.decode(data, final)
+        if text:
+            self.parts.append(text)
+            if self._on_output is not None:
+                self._on_output(text)
+
+    @property
+    def text(self) -> str:
+        return "".join(self.parts)
+
+
+# ---------------------------------------------------------------------------------------------
+# local: subprocesses on this machine
+
+_LIVE: dict[int, subprocess.Popen] = {}
+
+
+def _killpg(pgid: int, sig: int = signal.SIGKILL) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+@atexit.register
+def _kill_live() -> None:
+    """Teardown on every path: a crashed or interrupted run leaves no local process group behind."""
+    for pgid in list(_LIVE):
+        _killpg(pgid)
+
+
+def _pump(stream: IO[bytes], sink: StreamText) -> None:
+    while chunk := stream.read1(65536):  # type: ignore[attr-defined]
+        sink.feed(chunk)
+    sink.feed(b"", final=True)
+
+
+def _feed_stdin(stream: IO[bytes], data: bytes) -> None:
+    try:
+        stream.write(data)
+        stream.close()
+    except (BrokenPipeError, OSError):
+        pass
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.waitpid(pgid, os.WNOHANG)  # reap our own zombie leader, or a zombie counts as alive
+    except ChildProcessError:
+        pass
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+def _stop_group(pgid: int, grace_s: float) -> None:
+    """SIGTERM a process group, SIGKILL it after `grace_s` if anything in it still runs."""
+    _killpg(pgid, signal.SIGTERM)
+    end = time.monotonic() + grace_s
+    while _group_alive(pgid) and time.monotonic() < end:
+        time.sleep(0.05)
+    if _group_alive(pgid):
+        _killpg(pgid, signal.SIGKILL)
+
+
+def local_pidfile(name: str) -> Path:
+    return Path(PIDFILE_DIR).expanduser() / f"{check_spawn_name(name)}.pid"
+
+
+class LocalSpawned(Spawned):
+    def __init__(self, proc: subprocess.Popen, argv: list[str], pidfile: Path) -> None:
+        self.proc, self.pid, self.argv, self.pidfile = proc, proc.pid, argv, pidfile
+
+    def poll(self) -> int | None:
+        return self.proc.poll()
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        if self.proc.poll() is None:
+            _killpg(self.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                _killpg(self.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+        _killpg(self.pid)  # children that outlived the leader
+        _LIVE.pop(self.pid, None)
+        if self.pidfile.exists() and self.pidfile.read_text().strip() == str(self.pid):
+            self.pidfile.unlink(missing_ok=True)
+
+
+class LocalTransport(Transport):
+    """Commands as subprocesses of this machine, each in its own session/process group."""
+
+    def __init__(self, host_name: str = "local") -> None:
+        self.host_name = host_name
+
+    def run(self, argv: list[str], *, deadline_s: float = 60.0, idempotent: bool = False,
+            stdin: bytes | None = None, on_output: OutputCallback | None = None) -> CommandResult:
+        t0 = time.monotonic()
+        try:
+            proc = subprocess.Popen(argv, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        except OSError as e:
+            # What a remote shell reports for the same mistake: 127 not found, 126 not executable.
+            code = 127 if isinstance(e, FileNotFoundError) else 126
+            return CommandResult(argv=argv, exit_code=code, stdout="", stderr=f"{argv[0]}: {e.strerror}\n",
+                                 seconds=time.monotonic() - t0)
+        _LIVE[proc.pid] = proc
+        out, err = StreamText(on_output), StreamText(on_output)
+        threads = [threading.Thread(target=_pump, args=(proc.stdout, out), daemon=True),
+                   threading.Thread(target=_pump, args=(proc.stderr, err), daemon=True)]
+        if stdin is not None:
+            threads.append(threading.Thread(target=_feed_stdin, args=(proc.stdin, stdin), daemon=True))
+        for t in threads:
+            t.start()
+        try:
+            proc.wait(timeout=deadline_s)
+        except subprocess.TimeoutExpired:
+            _killpg(proc.pid)
+            proc.wait()
+            raise CommandTimeout(f"{self.host_name}: {argv[0]} still running after its {deadline_s:g} s deadline; "
+                                 "its process group was killed") from None
+        finally:
+            _LIVE.pop(proc.pid, None)
+        for t in threads:  # a background child holding the pipes must not hold us past the deadline
+            t.join(timeout=max(0.5, deadline_s - (time.monotonic() - t0)))
+        return CommandResult(argv=argv, exit_code=proc.returncode, stdout=out.text, stderr=err.text,
+                             seconds=time.monotonic() - t0)
+
+    def spawn(self, argv: list[str], log_path: Path, *, name: str, env: dict[str, str] | None = None) -> Spawned:
+        pidfile = local_pidfile(name)
+        full_env = {**os.environ, **check_env(env)}
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with log_path.open("ab") as log:
+            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    env=full_env, start_new_session=True)
+        _LIVE[proc.pid] = proc
+        pidfile.parent.mkdir(parents=True, exist_ok=True)
+        pidfile.write_text(f"{proc.pid}\n")
+        return LocalSpawned(proc, argv, pidfile)
+
+    def stop_leftover(self, name: str, grace_s: float = 5.0) -> bool:
+        pidfile = local_pidfile(name)
+        try:
+            pgid = int(pidfile.read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            pidfile.unlink(missing_ok=True)
+            return False
+        running = pgid > 1 and _group_alive(pgid)
+        if running:
+            _stop_group(pgid, grace_s)
+            _LIVE.pop(pgid, None)
+        pidfile.unlink(missing_ok=True)
+        return running
+
+
+def resolve_path(value: str | None, default: str, base_dir: Path) -> Path:
+    """A config path: `~` expanded, relative to the inventory's folder."""
+    path = Path(os.path.expanduser(value if value is not None else default))
+    return path if path.is_absolute() else (Path(base_dir) / path).resolve()

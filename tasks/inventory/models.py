@@ -1,0 +1,274 @@
+"""The inventory: hosts, the links between them, and the lanes that run on them.
+
+`hosts.yaml` is loaded into these pydantic models. Every way a file can be wrong ends in
+one `ConfigError` naming the file, the field and the fix, so the CLI can print one line
+and exit 2 instead of a traceback.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from tasks.inventory.base import _NAME, _SAFE_FLAG, ConfigError, _RefError, _Strict  # noqa: F401  (re-exported)
+from tasks.inventory.correctness import (  # noqa: F401  (re-exported)
+    Agentic,
+    Correctness,
+    NeedleKind,
+    NeedlePlan,
+    ThinkingSwitch,
+    ToolGatePlan,
+    ToolProtocol,
+    load_protocol,
+)
+
+
+class HostPaths(_Strict):
+    models: str = "."
+    artifacts: str = "artifacts"
+
+
+class Host(_Strict):
+    """A machine lanes run on. `transport: local` runs commands here; `ssh` reaches it over SSH
+    (paramiko, key authentication, host key checked against `known_hosts`)."""
+
+    address: str = "127.0.0.1"
+    transport: Literal["local", "ssh"] = "local"
+    user: str | None = None
+    port: Annotated[int, Field(ge=1, le=65535)] = 22
+    # SSH: the private key to log in with, and the known_hosts file the host's key must be in
+    # (both relative to the inventory; default ~/.ssh/id_ed25519 and ~/.ssh/known_hosts).
+    identity_file: str | None = None
+    known_hosts: str | None = None
+    # Accept and record an unknown host key on first contact. Off unless a host opts in: a
+    # changed key is refused whatever this says.
+    trust_on_first_use: bool = False
+    keepalive_s: Annotated[float, Field(gt=0)] = 15.0
+    connect_timeout_s: Annotated[float, Field(gt=0)] = 10.0
+    # The docker daemon container lanes run on, as `docker --host` takes it
+    # (default: the docker CLI's own default on that host).
+    docker_host: Annotated[str, Field(pattern=r"^(unix|tcp)://[A-Za-z0-9_./:-]+$")] | None = None
+    gpus: Annotated[int, Field(ge=0)] = 0
+    paths: HostPaths = HostPaths()
+    # What an hour of this box costs (amortized hardware, rent or cloud price): prices the
+    # tool gate as dollars per 1,000 solved cases, the seeds' "$0.20 per 1,000 solved".
+    dollars_per_hour: Annotated[float, Field(ge=0)] | None = None
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, v: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9.:-]+", v):
+            raise ValueError("must be a host name or an IP address (letters, digits, '.', ':', '-')")
+        return v
+
+
+class LinkEnd(_Strict):
+    host: str
+    interface: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.@-]{1,15}$")]
+    address: Annotated[str, Field(pattern=r"^[0-9A-Fa-f.:]+$")]
+
+
+class Link(_Strict):
+    """A direct cable between two hosts (e.g. the Spark1<->Spark2 RoCE link): both ends must be
+    up with the expected MTU and reach each other over the link addresses before a lane that
+    needs it boots. Bandwidth is probed (iperf3) only where `min_gbps` is set."""
+
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")]
+    a: LinkEnd
+    b: LinkEnd
+    mtu: Annotated[int, Field(ge=68, le=65536)] | None = None
+    min_gbps: Annotated[float, Field(gt=0)] | None = None
+
+
+class ContainerSettings(_Strict):
+    """How a container lane's engine container runs (host network always: the bench reaches
+    the server on the host's address). Model files are mounted read-only at their host paths."""
+
+    ipc: Literal["host", "private", "shareable"] = "host"
+    shm_size: Annotated[str, Field(pattern=r"^[0-9]+[bkmg]?$")] = "1g"
+    mounts: list[Annotated[str, Field(pattern=r"^/[A-Za-z0-9_./-]*:/[A-Za-z0-9_./-]*(:ro|:rw)?$")]] = []
+    entrypoint_binary: str = "/llama-server"  # the engine's executable inside the image
+
+
+class RpcPlan(_Strict):
+    """llama.cpp's RPC backend across hosts: `rpc-server` on each worker, listening on its end of
+    `link`, and the lane's `llama-server --rpc` on the lane's host. Cutting the link breaks the lane."""
+
+    workers: Annotated[list[str], Field(min_length=1)]
+    link: str
+    port: Annotated[int, Field(ge=1024, le=65535)] = 50052
+    binary: str | None = None  # rpc-server on the workers; default: the pinned build's
+
+
+class FileRef(_Strict):
+    """A model or drafter file with the size it must have (and optionally its sha256)."""
+
+    path: str
+    bytes: Annotated[int, Field(gt=0)] | None = None
+    sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")] | None = None
+    revision: str | None = None
+
+
+class Speculative(_Strict):
+    """Speculative decoding: the engine's method name and the draft width K."""
+
+    method: str = "draft-simple"
+    k: Annotated[int, Field(ge=1, le=64)] = 4
+
+
+class DecodePlan(_Strict):
+    concurrency: Annotated[list[Annotated[int, Field(ge=1, le=1024)]], Field(min_length=1)] = [1, 2, 4, 8]
+    max_tokens: Annotated[int, Field(ge=1)] = 64
+    requests_per_stream: Annotated[int, Field(ge=1)] = 2
+    prompts: str
+
+
+class AcceptancePlan(_Strict):
+    classes: Annotated[dict[str, str], Field(min_length=1)]
+    max_tokens: Annotated[int, Field(ge=1)] = 96
+    prompts_per_class: Annotated[int, Field(ge=1)] = 8
+
+
+class BenchPlan(_Strict):
+    repeats: Annotated[int, Field(ge=1, le=50)] = 3
+    decode: DecodePlan
+    acceptance: AcceptancePlan | None = None
+
+
+class CounterGate(_Strict):
+    """A metric or log counter that must meet a condition after a probe request.
+
+    With `metric`, the value is the counter's increase over the probe (a counter that did
+    not move reads 0). With `log_pattern`, the value is the named group `value` of the
+    last match in the boot log after the probe.
+    """
+
+    kind: Literal["counter"]
+    name: str
+    metric: str | None = None
+    log_pattern: str | None = None
+    op: Literal[">", ">=", "<", "<=", "==", "!="]
+    threshold: float
+
+    @model_validator(mode="after")
+    def _one_source(self) -> CounterGate:
+        if (self.metric is None) == (self.log_pattern is None):
+            raise ValueError("give exactly one of 'metric' or 'log_pattern'")
+        if self.log_pattern is not None:
+            try:
+                if "value" not in re.compile(self.log_pattern).groupindex:
+                    raise ValueError("log_pattern needs a named group (?P<value>...)")
+            except re.error as e:
+                raise ValueError(f"log_pattern is not a valid regular expression: {e}") from e
+        return self
+
+
+class CapacityGate(_Strict):
+    """Fails the boot when the bench asks for more concurrent requests than the server runs."""
+
+    kind: Literal["capacity"]
+    name: str = "capacity"
+
+
+Gate = Annotated[CounterGate | CapacityGate, Field(discriminator="kind")]
+
+
+class Lane(_Strict):
+    """One serving configuration on one or more hosts."""
+
+    host: str
+    engine: Literal["llamacpp", "sglang", "vllm"]
+    binary: str | None = None  # engine executable; llamacpp lanes default to the pinned local build
+    image: Annotated[str, Field(pattern=r"^[a-z0-9._/:-]+@sha256:[0-9a-f]{64}$")] | None = None
+    container: ContainerSettings = ContainerSettings()
+    rpc: RpcPlan | None = None
+    links: list[str] = []  # links this lane needs (rpc.link is added); a failed link skips the lane
+    model: FileRef
+    drafter: FileRef | None = None
+    speculative: Speculative | None = None
+    port: Annotated[int, Field(ge=1024, le=65535)] = 18080
+    slots: Annotated[int, Field(ge=1)] = 4
+    context: Annotated[int, Field(ge=64)] = 4096
+    threads: Annotated[int, Field(ge=1)] | None = None
+    flags: list[str] = []
+    env: dict[str, str] = {}
+    boot_timeout_s: Annotated[float, Field(gt=0)] = 180.0
+    bench: BenchPlan
+    gates: list[Gate] = []
+    agentic: Agentic | None = None
+    correctness: Correctness | None = None
+
+    @model_validator(mode="after")
+    def _rpc_engine(self) -> Lane:
+        if self.rpc is not None and self.engine != "llamacpp":
+            raise ValueError(f"rpc is llama.cpp's RPC backend; engine {self.engine} spans hosts with its own flags "
+                             "(e.g. --tensor-parallel-size) and declares the link it needs under 'links'")
+        return self
+
+    @model_validator(mode="after")
+    def _needles_fit(self) -> Lane:
+        needles = self.correctness.needles if self.correctness else None
+        if needles is not None and needles.rungs:
+            room = self.context - needles.max_tokens
+            if max(needles.rungs) > room:
+                raise ValueError(f"needle rung {max(needles.rungs)} does not fit a context of {self.context} tokens "
+                                 f"per slot with {needles.max_tokens} answer tokens (at most {room})")
+        return self
+
+    @field_validator("flags")
+    @classmethod
+    def _flags(cls, v: list[str]) -> list[str]:
+        for flag in v:
+            if not _SAFE_FLAG.fullmatch(flag):
+                raise ValueError(f"flag {flag!r} has characters not allowed on a command line ($, `, ;, |, &, <, >, newline)")
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        for key, value in v.items():
+            if not re.fullmatch(r"[A-Z_][A-Z0-9_]*", key):
+                raise ValueError(f"environment name {key!r} must be upper-case letters, digits and '_'")
+            if not _SAFE_FLAG.fullmatch(value):
+                raise ValueError(f"environment value of {key} has characters not allowed on a command line")
+        return v
+
+
+class Inventory(_Strict):
+    """Everything `hosts.yaml` declares, cross-checked (lanes name known hosts, links name known ends)."""
+
+    hosts: Annotated[dict[str, Host], Field(min_length=1)]
+    links: list[Link] = []
+    lanes: Annotated[dict[str, Lane], Field(min_length=1)]
+
+    @model_validator(mode="after")
+    def _references(self) -> Inventory:
+        for name in [*self.hosts, *self.lanes]:
+            if not _NAME.fullmatch(name):
+                raise ValueError(f"name {name!r} must be letters, digits, '_', '.', '-' (at most 63)")
+        for lane_name, lane in self.lanes.items():
+            if lane.host not in self.hosts:
+                raise _RefError(f"lanes.{lane_name}.host", f"names host {lane.host!r}, which is not under 'hosts'",
+                                f"use one of: {', '.join(self.hosts)}")
+        links = {link.name for link in self.links}
+        for lane_name, lane in self.lanes.items():
+            needed = [*lane.links, *([lane.rpc.link] if lane.rpc else [])]
+            for i, name in enumerate(needed):
+                if name not in links:
+                    field = f"lanes.{lane_name}.links[{i}]" if i < len(lane.links) else f"lanes.{lane_name}.rpc.link"
+                    raise _RefError(field, f"names link {name!r}, which is not under 'links'",
+                                    f"use one of: {', '.join(links)}" if links else
+                                    "declare the link under 'links' (name, a and b ends, mtu) or remove it")
+            for i, worker in enumerate(lane.rpc.workers if lane.rpc else []):
+                if worker not in self.hosts:
+                    raise _RefError(f"lanes.{lane_name}.rpc.workers[{i}]", f"names host {worker!r}, which is not under 'hosts'",
+                                    f"use one of: {', '.join(self.hosts)}")
+        for i, link in enumerate(self.links):
+            for end in ("a", "b"):
+                host = getattr(link, end).host
+                if host not in self.hosts:
+                    raise _RefError(f"links[{i}].{end}.host", f"names host {host!r}, which is not under 'hosts'",
+                                    f"use one of: {', '.join(self.hosts)}")
+        return self

@@ -1,0 +1,223 @@
+"""The KL file: which lanes to compare, on which prompts, against which bars.
+
+A KL file names one reference lane and one or more candidate lanes under `lanes:`. A lane is
+either taken from an inventory (`lane: NAME`, from `inventory:`, default the repo's
+hosts.yaml; any field given beside it overrides the inventory's) or written inline (`engine`
+and `model` at least). A llama.cpp lane may say `quantize: {type: Q8_0}`: its model is then
+made from the source GGUF with the pinned build's `llama-quantize`, into a cache folder, once.
+
+Every lane runs with speculation off (drafter, speculative settings and speculation flags
+are dropped): tokens accepted from a draft can come back without probabilities, and the
+gate measures the model, not the drafter. Paths are relative to the file that states them.
+Any problem is one `ConfigError` (file, field, fix), so the CLI prints one line and exits 2.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from tasks.engines.build import REPO
+from tasks.inventory.models import BenchPlan, ConfigError, DecodePlan, FileRef, Host, Lane
+from tasks.inventory.load import _FIXES, _field_path, read_yaml_mapping, load_inventory
+
+DEFAULT_INVENTORY = REPO / "hosts.yaml"
+# Text every lane tokenizes before it is trusted: KL compares token ids, so one vocabulary.
+TOKENIZER_PROBE = ("The quick brown fox jumps over the lazy dog. 1234567890 \"quotes\", (parens) "
+                   "and\ttabs\nnew lines; def f(x): return x ** 2  # code\n{\"tool\": \"call\"}")
+# Flags that turn speculation on, per engine; each is dropped with its value.
+_SPEC_FLAGS = ("--spec", "--draft", "--model-draft", "-md", "--threads-draft", "--speculative")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Quantize(_Strict):
+    """Make this lane's model with llama-quantize (llama.cpp lanes only)."""
+
+    type: Annotated[str, Field(pattern=r"^[A-Za-z0-9_]+$")]  # e.g. Q8_0, Q4_0, Q4_K_M
+    source: str | None = None  # GGUF to quantize; default: the lane's `model`
+
+
+class KlLane(_Strict):
+    lane: str | None = None  # an inventory lane to start from
+    host: str | None = None
+    engine: Literal["llamacpp", "sglang", "vllm"] | None = None
+    binary: str | None = None
+    model: FileRef | None = None
+    quantize: Quantize | None = None
+    port: Annotated[int, Field(ge=1024, le=65535)] | None = None
+    context: Annotated[int, Field(ge=64)] | None = None
+    threads: Annotated[int, Field(ge=1)] | None = None
+    flags: list[str] | None = None
+    env: dict[str, str] | None = None
+    boot_timeout_s: Annotated[float, Field(gt=0)] | None = None
+
+    @model_validator(mode="after")
+    def _inline_needs_basics(self) -> KlLane:
+        if self.lane is None and (self.engine is None or self.model is None):
+            raise ValueError("an inline lane needs 'engine' and 'model' (or name an inventory lane with 'lane')")
+        return self
+
+
+class Bars(_Strict):
+    """What a candidate must meet, against the reference. At least one bar."""
+
+    max_mean_abs_dlogprob: Annotated[float, Field(ge=0)] | None = None
+    max_p95_abs_dlogprob: Annotated[float, Field(ge=0)] | None = None
+    max_argmax_flip_share: Annotated[float, Field(ge=0, le=1)] | None = None
+
+    @model_validator(mode="after")
+    def _some_bar(self) -> Bars:
+        if all(v is None for v in self.model_dump().values()):
+            raise ValueError("declare at least one bar")
+        return self
+
+
+class KlFile(_Strict):
+    inventory: str | None = None
+    prompts: str = "prompts.jsonl"
+    prompt_count: Annotated[int, Field(ge=2)] = 40
+    tokens_per_prompt: Annotated[int, Field(ge=1, le=8192)] = 128
+    ignore_eos: bool = False
+    concurrency: Annotated[int, Field(ge=1, le=256)] = 1  # prompts scored at once
+    exactness_tolerance: Annotated[float, Field(ge=0)] = 1e-6  # nats, max |Δlogprob| between two scorings
+    bootstrap_resamples: Annotated[int, Field(ge=2000)] = 2000
+    seed: int = 20260911
+    reference: str
+    candidates: Annotated[list[str], Field(min_length=1)]
+    lanes: Annotated[dict[str, KlLane], Field(min_length=2)]
+    bars: Bars
+
+    @model_validator(mode="after")
+    def _names(self) -> KlFile:
+        for field, name in [("reference", self.reference), *((f"candidates[{i}]", c) for i, c in enumerate(self.candidates))]:
+            if name not in self.lanes:
+                raise _RefError(field, f"names lane {name!r}, which is not under 'lanes'", f"use one of: {', '.join(self.lanes)}")
+        if self.reference in self.candidates:
+            raise _RefError("candidates", f"lists the reference {self.reference!r}", "remove it: the reference is scored twice anyway")
+        if len(set(self.candidates)) != len(self.candidates):
+            raise _RefError("candidates", "names a lane twice", "list each candidate once")
+        return self
+
+
+class _RefError(ValueError):
+    def __init__(self, field: str, problem: str, fix: str) -> None:
+        self.field, self.problem, self.fix = field, problem, fix
+        super().__init__(problem)
+
+
+class ResolvedLane(BaseModel):
+    """A KL lane made concrete: the lanebench Lane to boot, its host and how its model is made."""
+
+    name: str
+    lane: Lane
+    host: Host
+    base_dir: Path  # where the lane's relative paths were written
+    quantize: Quantize | None = None
+    quantize_source: Path | None = None  # absolute
+    dropped_flags: list[str] = []
+
+
+def load_kl_file(path: str | Path) -> KlFile:
+    path = Path(path)
+    raw = read_yaml_mapping(path, "pass an existing KL file, e.g. kl/rehearsal.yaml",
+                            "'reference', 'candidates', 'lanes' and 'bars'", "kl/rehearsal.yaml")
+    try:
+        spec = KlFile.model_validate(raw)
+    except ValidationError as e:
+        err = e.errors()[0]
+        ref = (err.get("ctx") or {}).get("error")
+        if isinstance(ref, _RefError):
+            raise ConfigError(path, ref.field, ref.problem, ref.fix) from None
+        problem = err["msg"].removeprefix("Value error, ")
+        fix = f"use {err['ctx']['expected']}" if err["type"] == "literal_error" else _FIXES.get(
+            err["type"], "correct the value as the message says")
+        if err["type"] == "extra_forbidden":
+            fix = "remove it, or check its spelling against the fields documented in kl/rehearsal.yaml"
+        raise ConfigError(path, _field_path(tuple(err["loc"])), problem, fix) from None
+    prompts = resolve(path.parent, spec.prompts)
+    if not prompts.is_file():
+        raise ConfigError(path, "prompts", f"prompt file {prompts} does not exist",
+                          "point it at a JSONL file of {id, class, prompt} lines (relative to this file)")
+    return spec
+
+
+def resolve(base_dir: Path, p: str) -> Path:
+    q = Path(p).expanduser()
+    return q if q.is_absolute() else (base_dir / q).resolve()
+
+
+def strip_speculation(flags: list[str]) -> tuple[list[str], list[str]]:
+    """(kept, dropped): speculation flags go with their value (`--flag value` or `--flag=value`)."""
+    kept, dropped, skip_value = [], [], False
+    for i, flag in enumerate(flags):
+        if skip_value:
+            skip_value = False
+            dropped.append(flag)
+            continue
+        if flag.startswith(_SPEC_FLAGS):
+            dropped.append(flag)
+            nxt = flags[i + 1] if i + 1 < len(flags) else None
+            skip_value = "=" not in flag and nxt is not None and not nxt.startswith("--")
+            continue
+        kept.append(flag)
+    return kept, dropped
+
+
+def resolve_lanes(spec: KlFile, kl_path: Path) -> dict[str, ResolvedLane]:
+    """Every lane of the file as a bootable Lane (speculation off, one slot per concurrent prompt)."""
+    kl_path = kl_path.resolve()
+    inv_path = resolve(kl_path.parent, spec.inventory) if spec.inventory else DEFAULT_INVENTORY
+    needs_inventory = any(k.lane is not None or k.host is not None for k in spec.lanes.values())
+    inventory = load_inventory(inv_path) if needs_inventory else None
+    prompts = str(resolve(kl_path.parent, spec.prompts))
+    out: dict[str, ResolvedLane] = {}
+    for name, k in spec.lanes.items():
+        field = f"lanes.{name}"
+        if k.lane is not None:
+            assert inventory is not None
+            if k.lane not in inventory.lanes:
+                raise ConfigError(kl_path, f"{field}.lane", f"no lane {k.lane!r} in {inv_path}",
+                                  f"use one of: {', '.join(inventory.lanes)}")
+            base = inventory.lanes[k.lane]
+            base_dir = inv_path.parent
+            base = base.model_copy(update={"model": base.model.model_copy(
+                update={"path": str(resolve(base_dir, base.model.path))})})
+        else:
+            base = None
+        overrides = {f: getattr(k, f) for f in ("host", "engine", "binary", "port", "context", "threads", "flags",
+                                                 "env", "boot_timeout_s") if getattr(k, f) is not None}
+        if k.model is not None:
+            overrides["model"] = k.model.model_copy(update={"path": str(resolve(kl_path.parent, k.model.path))})
+        data = {**(base.model_dump() if base else {"host": "localhost"}), **{
+            key: (v.model_dump() if isinstance(v, BaseModel) else v) for key, v in overrides.items()}}
+        data.update(drafter=None, speculative=None, gates=[], slots=spec.concurrency,
+                    bench=BenchPlan(decode=DecodePlan(prompts=prompts)).model_dump())
+        kept, dropped = strip_speculation(list(data.get("flags") or []))
+        data["flags"] = kept
+        try:
+            lane = Lane.model_validate(data)
+        except ValidationError as e:
+            err = e.errors()[0]
+            raise ConfigError(kl_path, f"{field}.{_field_path(tuple(err['loc']))}", err["msg"].removeprefix("Value error, "),
+                              _FIXES.get(err["type"], "correct the value as the message says")) from None
+        if inventory is not None and lane.host in inventory.hosts:
+            host = inventory.hosts[lane.host]
+        elif lane.host == "localhost":
+            host = Host()
+        else:
+            raise ConfigError(kl_path, f"{field}.host", f"host {lane.host!r} is not in {inv_path}",
+                              "name a host of the inventory, or leave 'host' out for this machine")
+        source = None
+        if k.quantize is not None:
+            if lane.engine != "llamacpp":
+                raise ConfigError(kl_path, f"{field}.quantize", f"quantize needs a llamacpp lane, this one is {lane.engine}",
+                                  "remove 'quantize' and point 'model' at the quantized checkpoint")
+            source = resolve(kl_path.parent, k.quantize.source) if k.quantize.source else Path(lane.model.path)
+        out[name] = ResolvedLane(name=name, lane=lane, host=host, base_dir=kl_path.parent, quantize=k.quantize,
+                                 quantize_source=source, dropped_flags=dropped)
+    return out

@@ -1,0 +1,319 @@
+"""The KL gate's lanes, one after another, and the record they leave in the run folder.
+
+`Gate` holds what the flow in flows/kl.py needs between steps: the reference's token ids and
+two scorings, each candidate's scores and outcome. Every server is torn down on every path;
+a candidate that refuses (tokenizer), fails to boot or dies mid-scoring is recorded with its
+reason and, when it died, with the scores it gave before (marked `partial`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import httpx
+import pandas as pd
+from prefect import get_run_logger
+
+from tasks.record import expectations
+from tasks.record.run_folder import RunFolder
+from tasks.stages.boot import Server, boot, stop
+from tasks.kl.stages import LaneDied, checksum, generate, quantize, score, tokenize, tokenizer_difference
+from tasks.kl.config import TOKENIZER_PROBE, KlFile, ResolvedLane
+from tasks.kl.records import ForcedScore, ScoreRecord, Sequence
+from tasks.kl.report import histogram, render
+from tasks.kl.stats import bar_failures, pair_rows, position_rows, summary_row
+from tasks.stages.preflight import preflight
+from tasks.record.progress import progress
+from tasks.client.prompts import Prompt
+
+GATE_DIR = "gate"  # run-folder folder of the cross-lane tables, beside one folder per lane
+# Row keys for GX failure lines of the KL kinds (tasks/expectations.py looks them up by kind).
+for _kind, _keys in {"kl_positions": ["lane", "prompt_id", "position"], "kl_summary": ["lane"],
+                     "kl_pairs": ["lane_a", "lane_b"]}.items():
+    expectations._KEYS.setdefault(_kind, _keys)
+
+
+@dataclass
+class Outcome:
+    status: str  # complete | partial | refused | skipped | failed
+    reason: str = ""
+    scores: dict[str, list[ForcedScore]] = field(default_factory=dict)
+
+
+class Gate:
+    def __init__(self, run: RunFolder, spec: KlFile, lanes: dict[str, ResolvedLane], prompts: list[Prompt],
+                 title: str) -> None:
+        self.run, self.spec, self.lanes, self.prompts, self.title = run, spec, lanes, prompts, title
+        self.logger = get_run_logger()
+        self.sequences: list[Sequence] = []
+        self.probe: list[int] = []
+        self.ref: dict[str, list[ForcedScore]] = {}
+        self.outcomes: dict[str, Outcome] = {}
+        self.exactness: dict | None = None
+        self.refusal = ""  # set when the gate cannot judge at all
+        for name, rl in lanes.items():
+            self.run.lane(name).config = {**rl.lane.model_dump(mode="json"),
+                                          "quantize": rl.quantize.model_dump() if rl.quantize else None,
+                                          "dropped_flags": rl.dropped_flags}
+        self.run.save_manifest()
+
+    # --- steps --------------------------------------------------------------------------------
+
+    def _stage(self, name: str, stage: str) -> None:
+        self.run.lane(name).stage = stage
+        self.run.save_manifest()
+        progress(name, stage)
+
+    def prepare_models(self) -> None:
+        """Quantize where a lane asks for it; a lane whose model cannot be made is skipped with the reason."""
+        for name, rl in self.lanes.items():
+            if rl.quantize is None:
+                continue
+            self._stage(name, f"quantize {rl.quantize.type}")
+            try:
+                out = quantize(rl.quantize_source, rl.quantize.type, self.run.lane_dir(name) / "quantize.log")
+            except Exception as e:  # noqa: BLE001 - the reason goes to the record
+                self.outcomes[name] = Outcome("skipped", f"quantize: {e}")
+                continue
+            model = rl.lane.model.model_copy(update={"path": str(out), "bytes": None, "sha256": None})
+            self.lanes[name] = rl.model_copy(update={"lane": rl.lane.model_copy(update={"model": model})})
+            self.run.lane(name).config["model"] = model.model_dump()
+
+    @contextmanager
+    def _served(self, name: str) -> Iterator[tuple[Server, httpx.Client] | None]:
+        """Preflight and boot one lane; yields None when it cannot run (reason on its record). Teardown always."""
+        rl, record = self.lanes[name], self.run.lane(name)
+        self._stage(name, "preflight")
+        pre = preflight(name, rl.lane, rl.host, rl.base_dir)
+        record.engine_identity, record.models = pre.engine_identity, [m.model_dump() for m in pre.models]
+        if not pre.ok:
+            record.status, record.reason = "skipped", pre.reason
+            yield None
+            return
+        server = None
+        try:
+            self._stage(name, "boot")
+            server, facts, seconds = boot(name, rl.lane, pre.binary, rl.host.address,
+                                          self.run.lane_dir(name) / "boot.log")
+            record.launch_command, record.boot_seconds = server.command, seconds
+            record.boot_facts = facts.model_dump()
+            self.run.save_manifest()
+            # One client for the lane, closed before the server stops: connections end on our
+            # side, and no idle keep-alive is left for the server to close (its TIME_WAIT would
+            # hold the port for a minute against the next preflight).
+            n = self.spec.concurrency + 1
+            with httpx.Client(limits=httpx.Limits(max_connections=n, max_keepalive_connections=n)) as client:
+                yield server, client
+        finally:
+            if server is not None:
+                stop(server)
+                self.run.register(name, f"{name}/boot.log", "boot-log")
+            self.run.save_manifest()
+
+    def _keep(self, lane: str, scoring: str):
+        def on_prompt(prompt_id: str, scores: list[ForcedScore], seconds: float) -> None:
+            self.run.append_jsonl(lane, "scores.jsonl", ScoreRecord(
+                lane=lane, scoring=scoring, prompt_id=prompt_id, positions=[s.position for s in scores],
+                logprobs=[s.logprob for s in scores], argmax=[s.argmax for s in scores], seconds=round(seconds, 4)))
+        return on_prompt
+
+    def reference(self) -> bool:
+        """Generate on the reference and score its text twice; False when the gate cannot go on."""
+        name, record = self.spec.reference, self.run.lane(self.spec.reference)
+        if name in self.outcomes:  # its model could not be made
+            record.status, record.reason = "skipped", self.outcomes[name].reason
+            self.refusal = f"reference {name} could not run: {record.reason}"
+            return False
+        try:
+            with self._served(name) as served:
+                if served is None:
+                    self.refusal = f"reference {name} could not run: {record.reason}"
+                    return False
+                server, client = served
+                engine = _engine(self.lanes[name])
+                self._stage(name, "tokenizer probe")
+                self.probe = tokenize(client, server, engine, TOKENIZER_PROBE)
+                self._stage(name, f"generate {len(self.prompts)} x {self.spec.tokens_per_prompt} tokens")
+                self.sequences = generate(client, server, engine, self.prompts, self.spec.tokens_per_prompt,
+                                          self.spec.ignore_eos,
+                                          lambda s: self.run.append_jsonl(name, "reference.jsonl", s))
+                self._stage(name, "score 1 (teacher-forced)")
+                self.ref = score(client, server, engine, self.sequences, self.spec.concurrency, self._keep(name, "reference-1"))
+                self._stage(name, "score 2 (exactness)")
+                again = score(client, server, engine, self.sequences, self.spec.concurrency, self._keep(name, "reference-2"))
+        except Exception as e:
+            record.status, record.reason = "failed", f"{record.stage}: {type(e).__name__}: {e}"
+            self.logger.exception("reference %s failed in %s", name, record.stage)
+            self.refusal = f"reference {name} failed: {record.reason}"
+            return False
+        self.outcomes[name] = Outcome("complete", scores=again)
+        self.exactness = _exactness(self.ref, again, self.spec.exactness_tolerance)
+        if not self.exactness["exact"]:
+            record.status = "failed"
+            record.reason = (f"instrument not exact: scoring the reference's own text twice differs by up to "
+                             f"{self.exactness['max_abs_dlogprob']:.3g} nats at {self.exactness['differing_positions']} "
+                             f"positions (tolerance {self.spec.exactness_tolerance:g})")
+            self.refusal = f"refused to judge: {record.reason}"
+            return False
+        record.status = "passed"
+        return True
+
+    def candidate(self, name: str) -> None:
+        record = self.run.lane(name)
+        if name in self.outcomes:
+            record.status, record.reason = "skipped", self.outcomes[name].reason
+            return
+        try:
+            with self._served(name) as served:
+                if served is None:
+                    self.outcomes[name] = Outcome("skipped", record.reason)
+                    return
+                server, client = served
+                engine = _engine(self.lanes[name])
+                self._stage(name, "tokenizer probe")
+                diff = tokenizer_difference(self.probe, tokenize(client, server, engine, TOKENIZER_PROBE))
+                if diff is not None:
+                    reason = (f"refused: tokenizer differs from the reference {self.spec.reference}'s: {diff}; "
+                              "teacher-forced scores compare token ids, so lanes must share one vocabulary")
+                    self.outcomes[name] = Outcome("refused", reason)
+                    return
+                longest = max(len(s.tokens) for s in self.sequences)
+                if longest > self.lanes[name].lane.context:
+                    self.outcomes[name] = Outcome("failed", f"context {self.lanes[name].lane.context} per slot is shorter "
+                                                            f"than the longest sequence to score ({longest} tokens)")
+                    return
+                self._stage(name, "score (teacher-forced)")
+                try:
+                    scores = score(client, server, engine, self.sequences, self.spec.concurrency, self._keep(name, "candidate"))
+                    self.outcomes[name] = Outcome("complete", scores=scores)
+                except LaneDied as e:
+                    got = sum(len(s) for s in e.scores.values())
+                    reason = (f"died mid-scoring ({e}) after {got} of {_expected(self.sequences)} positions; "
+                              "partial results kept and marked")
+                    self.outcomes[name] = Outcome("partial", reason, e.scores)
+                    record.warnings.append(reason)
+        except Exception as e:
+            self.outcomes[name] = Outcome("failed", f"{record.stage}: {type(e).__name__}: {e}")
+            self.logger.exception("candidate %s failed in %s", name, record.stage)
+
+    # --- record ------------------------------------------------------------------------------
+
+    def finish(self) -> tuple[bool, list[str]]:
+        """Tables (validated), histogram, report.md and Prefect artifacts; returns (passed, reasons)."""
+        spec, expected = self.spec, _expected(self.sequences)
+        frames: dict[str, pd.DataFrame] = {}
+        summary = []
+        reasons = [self.refusal] if self.refusal else []
+        ref_name = spec.reference
+        ref_out = self.outcomes.get(ref_name)
+        if ref_out is not None and ref_out.status == "complete":
+            rows = position_rows(ref_name, self.sequences, self.ref, ref_out.scores)
+            df = self._table(ref_name, rows)
+            summary.append(summary_row(ref_name, "reference", "complete", df, expected,
+                                       "exact" if self.exactness and self.exactness["exact"] else "inexact",
+                                       "" if self.exactness and self.exactness["exact"] else self.run.lane(ref_name).reason))
+        else:
+            summary.append(summary_row(ref_name, "reference", "failed" if self.sequences else "skipped", pd.DataFrame(),
+                                       expected, "no verdict", self.run.lane(ref_name).reason))
+        for name in spec.candidates:
+            out = self.outcomes.get(name) or Outcome("skipped", "not scored: " + (self.refusal or "the gate stopped"))
+            record = self.run.lane(name)
+            df = self._table(name, position_rows(name, self.sequences, self.ref, out.scores)) if out.scores else pd.DataFrame()
+            if self.refusal:
+                verdict, reason = "no verdict", out.reason
+            elif out.status != "complete":
+                verdict, reason = "fail", out.reason
+            else:
+                misses = bar_failures(summary_row(name, "candidate", "complete", df, expected, "pass").model_dump(), spec.bars)
+                verdict, reason = ("fail", "; ".join(misses)) if misses else ("pass", "")
+            summary.append(summary_row(name, "candidate", out.status, df, expected, verdict, reason))
+            record.status = "passed" if verdict == "pass" else ("skipped" if out.status == "skipped" else "failed")
+            record.reason = reason
+            if verdict != "pass" and not self.refusal:
+                reasons.append(f"{name}: {reason}")
+            if not df.empty:
+                frames[name] = df
+        self.run.lane_dir(GATE_DIR)
+        summary_df, entry = self.run.write_table(GATE_DIR, "kl_summary", summary)
+        failed_tables = [entry] if entry.validation == "failed" else []
+        pairs = pair_rows(frames, spec.bootstrap_resamples, spec.seed)
+        pairs_df = pd.DataFrame()
+        if pairs:
+            pairs_df, entry = self.run.write_table(GATE_DIR, "kl_pairs", pairs)
+            failed_tables += [entry] if entry.validation == "failed" else []
+        failed_tables += [e for e in self.run.manifest.artifacts if e.kind == "kl_positions" and e.validation == "failed"]
+        if failed_tables:
+            reasons.append("expectations failed for " + ", ".join(sorted({e.path for e in failed_tables})) + "; quarantined")
+        plot = None
+        if histogram(frames, self.run.path / GATE_DIR / "kl_hist.png"):
+            plot = f"{GATE_DIR}/kl_hist.png"
+            self.run.register(GATE_DIR, plot, "plot")
+        for name in self.lanes:
+            for raw, kind in (("reference.jsonl", "kl-reference"), ("scores.jsonl", "kl-scores")):
+                if (self.run.path / name / raw).exists():
+                    self.run.register(name, f"{name}/{raw}", kind)
+        passed = not reasons
+        verdict = "PASS" if passed else ("NO VERDICT" if self.refusal else "FAIL")
+        report = render(self.title, self._facts(), summary_df, pairs_df, verdict, reasons, plot)
+        (self.run.path / "report.md").write_text(report)
+        self.run.register("", "report.md", "report")
+        self.run.finish()
+        _publish(summary_df, pairs_df, report, self.run.path.name)
+        return passed, reasons
+
+    def _table(self, lane: str, rows: list) -> pd.DataFrame:
+        if not rows:
+            return pd.DataFrame()
+        df, _ = self.run.write_table(lane, "kl_positions", rows)
+        return df
+
+    def _facts(self) -> dict:
+        spec = self.spec
+        self.run.manifest.flow["kl"] = facts = {
+            "reference": spec.reference, "candidates": spec.candidates, "prompts": len(self.prompts),
+            "prompt_count_in_file": spec.prompt_count, "tokens_per_prompt": spec.tokens_per_prompt,
+            "positions": _expected(self.sequences), "text_sha256": checksum(self.sequences),
+            "probe_tokens": len(self.probe), "ignore_eos": spec.ignore_eos, "concurrency": spec.concurrency,
+            "resamples": spec.bootstrap_resamples, "seed": spec.seed, "tolerance": spec.exactness_tolerance,
+            "bars": spec.bars.model_dump(), "exactness": self.exactness}
+        self.run.save_manifest()
+        return facts
+
+
+def _engine(rl: ResolvedLane):
+    from tasks.engines import engine_for
+
+    return engine_for(rl.lane.engine)
+
+
+def _expected(sequences: list[Sequence]) -> int:
+    return sum(len(s.continuation) for s in sequences)
+
+
+def _exactness(first: dict[str, list[ForcedScore]], second: dict[str, list[ForcedScore]], tol: float) -> dict:
+    """Two scorings of the same text on the same server, position by position."""
+    diffs, argmax_differs, n = [], 0, 0
+    for pid, a in first.items():
+        for x, y in zip(a, second.get(pid, [])):
+            diffs.append(abs(x.logprob - y.logprob))
+            argmax_differs += x.argmax != y.argmax
+            n += 1
+    worst = max(diffs, default=0.0)
+    differing = sum(d > 0 for d in diffs)
+    return {"positions": n, "max_abs_dlogprob": worst, "differing_positions": differing,
+            "argmax_differs": argmax_differs, "tolerance": tol, "exact": worst <= tol and argmax_differs == 0}
+
+
+def _publish(summary: pd.DataFrame, pairs: pd.DataFrame, report: str, run_name: str) -> None:
+    """The tables and the report as Prefect artifacts, for the UI."""
+    from prefect.artifacts import create_markdown_artifact, create_table_artifact
+
+    if not summary.empty:
+        create_table_artifact(key="kl-summary", table=summary.round(5).to_dict(orient="records"),
+                              description=f"KL gate per lane ({run_name})")
+    if not pairs.empty:
+        create_table_artifact(key="kl-pairs", table=pairs.round(5).to_dict(orient="records"),
+                              description=f"KL gate between candidates ({run_name})")
+    create_markdown_artifact(key="kl-report", markdown=report, description=run_name)

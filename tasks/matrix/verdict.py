@@ -1,0 +1,338 @@
+"""The matrix verdict: each arm's measurements, and every registered bar judged against them.
+
+Measurements come only from arms that passed (gates held, every table passed its
+expectations); a failed or skipped arm leaves its bars with `no-data`, which never counts
+as a pass. Per arm and prompt class:
+
+- acceptance length and the per-position curve: the lane's acceptance table (counter
+  deltas over the probe window, median over repeats, [min, max]);
+- draft efficiency = accepted / drafted draft tokens, from the probe's raw per-request
+  records (llama.cpp's `draft_n` / `draft_n_accepted`), per repeat, then median and range:
+  the share of verify work spent on draft tokens the target kept. Longer drafts that only
+  add rejected positions show up here first;
+- single-stream tok/s: the probe sends one request at a time, so each request's output tokens
+  over its end-to-end latency is a single-stream speed with speculation on; a repeat counts
+  its median request, and the row reports the median repeat with [min, max].
+
+Per arm and concurrency level: aggregate tok/s from the lane's decode curve (speed prompt set).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any, Literal
+
+import pandas as pd
+from pydantic import BaseModel, ConfigDict
+
+from tasks.record import expectations
+from tasks.record.run_folder import RunFolder
+from tasks.matrix.config import Arm, Matrix, baseline_arm, judged_arms, prompt_class_of
+from tasks.matrix.bars import METRICS, Bar, Registration
+
+# Row keys for GX failure lines of the matrix kinds (tasks/expectations.py looks them up by kind).
+for _kind, _keys in {"matrix_arms": ["arm", "prompt_class"], "matrix_verdict": ["bar_index", "arm"]}.items():
+    expectations._KEYS.setdefault(_kind, _keys)
+
+_TOL = 1e-9
+
+
+class _Row(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ArmClassRow(_Row):
+    """One arm on one prompt class (kind `matrix_arms`); measurement fields are None for an arm that did not pass."""
+
+    arm: str
+    drafter: str
+    revision: str
+    k: int
+    baseline: bool
+    status: Literal["passed", "failed", "skipped", "running"]
+    reason: str
+    prompt_class: str
+    repeats: int | None = None
+    acceptance_length: float | None = None
+    acceptance_length_min: float | None = None
+    acceptance_length_max: float | None = None
+    per_position: list[float] | None = None
+    verify_steps: float | None = None
+    accepted: float | None = None
+    draft_tokens: float | None = None
+    draft_efficiency: float | None = None
+    draft_efficiency_min: float | None = None
+    draft_efficiency_max: float | None = None
+    rejected_per_step: float | None = None  # drafted minus accepted, per verification step: wasted verify work
+    single_stream_tok_s: float | None = None
+    single_stream_tok_s_min: float | None = None
+    single_stream_tok_s_max: float | None = None
+    k_plus_1: int  # acceptance length can never exceed K + 1 (checked by the suite)
+    curve_nonincreasing: bool | None = None  # per-position rates never rise (checked by the suite)
+
+
+class SpeedRow(_Row):
+    arm: str
+    concurrency: int
+    aggregate_tok_s: float
+    aggregate_tok_s_min: float
+    aggregate_tok_s_max: float
+
+
+class VerdictRow(_Row):
+    """One bar on one arm (kind `matrix_verdict`). pass <=> margin >= 0 (checked by the suite)."""
+
+    bar_index: int
+    bar: str  # the bar as registered, in words
+    bars_sha256: str
+    arm: str
+    drafter: str
+    k: int
+    metric: str
+    prompt_class: str | None
+    concurrency: int | None
+    op: str
+    baseline_arm: str | None
+    baseline_value: float | None
+    threshold: float | None
+    measured: float | None
+    measured_min: float | None
+    measured_max: float | None
+    margin: float | None  # how far on the passing side of the bound (negative: failed by that much)
+    outcome: Literal["pass", "fail", "no-data"]
+    note: str
+
+
+def _stats(values: list[float]) -> tuple[float, float, float] | tuple[None, None, None]:
+    return (statistics.median(values), min(values), max(values)) if values else (None, None, None)
+
+
+def _entry_path(run: RunFolder, arm: str, kind: str) -> Path | None:
+    for e in run.manifest.artifacts:
+        if e.lane == arm and e.kind == kind and e.validation == "passed":
+            return run.path / e.path
+    return None
+
+
+def _per_request(run: RunFolder, m: Matrix, arm: str) -> dict[str, dict[str, tuple]]:
+    """class -> {efficiency, tok_s, drafted}: per-repeat values from the probe's raw records."""
+    path = _entry_path(run, arm, "requests")
+    if path is None:
+        return {}
+    classes = prompt_class_of(m)
+    per: dict[tuple[str, int], dict[str, Any]] = {}
+    for line in path.read_text().splitlines():
+        r = json.loads(line)
+        if r["stage"] != "acceptance" or not r["ok"]:
+            continue
+        c = classes.get((r["prompt_class"], r["prompt_id"]))
+        if c is None:
+            continue
+        acc = per.setdefault((c, r["repeat"]), {"drafted": 0.0, "accepted": 0.0, "rates": []})
+        spec = r.get("spec") or {}
+        acc["drafted"] += float(spec.get("draft_n", 0.0))
+        acc["accepted"] += float(spec.get("draft_n_accepted", 0.0))
+        if r["e2el_s"] and r["output_tokens"]:
+            acc["rates"].append(r["output_tokens"] / r["e2el_s"])
+    out: dict[str, dict[str, tuple]] = {}
+    for c in m.prompt_sets:
+        reps = [v for (cc, _), v in sorted(per.items()) if cc == c]
+        eff = [v["accepted"] / v["drafted"] for v in reps if v["drafted"] > 0]
+        # A repeat's single-stream speed is the median request's: one stalled request (another
+        # process on a shared box) must not stand for the class.
+        tps = [statistics.median(v["rates"]) for v in reps if v["rates"]]
+        out[c] = {"efficiency": _stats(eff), "tok_s": _stats(tps),
+                  "drafted": (sum(v["drafted"] for v in reps),), "accepted_req": (sum(v["accepted"] for v in reps),)}
+    return out
+
+
+def collect(run: RunFolder, m: Matrix) -> tuple[list[ArmClassRow], list[SpeedRow], list[str]]:
+    """Arm x class rows, arm x concurrency speed rows, and warnings (e.g. counters vs records disagree)."""
+    rows, speed, warnings = [], [], []
+    for arm in m.arms:
+        record = run.manifest.lanes.get(arm.name)
+        status = record.status if record else "skipped"
+        reason = (record.reason if record else "") or ""
+        acc = pd.DataFrame()
+        if status == "passed":
+            p = _entry_path(run, arm.name, "acceptance")
+            acc = pd.read_parquet(p) if p else acc
+            p = _entry_path(run, arm.name, "decode")
+            if p:
+                for d in pd.read_parquet(p).itertuples():
+                    speed.append(SpeedRow(arm=arm.name, concurrency=int(d.concurrency), aggregate_tok_s=d.aggregate_tok_s,
+                                          aggregate_tok_s_min=d.aggregate_tok_s_min, aggregate_tok_s_max=d.aggregate_tok_s_max))
+        reqs = _per_request(run, m, arm.name) if status == "passed" else {}
+        for c in m.prompt_sets:
+            row = ArmClassRow(arm=arm.name, drafter=arm.drafter, revision=arm.revision, k=arm.k, baseline=arm.baseline,
+                              status=status, reason=reason, prompt_class=c, k_plus_1=arm.k + 1)
+            hit = acc[acc.prompt_class == c] if not acc.empty else acc
+            if not hit.empty:
+                a = hit.iloc[0]
+                curve = [float(x) for x in a.per_position]
+                r = reqs.get(c, {})
+                eff, tps = r.get("efficiency", (None,) * 3), r.get("tok_s", (None,) * 3)
+                drafted = r.get("drafted", (None,))[0]
+                row = row.model_copy(update=dict(
+                    repeats=int(a.repeats), acceptance_length=float(a.acceptance_length),
+                    acceptance_length_min=float(a.acceptance_length_min), acceptance_length_max=float(a.acceptance_length_max),
+                    per_position=curve, verify_steps=float(a.verify_steps), accepted=float(a.accepted), draft_tokens=drafted,
+                    draft_efficiency=eff[0], draft_efficiency_min=eff[1], draft_efficiency_max=eff[2],
+                    rejected_per_step=(drafted - float(a.accepted)) / float(a.verify_steps) if drafted else None,
+                    single_stream_tok_s=tps[0], single_stream_tok_s_min=tps[1], single_stream_tok_s_max=tps[2],
+                    curve_nonincreasing=all(y <= x + _TOL for x, y in zip(curve, curve[1:]))))
+                from_records = r.get("accepted_req", (None,))[0]
+                if from_records is not None and abs(from_records - float(a.accepted)) > 0.5:
+                    warnings.append(f"{arm.name} {c}: accepted draft tokens from counters ({a.accepted:.0f}) and from "
+                                    f"per-request records ({from_records:.0f}) differ")
+            elif status == "passed":
+                warnings.append(f"{arm.name}: no acceptance row for class {c}")
+            rows.append(row)
+    return rows, speed, warnings
+
+
+def model_drift(run: RunFolder, m: Matrix) -> list[str]:
+    """Arms compare only if they served the same bytes: the target's sha256 must be one value across
+    arms (and now, at the end), each drafter's one value across its arms. Preflight records the
+    sha256 of every file it checks; a file rewritten mid-matrix (a rebuilt checkpoint) shows here."""
+    from tasks.hosts.files import sha256_of
+
+    seen: dict[str, dict[str, list[str]]] = {}  # label -> sha256 -> arms
+    for arm in m.arms:
+        record = run.manifest.lanes.get(arm.name)
+        for f in (record.models if record else []):
+            label = "target model" if f.get("role") == "model" else f"drafter {arm.drafter}"
+            seen.setdefault(label, {}).setdefault(str(f.get("sha256")), []).append(arm.name)
+    out = []
+    for label, by_sha in seen.items():
+        if len(by_sha) > 1:
+            out.append(f"{label} bytes changed during the matrix: " + "; ".join(
+                f"sha256 {sha[:12]} for {', '.join(arms)}" for sha, arms in by_sha.items()) + ": those arms are not comparable")
+    target = Path(m.target.model.path)
+    recorded = list(seen.get("target model", {}))
+    if target.is_file() and len(recorded) == 1 and sha256_of(target) != recorded[0]:
+        out.append(f"target model {target.name} was rewritten after the last arm's preflight (sha256 now "
+                   f"{sha256_of(target)[:12]}, served {recorded[0][:12]})")
+    return out
+
+
+def contention(run: RunFolder, m: Matrix) -> list[str]:
+    """Speed is only comparable across arms measured under the same conditions. An arm's own server
+    keeps about `threads` cores busy; a 1-minute load average well above the host's cores at the
+    end of an arm means other processes competed for the CPU while it was timed. Acceptance (counter
+    deltas, greedy) is unaffected; tok/s is not."""
+    cores = run.manifest.host.get("cores") or 1
+    busy = {name: f.get("load_at_end") for name, f in run.manifest.flow.get("matrix", {}).get("arms", {}).items()
+            if (f.get("load_at_end") or 0) > 1.5 * cores}
+    if not busy:
+        return []
+    return [f"speed rows and single-stream tok/s are not comparable across arms: other processes competed for the "
+            f"CPU while {', '.join(f'{a} (1-min load {v:.1f})' for a, v in busy.items())} ran, on {cores} cores; "
+            "acceptance numbers are unaffected"]
+
+
+def _measure(bar: Bar, arm: Arm, rows: list[ArmClassRow], speed: list[SpeedRow]) -> tuple[float | None, float | None, float | None]:
+    if bar.metric == "aggregate_tok_s":
+        s = next((s for s in speed if s.arm == arm.name and s.concurrency == bar.concurrency), None)
+        return (s.aggregate_tok_s, s.aggregate_tok_s_min, s.aggregate_tok_s_max) if s else (None, None, None)
+    r = next((r for r in rows if r.arm == arm.name and r.prompt_class == bar.prompt_class), None)
+    if r is None or r.acceptance_length is None:
+        return None, None, None
+    if bar.metric == "position_rate":
+        assert r.per_position is not None and bar.position is not None
+        v = r.per_position[bar.position - 1] if bar.position <= len(r.per_position) else None
+        return v, v, v  # the curve is a median over repeats; its range is not kept per position
+    field = {"acceptance_length": "acceptance_length", "draft_efficiency": "draft_efficiency",
+             "single_stream_tok_s": "single_stream_tok_s"}[bar.metric]
+    return getattr(r, field), getattr(r, field + "_min"), getattr(r, field + "_max")
+
+
+def judge(reg: Registration, m: Matrix, rows: list[ArmClassRow], speed: list[SpeedRow]) -> list[VerdictRow]:
+    """Every registered bar on every arm it selects. Uses the registered copy, never the file."""
+    out = []
+    for i, (bar, words) in enumerate(zip(reg.parsed_bars(), reg.bars_text)):
+        for arm in judged_arms(bar, m.arms):
+            measured, lo, hi = _measure(bar, arm, rows, speed)
+            base = baseline_arm(arm, m.arms) if bar.relative_to else None
+            base_value = _measure(bar, base, rows, speed)[0] if base else None
+            notes = []
+            if bar.relative_to:
+                threshold = base_value + bar.margin if base_value is not None else None
+            else:
+                threshold = bar.margin
+            if measured is None or threshold is None:
+                missing = arm if measured is None or base is None else base
+                record = next((r for r in rows if r.arm == missing.name), None)
+                why = f"{record.status}: {record.reason}" if record and record.reason else (record.status if record else "")
+                who = missing.name if missing is arm else f"baseline arm {missing.name}"
+                notes.append(f"no measurement from {who}" + (f" ({why})" if why else ""))
+                margin, outcome = None, "no-data"
+            else:
+                margin = measured - threshold if bar.op == ">=" else threshold - measured
+                outcome = "pass" if margin >= 0 else "fail"
+                if lo is not None and hi is not None and lo < threshold < hi:
+                    notes.append("the bound lies inside the repeats' range: a close call")
+                if base is not None:
+                    b_lo, b_hi = _measure(bar, base, rows, speed)[1:]
+                    if b_lo is not None and lo is not None and not (hi < b_lo or lo > b_hi):
+                        notes.append("arm and baseline ranges overlap")
+            out.append(VerdictRow(
+                bar_index=i, bar=words, bars_sha256=reg.bars_sha256, arm=arm.name, drafter=arm.drafter, k=arm.k,
+                metric=bar.metric, prompt_class=bar.prompt_class, concurrency=bar.concurrency, op=bar.op,
+                baseline_arm=base.name if base else None, baseline_value=base_value, threshold=threshold,
+                measured=measured, measured_min=lo, measured_max=hi, margin=margin, outcome=outcome,
+                note="; ".join(notes)))
+    return out
+
+
+class DrafterVerdict(BaseModel):
+    drafter: str
+    revision: str
+    baseline: bool
+    checks: int
+    passed: int
+    failed: int
+    no_data: int
+    failed_bars: list[str]
+
+    @property
+    def verdict(self) -> str:
+        if self.checks == 0:
+            return "not judged"
+        if self.failed:
+            return "FAILED"
+        return "INCOMPLETE" if self.no_data else "PASSED"
+
+    def sentence(self) -> str:
+        who = f"Drafter **{self.drafter}** (revision {self.revision}{', the baseline' if self.baseline else ''})"
+        if self.checks == 0:
+            return f"{who} is not judged by any bar."
+        if self.failed == self.checks:
+            return f"{who} **failed every bar**: {self.failed} of {self.checks} checks failed."
+        if self.checks > 2 and self.passed == 1 and self.failed == self.checks - 1:
+            return f"{who} **failed every bar except one**: {self.failed} of {self.checks} checks failed."
+        if self.failed:
+            kept = self.passed
+            return (f"{who} **failed its bars**: {self.failed} of {self.checks} checks failed"
+                    f"{f', {kept} passed' if kept else ''}{f', {self.no_data} not measured' if self.no_data else ''}.")
+        if self.no_data:
+            return f"{who} has **no verdict**: {self.no_data} of {self.checks} checks were not measured (see the arms table)."
+        return f"{who} **passed every bar**: {self.checks} of {self.checks} checks."
+
+
+def drafter_verdicts(m: Matrix, verdict: list[VerdictRow]) -> list[DrafterVerdict]:
+    out = []
+    for name, ref in m.spec.drafters.items():
+        mine = [v for v in verdict if v.drafter == name]
+        out.append(DrafterVerdict(
+            drafter=name, revision=ref.revision, baseline=name == m.spec.baseline, checks=len(mine),
+            passed=sum(v.outcome == "pass" for v in mine), failed=sum(v.outcome == "fail" for v in mine),
+            no_data=sum(v.outcome == "no-data" for v in mine),
+            failed_bars=[f"{v.arm}: {v.bar}" for v in mine if v.outcome == "fail"]))
+    return out
+
+
+def metric_unit(metric: str) -> str:
+    return METRICS[metric][1]

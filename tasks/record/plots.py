@@ -1,0 +1,121 @@
+"""PNG plots for report.md: the concurrency curve, per-position acceptance, and each headline
+metric's trend over history with the baseline band the night was judged against.
+
+A table says what a number is; a plot says whether it looks like last week. Plots are drawn
+from the same Parquet tables and history index as the tables, never from anything else, with
+matplotlib's Agg backend (no display on a bench host). Small figures at a low dpi: a run
+folder is kept for months.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from tasks.record.regression import RegressionRow
+
+_DPI = 80
+_VERDICT_COLOUR = {"regression": "tab:red", "improvement": "tab:green", "no change": "tab:blue",
+                   "no baseline": "tab:gray"}
+
+
+def _plt() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig: Any, out: Path) -> Path:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    # No timestamp in the PNG metadata: the same figure gives the same bytes.
+    fig.savefig(out, dpi=_DPI, metadata={"Software": None})
+    _plt().close(fig)
+    return out
+
+
+def concurrency_curve(decode: pd.DataFrame, out: Path, title: str) -> Path:
+    """Aggregate tok/s (median, min-max over repeats) and per-user tok/s against concurrency; TTFT beside."""
+    plt = _plt()
+    df = decode.sort_values("concurrency")
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(9, 3.4))
+    err = [df.aggregate_tok_s - df.aggregate_tok_s_min, df.aggregate_tok_s_max - df.aggregate_tok_s]
+    ax.errorbar(df.concurrency, df.aggregate_tok_s, yerr=err, marker="o", capsize=3, label="aggregate (min-max)")
+    ax.plot(df.concurrency, df.per_user_tok_s, marker="s", linestyle="--", label="per user")
+    ax.set(xscale="log", xlabel="concurrency", ylabel="tok/s", title=f"{title}: decode curve")
+    ax.set_xticks(list(df.concurrency), [str(c) for c in df.concurrency])
+    ax.legend(fontsize=8)
+    ax2.plot(df.concurrency, df.ttft_p50_s, marker="o", label="TTFT p50")
+    ax2.plot(df.concurrency, df.ttft_p95_s, marker="^", label="TTFT p95")
+    ax2.set(xscale="log", xlabel="concurrency", ylabel="seconds", title="time to first token")
+    ax2.set_xticks(list(df.concurrency), [str(c) for c in df.concurrency])
+    ax2.legend(fontsize=8)
+    return _save(fig, out)
+
+
+def acceptance_positions(acceptance: pd.DataFrame, out: Path, title: str) -> Path:
+    """Per-position acceptance per prompt class (rate at draft position k; never rises with k)."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(5.5, 3.4))
+    for _, row in acceptance.sort_values("prompt_class").iterrows():
+        curve = list(row.per_position)
+        ax.plot(range(1, len(curve) + 1), curve, marker="o",
+                label=f"{row.prompt_class} (length {row.acceptance_length:.2f})")
+    ax.set(xlabel="draft position k", ylabel="acceptance rate", ylim=(0, 1.02),
+           title=f"{title}: per-position acceptance")
+    ax.legend(fontsize=8)
+    return _save(fig, out)
+
+
+def trend(history: dict[str, pd.DataFrame], rows: list[RegressionRow], current_run: str, out: Path,
+          title: str) -> Path | None:
+    """One panel per headline metric: its value over the lane's past runs, the baseline runs
+    ringed, the noise band tonight was judged against shaded (the t band of the baseline window,
+    centre dashed), tonight coloured by its verdict."""
+    if not history:
+        return None
+    plt = _plt()
+    verdicts = {r.metric: r for r in rows}
+    metrics = sorted(history)
+    ncols = min(4, len(metrics))
+    nrows = math.ceil(len(metrics) / ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(3.6 * ncols, 2.5 * nrows), squeeze=False)
+    for ax, metric in zip(list(axes.flat)[: len(metrics)], metrics, strict=True):
+        df = history[metric].reset_index(drop=True)
+        x = list(range(len(df)))
+        ax.plot(x, df.value, color="tab:blue", marker=".", linewidth=1)
+        bad = df.regressed.fillna(False).astype(bool) & (df.run != current_run)
+        ax.scatter([i for i in x if bad[i]], df.value[bad], color="tab:red", marker="x", zorder=3)
+        row = verdicts.get(metric)
+        base_runs = set((row.baseline_from or "").split(",")) if row else set()
+        in_base = [i for i in x if df.run[i] in base_runs]
+        ax.scatter(in_base, df.value[in_base], facecolor="none", edgecolor="tab:orange", s=45, zorder=3)
+        if row is not None and row.band_low is not None and in_base:
+            span = [min(in_base) - 0.3, len(df) - 0.7]
+            ax.fill_between(span, row.band_low, row.band_high, color="tab:orange", alpha=0.2)
+            ax.hlines(row.baseline, *span, color="tab:orange", linestyle="--", linewidth=1)
+        cur = [i for i in x if df.run[i] == current_run]
+        if cur and row is not None:
+            ax.scatter(cur, df.value[cur], color=_VERDICT_COLOUR[row.verdict], s=60, zorder=4, edgecolor="black")
+        sub = row.verdict if row is not None else ""
+        if row is not None and row.change_pct is not None:
+            sub += f" {row.change_pct:+.1f}%"
+        ax.set_title(f"{metric}\n{sub}", fontsize=9)
+        ticks = x[:: max(1, math.ceil(len(x) / 6))]
+        ax.set_xticks(ticks, [pd.Timestamp(df.started_at[i]).strftime("%m-%d\n%H:%M") for i in ticks], fontsize=6)
+        ax.tick_params(axis="y", labelsize=7)
+        low, high = ax.get_ylim()  # a band of thousands of percent must not squash the runs flat
+        values = df.value.dropna()
+        if len(values) and row is not None and row.band_high is not None:
+            pad = 0.25 * (values.max() - values.min() or abs(values.max()) or 1.0)
+            ax.set_ylim(max(low, values.min() - pad), min(high, values.max() + pad))
+    for ax in list(axes.flat)[len(metrics):]:
+        ax.axis("off")
+    fig.suptitle(f"{title}: headline metrics over history (ringed: baseline runs; shaded: noise band)", fontsize=10)
+    return _save(fig, out)

@@ -1,0 +1,264 @@
+"""Regression check: each headline metric of a lane against a baseline window of earlier good runs.
+
+Baseline: the last `window` earlier runs of the same flow (nightly against nightlies) where the
+same inventory lane passed and was not itself flagged as a regression, optionally only runs
+started at or after `since` (to accept a deliberate change). With fewer than `min_runs` such
+runs a metric gets the verdict "no baseline" and never fails anything.
+
+Noise-aware test (docs/nightly.md says why this one): a band from the baseline's own spread,
+as a t interval on the change. On the log scale (speeds, latencies and acceptance lengths are
+positive and vary by ratios) the change is d = log(tonight) - mean(log(baseline)), and its
+interval is
+
+    d -/+ t(confidence, n - 1) * s * sqrt(1 + 1/n)
+
+with s the standard deviation of the n baseline runs' log values: the two-sample t interval
+when one sample is a single run (which cannot estimate its own spread). Each run's value
+already carries all its noise (request to request, boot to boot, the box's load that night),
+so the baseline's run-to-run spread is the noise a new run must be judged against, and the t
+quantile keeps a window of three runs honest (t = 4.3 at 95 % with two degrees of freedom;
+a percentile bootstrap over three runs would claim far more certainty than three runs hold).
+A metric regresses when its whole interval lies on the worse side of zero AND the change is
+at least the family's minimum effect (a change too small to matter is not worth a red
+morning, however sure). Metrics that can be zero (KL figures) use the linear scale instead.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, Literal
+
+import numpy as np
+import pandas as pd
+from pydantic import BaseModel, ConfigDict, Field
+
+from tasks.record import expectations
+from tasks.record.kinds import metric_def
+
+# Row keys for GX failure lines of this kind (tasks/expectations.py looks them up by kind).
+expectations._KEYS.setdefault("regression", ["lane", "metric"])
+
+Verdict = Literal["regression", "improvement", "no change", "no baseline"]
+
+
+class RegressionPolicy(BaseModel):
+    """How the nightly judges a change; a flow parameter, so a deployment can tune it."""
+
+    window: int = Field(5, ge=2, le=100, description="baseline runs: the last N earlier good runs of the lane")
+    min_runs: int = Field(2, ge=2, description="fewer baseline runs than this: no verdict (two give a spread)")
+    confidence: float = Field(0.95, gt=0.5, lt=1.0)
+    min_effect_pct: dict[str, float] = Field(
+        default_factory=lambda: {"throughput": 5.0, "latency": 10.0, "acceptance": 3.0, "kl": 25.0},
+        description="smallest change (percent) that can fail a night, per metric family")
+    since: str | None = Field(None, description="ISO time or run folder name: ignore baseline runs before it")
+
+
+class RegressionRow(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    lane: str
+    metric: str
+    family: str
+    better: Literal["higher", "lower"]
+    current: float
+    baseline: float | None  # geometric mean of the baseline runs (mean on the linear scale)
+    baseline_min: float | None
+    baseline_max: float | None
+    baseline_spread_pct: float | None  # one standard deviation of the baseline runs, in percent
+    band_low: float | None  # tonight's value is ordinary noise inside [band_low, band_high] (the t band)
+    band_high: float | None
+    baseline_runs: int
+    change_pct: float | None  # tonight against the baseline
+    ci_low_pct: float | None
+    ci_high_pct: float | None
+    min_effect_pct: float
+    verdict: Verdict
+    baseline_from: str  # baseline run folders, oldest first, comma-separated
+
+
+class LaneComparison(BaseModel):
+    lane: str
+    rows: list[RegressionRow]
+    config_changes: list[str] = []  # this run's lane config against the newest baseline run's
+
+    @property
+    def regressions(self) -> list[RegressionRow]:
+        return [r for r in self.rows if r.verdict == "regression"]
+
+
+# --- Student's t quantile (no SciPy: lanebench does not depend on it) ------------------------------
+
+def _betacf(a: float, b: float, x: float) -> float:
+    """Continued fraction of the regularized incomplete beta function (modified Lentz)."""
+    tiny = 1e-300
+    c, d = 1.0, 1.0 - (a + b) * x / (a + 1.0)
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 300):
+        for num in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+                    -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
+            d = 1.0 + num * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + num / c
+            c = c if abs(c) > tiny else tiny
+            h *= d * c
+        if abs(d * c - 1.0) < 1e-14:
+            break
+    return h
+
+
+def _betainc(a: float, b: float, x: float) -> float:
+    if x <= 0.0 or x >= 1.0:
+        return 0.0 if x <= 0.0 else 1.0
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
+    if x < (a + 1.0) / (a + b + 2.0):
+        return front * _betacf(a, b, x) / a
+    return 1.0 - front * _betacf(b, a, 1.0 - x) / b
+
+
+def t_quantile(p: float, df: int) -> float:
+    """The p-quantile (p > 0.5) of Student's t with `df` degrees of freedom, by bisection on its CDF."""
+    def upper_tail(t: float) -> float:
+        return 0.5 * _betainc(df / 2.0, 0.5, df / (df + t * t))
+
+    lo, hi = 0.0, 1e4
+    for _ in range(200):
+        mid = (lo + hi) / 2.0
+        lo, hi = (mid, hi) if upper_tail(mid) > 1.0 - p else (lo, mid)
+    return (lo + hi) / 2.0
+
+
+# --- the test -------------------------------------------------------------------------------
+
+class Judged(BaseModel):
+    centre: float
+    spread_pct: float
+    change_pct: float
+    low_pct: float
+    high_pct: float
+    band_low: float
+    band_high: float
+
+
+def change_interval(current: float, baseline: list[float], confidence: float) -> Judged | None:
+    """The change of `current` against `baseline` runs with its interval; None when a percent is undefined."""
+    values = np.asarray(baseline, dtype=float)
+    n = len(values)
+    q = t_quantile(0.5 + confidence / 2.0, n - 1) * math.sqrt(1.0 + 1.0 / n)
+    if current > 0 and (values > 0).all():
+        logs = np.log(values)
+        m, s = float(logs.mean()), float(logs.std(ddof=1))
+        d = math.log(current) - m
+        pct = lambda v: math.expm1(v) * 100.0  # noqa: E731
+        centre = min(max(math.exp(m), float(values.min())), float(values.max()))  # exp(log) may round outside
+        return Judged(centre=centre, spread_pct=pct(s), change_pct=pct(d), low_pct=pct(d - q * s),
+                      high_pct=pct(d + q * s), band_low=math.exp(m - q * s), band_high=math.exp(m + q * s))
+    m, s = float(values.mean()), float(values.std(ddof=1))
+    if m == 0:
+        return None
+    scale = 100.0 / abs(m)
+    d = current - m
+    return Judged(centre=m, spread_pct=s * scale, change_pct=d * scale, low_pct=(d - q * s) * scale,
+                  high_pct=(d + q * s) * scale, band_low=m - q * s, band_high=m + q * s)
+
+
+def verdict(better: str, change: float, lo: float, hi: float, min_effect: float) -> Verdict:
+    worse_sure = hi < 0 if better == "higher" else lo > 0
+    better_sure = lo > 0 if better == "higher" else hi < 0
+    big = abs(change) >= min_effect
+    if worse_sure and big and (change < 0) == (better == "higher"):
+        return "regression"
+    if better_sure and big and (change > 0) == (better == "higher"):
+        return "improvement"
+    return "no change"
+
+
+def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(d, dict):
+        out: dict[str, Any] = {}
+        for k, v in d.items():
+            out |= _flatten(v, f"{prefix}{k}.")
+        return out
+    return {prefix.rstrip("."): d}
+
+
+_NOT_MEASURED = {"port", "boot_timeout_s"}  # config fields that cannot move a number
+
+
+def config_changes(current: str, previous: str) -> list[str]:
+    """Lane config fields that differ (`threads: 2 -> 1`): a regression with a cause written next to it."""
+    a, b = _flatten(json.loads(previous or "{}")), _flatten(json.loads(current or "{}"))
+    keys = sorted(k for k in set(a) | set(b) if k not in _NOT_MEASURED and a.get(k) != b.get(k))
+    return [f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in keys]
+
+
+def compare_lane(con: Any, run: str, lane: str, policy: RegressionPolicy) -> LaneComparison:
+    """Every headline metric of `lane` in `run` against its baseline window (history index `con`)."""
+    (flow, started, config), = con.execute(
+        """SELECT r.flow, r.started_at, l.config FROM runs r LEFT JOIN lanes l ON l.run = r.run AND l.lane = ?
+           WHERE r.run = ?""", [lane, run]).fetchall()
+    since = None
+    if policy.since:
+        row = con.execute("SELECT started_at FROM runs WHERE run = ?", [policy.since]).fetchone()
+        since = row[0] if row else pd.Timestamp(policy.since, tz="UTC")
+    current = con.execute("SELECT metric, value FROM metrics WHERE run = ? AND lane = ? AND headline ORDER BY metric",
+                          [run, lane]).fetchall()
+    rows = []
+    newest_baseline: str | None = None
+    for metric, value in current:
+        d = metric_def(metric)
+        assert d is not None
+        base = con.execute(
+            """SELECT run, value FROM metrics
+               WHERE flow = ? AND lane = ? AND metric = ? AND passed AND NOT regressed AND run <> ?
+                 AND started_at < ? AND (? IS NULL OR started_at >= ?) AND value IS NOT NULL AND NOT isnan(value)
+               ORDER BY started_at DESC LIMIT ?""",
+            [flow, lane, metric, run, started, since, since, policy.window]).fetchall()[::-1]
+        if base:
+            newest_baseline = newest_baseline or base[-1][0]
+        values = [float(v) for _, v in base]
+        judged = None
+        if len(base) >= policy.min_runs and value is not None and not math.isnan(value):
+            judged = change_interval(float(value), values, policy.confidence)
+        min_effect = policy.min_effect_pct.get(d.family, 5.0)
+        common = dict(lane=lane, metric=metric, family=d.family, better=d.better, current=float(value),
+                      min_effect_pct=min_effect, baseline_runs=len(base), baseline_from=",".join(b[0] for b in base),
+                      baseline_min=min(values) if values else None, baseline_max=max(values) if values else None)
+        if judged is None:
+            rows.append(RegressionRow(**common, baseline=None, baseline_spread_pct=None, band_low=None, band_high=None,
+                                      change_pct=None, ci_low_pct=None, ci_high_pct=None, verdict="no baseline"))
+            continue
+        j = judged
+        rows.append(RegressionRow(**common, baseline=j.centre, baseline_spread_pct=j.spread_pct, band_low=j.band_low,
+                                  band_high=j.band_high, change_pct=j.change_pct, ci_low_pct=j.low_pct,
+                                  ci_high_pct=j.high_pct,
+                                  verdict=verdict(d.better, j.change_pct, j.low_pct, j.high_pct, min_effect)))
+    changes: list[str] = []
+    prev = con.execute("SELECT config FROM lanes WHERE run = ? AND lane = ?", [newest_baseline, lane]).fetchone()
+    if prev and config:
+        changes = config_changes(config, prev[0])
+    return LaneComparison(lane=lane, rows=rows, config_changes=changes)
+
+
+def compare_run(con: Any, run: str, policy: RegressionPolicy | None = None) -> dict[str, LaneComparison]:
+    """Every lane of `run` that has headline metrics and passed, each against its own baseline window.
+
+    For flows other than the nightly: the KL gate's candidates appear as lanes whose
+    `kl_summary` row is complete, so a KL run can be judged against earlier KL runs the same way.
+    """
+    policy = policy or RegressionPolicy()
+    lanes = [r[0] for r in con.execute(
+        "SELECT DISTINCT lane FROM metrics WHERE run = ? AND headline AND passed ORDER BY lane", [run]).fetchall()]
+    return {lane: compare_lane(con, run, lane, policy) for lane in lanes}
+
+
+def describe(row: RegressionRow) -> str:
+    """`rehearsal tok_s@c1 -31.2% [-38.0%, -24.9%] (12.1 vs 17.6 over 3 runs)`."""
+    if row.change_pct is None:
+        return f"{row.lane} {row.metric}: no baseline ({row.baseline_runs} earlier good runs)"
+    return (f"{row.lane} {row.metric} {row.change_pct:+.1f}% [{row.ci_low_pct:+.1f}%, {row.ci_high_pct:+.1f}%] "
+            f"({row.current:.4g} vs {row.baseline:.4g} over {row.baseline_runs} runs)")
+
+
+__all__ = ["LaneComparison", "RegressionPolicy", "RegressionRow", "compare_lane", "compare_run", "describe"]

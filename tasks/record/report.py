@@ -1,0 +1,230 @@
+"""report.md: what ran, what passed, the tables, the regression verdicts and the plots, from
+the run folder alone.
+
+Only tables that passed their expectations appear as results; quarantined ones are listed
+with the expectations they failed. Plots are PNG files beside the tables, linked relatively so
+the folder reads the same wherever it is copied; `embed_images` inlines them for the Prefect
+markdown artifact, which has no folder to link into.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import pandas as pd
+
+from tasks.correctness import record as correctness
+from tasks.record.run_folder import RunFolder
+
+_DECODE_COLS = {
+    "concurrency": "C", "aggregate_tok_s": "agg tok/s", "aggregate_spread_pct": "spread %",
+    "per_user_tok_s": "per-user tok/s", "ttft_p50_s": "TTFT p50 s", "ttft_p95_s": "TTFT p95 s",
+    "itl_p50_s": "ITL p50 ms", "requests": "requests", "failed_requests": "failed",
+}
+
+
+def _md(df: pd.DataFrame) -> str:
+    cols = list(df.columns)
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for _, row in df.iterrows():
+        cells = [f"{v:.3g}" if isinstance(v, float) and abs(v) < 1000 else f"{v:.0f}" if isinstance(v, float) else str(v)
+                 for v in row]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def decode_table(df: pd.DataFrame) -> pd.DataFrame:
+    out = df[list(_DECODE_COLS)].rename(columns=_DECODE_COLS).copy()
+    out["ITL p50 ms"] = out["ITL p50 ms"] * 1000
+    out["agg tok/s"] = [f"{m:.1f} [{lo:.1f}, {hi:.1f}]" for m, lo, hi in
+                        zip(df.aggregate_tok_s, df.aggregate_tok_s_min, df.aggregate_tok_s_max)]
+    return out
+
+
+def acceptance_table(df: pd.DataFrame) -> pd.DataFrame:
+    return pd.DataFrame({
+        "class": df.prompt_class, "K": df.k,
+        "acceptance length": [f"{m:.2f} [{lo:.2f}, {hi:.2f}]" for m, lo, hi in
+                              zip(df.acceptance_length, df.acceptance_length_min, df.acceptance_length_max)],
+        "per-position acceptance": [" · ".join(f"{p:.2f}" for p in pp) for pp in df.per_position],
+        "verify steps": df.verify_steps.astype(int), "accepted": df.accepted.astype(int),
+    })
+
+
+def warmup_table(df: pd.DataFrame) -> pd.DataFrame:
+    return pd.DataFrame({
+        "C": df.concurrency, "size class": df.size_class,
+        "first-hit e2el s": df.first_hit_e2el_s, "steady e2el s": df.steady_e2el_s,
+        "first-hit cost s": df.first_hit_cost_s,
+    })
+
+
+_PLOT_TITLES = {"concurrency.png": "Decode curve", "acceptance.png": "Per-position acceptance",
+                "trend.png": "Headline metrics over history (shaded: the noise band tonight was judged against)"}
+_EMBED_LIMIT = 400_000  # bytes of PNG inlined into one Prefect artifact at most
+
+
+def _num(v: float | None) -> str:
+    return "" if v is None or pd.isna(v) else f"{v:.4g}"
+
+
+def regression_table(df: pd.DataFrame) -> pd.DataFrame:
+    def judged(r: pd.Series, text: Callable[[pd.Series], str]) -> str:
+        return "" if pd.isna(r.change_pct) else text(r)
+
+    def baseline(r: pd.Series) -> str:
+        if not r.baseline_runs:
+            return "none"
+        if pd.isna(r.baseline):
+            return f"{_num(r.baseline_min)}..{_num(r.baseline_max)} ({int(r.baseline_runs)}, too few)"
+        return f"{_num(r.baseline)} ({int(r.baseline_runs)}, ±{r.baseline_spread_pct:.1f}%)"
+
+    return pd.DataFrame({
+        "metric": df.metric,
+        "tonight": [_num(v) for v in df.current],
+        "baseline (runs, spread)": [baseline(r) for _, r in df.iterrows()],
+        "noise band": [judged(r, lambda r: f"{_num(r.band_low)}..{_num(r.band_high)}") for _, r in df.iterrows()],
+        "change [interval]": [judged(r, lambda r: f"{r.change_pct:+.1f}% [{r.ci_low_pct:+.1f}%, {r.ci_high_pct:+.1f}%]")
+                              for _, r in df.iterrows()],
+        "min effect": [f"{v:g}%" for v in df.min_effect_pct],
+        "verdict": [f"**{v}**" if v in ("regression", "improvement") else v for v in df.verdict],
+    })
+
+
+def _regression_summary(run: RunFolder) -> list[str]:
+    m = run.manifest
+    policy = m.flow.get("regression_policy") or {}
+    entries = [a for a in m.artifacts if a.kind == "regression"]
+    if not entries:
+        return []
+    out = ["", "## Against the baseline", ""]
+    if policy:
+        out += [f"Each headline metric against the last {policy.get('window')} earlier good runs of the same lane "
+                f"(at least {policy.get('min_runs')}), with a {policy.get('confidence', 0.95):.0%} t interval on the "
+                "change from the baseline runs' own spread (a zero-width interval: the baseline runs agreed "
+                "exactly). A regression needs the whole interval on the worse side and at least the minimum "
+                "effect; the noise band is where tonight's value would have been ordinary (docs/nightly.md).", ""]
+    flagged = []
+    for entry in entries:
+        if entry.validation != "passed":
+            out.append(f"- {entry.lane}: comparison QUARANTINED ({'; '.join(entry.failed_expectations)})")
+            continue
+        df = pd.read_parquet(run.path / entry.path)
+        for r in df[df.verdict.isin(["regression", "improvement"])].itertuples():
+            flagged.append(f"- **{r.verdict}** {r.lane} `{r.metric}`: {r.change_pct:+.1f}% "
+                           f"[{r.ci_low_pct:+.1f}%, {r.ci_high_pct:+.1f}%], {_num(r.current)} against "
+                           f"{_num(r.baseline)} over {int(r.baseline_runs)} runs")
+        judged = int((df.verdict != "no baseline").sum())
+        if not judged:
+            out.append(f"- {entry.lane}: no baseline yet ({len(df)} metrics, fewer than "
+                       f"{policy.get('min_runs', '?')} earlier good runs)")
+    return out + (flagged or ["- no regression and no improvement beyond the noise"])
+
+
+def embed_images(report: str, folder: Path) -> str:
+    """The report with its relative PNG links inlined as data URIs (up to a total size)."""
+    budget = [_EMBED_LIMIT]
+
+    def inline(match: re.Match) -> str:
+        path = folder / match.group(2)
+        if not path.is_file() or path.stat().st_size > budget[0]:
+            return f"*{match.group(1)}: `{match.group(2)}` in the run folder*"
+        data = path.read_bytes()
+        budget[0] -= len(data)
+        return f"![{match.group(1)}](data:image/png;base64,{base64.b64encode(data).decode()})"
+
+    return re.sub(r"!\[([^\]]*)\]\(([^)]+\.png)\)", inline, report)
+
+
+def _verdict_line(run: RunFolder) -> str:
+    """The morning's answer in one line: passed, or what failed and how many regressions."""
+    m = run.manifest
+    failed = [n for n, lane in m.lanes.items() if lane.status == "failed"]
+    regressions = 0
+    for entry in m.artifacts:
+        if entry.kind == "regression" and entry.validation == "passed":
+            regressions += int((pd.read_parquet(run.path / entry.path).verdict == "regression").sum())
+    parts = ([f"lanes failed: {', '.join(failed)}"] if failed else []) + \
+        ([f"{regressions} regression{'s' if regressions > 1 else ''}"] if regressions else []) + \
+        ([m.flow["regression_error"]] if m.flow.get("regression_error") else [])
+    if not parts:
+        return "- verdict: **passed**"
+    return f"- verdict: **FAILED** ({'; '.join(parts)})"
+
+
+def _preflight_lines(pre: dict, image: dict) -> list[str]:
+    """What preflight found on the lane's links and hosts, and the image it ran (remote lanes)."""
+    out = []
+    for link in pre.get("links", []):
+        bw = link.get("bandwidth")
+        facts = [f"{end['host']} {end['interface']} {end.get('operstate')} mtu {end.get('mtu')}"
+                 for end in (link["a"], link["b"]) if end]
+        extra = f", {bw['gbps']:.3g} Gbit/s ({bw['tool']})" if bw else (f", {link['bandwidth_note']}" if link.get("bandwidth_note") else "")
+        rtt = f", rtt {link['rtt_ms']:.2f} ms" if link.get("rtt_ms") is not None else ""
+        verdict = "ok" if link["ok"] else f"**FAILED**: {link['reason']}"
+        out.append(f"- link **{link['link']}** {verdict} ({'; '.join(facts)}{rtt}{extra})")
+    for host in pre.get("hosts", []):
+        disks = ", ".join(f"{d['role']} {d['avail_bytes'] / 2**30:.1f} GiB free" for d in host.get("disks", []))
+        gpus = f", {len(host['gpus'])} GPU(s)" if host.get("gpus") else ""
+        docker = f", docker {host['docker_server']}" if host.get("docker_server") else ""
+        verdict = "ok" if host["ok"] else f"**FAILED**: {host['reason']}"
+        out.append(f"- host **{host['host']}** {verdict}{docker}{gpus}{', ' + disks if disks else ''}")
+    if image:
+        how = "pulled" if image.get("pulled") else "already on the host"
+        out.append(f"- image `{image['reference']}`: {how}, RepoDigests verified, image id `{image['image_id'][:19]}`")
+    return out
+
+
+def render(run: RunFolder) -> str:
+    m = run.manifest
+    out = [f"# lanebench {m.flow['name']} run `{run.path.name}`", "",
+           f"- lanebench {m.lanebench['git_sha'][:12]}{' (dirty tree)' if m.lanebench.get('dirty') else ''}, "
+           f"Prefect flow run `{m.flow['flow_run_id']}`",
+           f"- host {m.host['hostname']}: {m.host['cpu']}, {m.host['cores']} cores, {m.host['memory_gib']} GiB, "
+           f"{m.host['platform']}",
+           f"- started {m.flow['started_at']}, finished {m.flow.get('finished_at')}", _verdict_line(run), "",
+           "## Lanes", "", "| lane | status | stage | reason |", "|---|---|---|---|"]
+    for name, lane in m.lanes.items():
+        out.append(f"| {name} | **{lane.status}** | {lane.stage} | {lane.reason or ''} |")
+    out += _regression_summary(run)
+    builders = {"warmup": ("Warmup (first hit, never in results)", warmup_table),
+                "decode": ("Decode curve", decode_table),
+                "acceptance": ("Speculative acceptance (probe window only)", acceptance_table)}
+    for name, lane in m.lanes.items():
+        out += ["", f"## {name}", ""]
+        out += _preflight_lines(lane.preflight, lane.image)
+        if lane.launch_command:
+            out += [f"- launch: `{lane.launch_command}`", f"- boot: {lane.boot_seconds:.1f} s; facts: "
+                    + ", ".join(f"{k}={v}" for k, v in lane.boot_facts.items() if v not in (None, {}, ""))]
+        for gate in lane.gates:
+            out.append(f"- gate **{gate['gate']}** ({gate['kind']}): {gate['detail']}")
+        # What the lane serves, proven on the same server: agentic smoke, thinking switch, tool
+        # gate, needle ladder (also in <lane>/correctness.md).
+        out += correctness.section(run, name)
+        for warning in lane.warnings:
+            out.append(f"- warning: {warning}")
+        for entry in [a for a in m.artifacts if a.lane == name and a.kind in builders]:
+            title, build = builders[entry.kind]
+            if entry.validation == "failed":
+                out += ["", f"### {title}: QUARANTINED", "", "Failed expectations:", ""]
+                out += [f"- {f}" for f in entry.failed_expectations]
+                continue
+            df = pd.read_parquet(run.path / entry.path)
+            out += ["", f"### {title}", "", _md(build(df))]
+            if entry.kind == "decode":
+                out += ["", f"Median of {int(df.repeats.iloc[0])} measured repeats per level, [min, max] in brackets; "
+                        "spread = (max - min) / median."]
+        for entry in [a for a in m.artifacts if a.lane == name and a.kind == "regression" and a.validation == "passed"]:
+            out += ["", "### Against the baseline", "", _md(regression_table(pd.read_parquet(run.path / entry.path)))]
+        for entry in [a for a in m.artifacts if a.lane == name and a.kind == "plot"]:
+            title = _PLOT_TITLES.get(Path(entry.path).name, Path(entry.path).stem)
+            out += ["", f"![{title}]({entry.path})"]
+        raw = [a for a in m.artifacts if a.lane == name and a.kind == "requests"]
+        if raw:
+            v = raw[0]
+            out += ["", f"Raw per-request records: `{v.path}` ({v.rows} rows, expectations {v.validation})."]
+            out += [f"- {f}" for f in v.failed_expectations]
+    return "\n".join(out) + "\n"

@@ -1,0 +1,182 @@
+"""The run folder: the auditable record of one run.
+
+`artifacts/<UTC time>_<flow>_<short id>/` holds the manifest, each lane's raw JSONL and
+boot log, tables as Parquet, GX validation results and report.md. Raw records are appended
+as they arrive, so an interrupted run keeps everything measured up to that point. A table
+that fails its expectations is written under `quarantine/` and never counts as a result.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import socket
+import subprocess
+import threading
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+import pandas as pd
+from pydantic import BaseModel
+
+from tasks.engines.build import REPO
+from tasks.record.expectations import validate
+
+
+class ArtifactEntry(BaseModel):
+    path: str  # relative to the run folder
+    kind: str
+    lane: str
+    sha256: str
+    rows: int | None = None
+    validation: Literal["passed", "failed", "not-validated"] = "not-validated"
+    failed_expectations: list[str] = []
+
+
+class LaneRecord(BaseModel):
+    status: Literal["passed", "failed", "skipped", "running"] = "running"
+    reason: str = ""
+    stage: str = ""
+    config: dict[str, Any] = {}
+    launch_command: str = ""
+    engine_identity: dict[str, str] = {}
+    models: list[dict[str, Any]] = []
+    preflight: dict[str, Any] = {}  # links, hosts and RPC workers as preflight found them
+    image: dict[str, Any] = {}  # container lanes: the pinned reference, digest and image id as pulled
+    boot_seconds: float | None = None
+    boot_facts: dict[str, Any] = {}
+    gates: list[dict[str, Any]] = []
+    warnings: list[str] = []
+
+
+class Manifest(BaseModel):
+    lanebench: dict[str, Any]
+    flow: dict[str, Any]
+    host: dict[str, Any]
+    inventory: dict[str, Any]
+    lanes: dict[str, LaneRecord] = {}
+    artifacts: list[ArtifactEntry] = []
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def git_identity() -> dict[str, Any]:
+    def git(*args: str) -> str:
+        r = subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True)
+        return r.stdout.strip() if r.returncode == 0 else ""
+
+    return {"git_sha": git("rev-parse", "HEAD") or "unknown", "dirty": bool(git("status", "--porcelain"))}
+
+
+def host_facts() -> dict[str, Any]:
+    cpu = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return {"hostname": socket.gethostname(), "platform": platform.platform(), "machine": platform.machine(),
+            "cpu": cpu, "cores": os.cpu_count(), "memory_gib": round(mem, 1), "python": platform.python_version()}
+
+
+class RunFolder:
+    """Owns one run folder and its manifest; every write goes through here.
+
+    Flows receive the folder's path (a plain parameter Prefect can record) and look the
+    open RunFolder up with `RunFolder.opened(path)`.
+    """
+
+    _open: dict[str, RunFolder] = {}
+
+    @classmethod
+    def opened(cls, path: str | Path) -> RunFolder:
+        return cls._open[str(path)]
+
+    def __init__(self, root: Path, flow_name: str, flow_run_id: str, inventory_path: Path) -> None:
+        now = datetime.now(UTC)
+        self.path = root / f"{now:%Y%m%dT%H%M%SZ}_{flow_name}_{flow_run_id[:8]}"
+        self.path.mkdir(parents=True, exist_ok=False)
+        self._lock = threading.Lock()
+        self.manifest = Manifest(
+            lanebench=git_identity(),
+            flow={"name": flow_name, "flow_run_id": flow_run_id, "started_at": now.isoformat(), "finished_at": None},
+            host=host_facts(),
+            inventory={"path": str(inventory_path), "sha256": _sha256_file(inventory_path)},
+        )
+        self.save_manifest()
+        RunFolder._open[str(self.path)] = self
+
+    def lane(self, name: str) -> LaneRecord:
+        return self.manifest.lanes.setdefault(name, LaneRecord())
+
+    def lane_dir(self, lane: str) -> Path:
+        d = self.path / lane
+        d.mkdir(exist_ok=True)
+        return d
+
+    def append_jsonl(self, lane: str, name: str, record: BaseModel) -> None:
+        with self._lock, (self.lane_dir(lane) / name).open("a") as f:
+            f.write(record.model_dump_json() + "\n")
+
+    def save_manifest(self) -> None:
+        tmp = self.path / "manifest.json.tmp"
+        tmp.write_text(self.manifest.model_dump_json(indent=2))
+        tmp.replace(self.path / "manifest.json")
+
+    def register(self, lane: str, rel: str, kind: str, rows: int | None = None) -> ArtifactEntry:
+        entry = ArtifactEntry(path=rel, kind=kind, lane=lane, sha256=_sha256_file(self.path / rel), rows=rows)
+        self.manifest.artifacts = [a for a in self.manifest.artifacts if a.path != rel] + [entry]
+        self.save_manifest()
+        return entry
+
+    def write_table(self, lane: str, kind: str, records: list[BaseModel]) -> tuple[pd.DataFrame, ArtifactEntry]:
+        """Validate a table against its GX suite, then write it as a result or into quarantine."""
+        df = pd.DataFrame([r.model_dump() for r in records])
+        outcome = validate(kind, df)
+        sub = "" if outcome.success else "quarantine/"
+        (self.lane_dir(lane) / "validation").mkdir(exist_ok=True)
+        if sub:
+            (self.lane_dir(lane) / "quarantine").mkdir(exist_ok=True)
+        rel = f"{lane}/{sub}{kind}.parquet"
+        df.to_parquet(self.path / rel, index=False)
+        vrel = f"{lane}/validation/{kind}.json"
+        (self.path / vrel).write_text(json.dumps(outcome.result, indent=2, default=str))
+        self.register(lane, vrel, "validation")
+        entry = self.register(lane, rel, kind, rows=len(df))
+        entry.validation = "passed" if outcome.success else "failed"
+        entry.failed_expectations = outcome.failed
+        self.save_manifest()
+        return df, entry
+
+    def validate_raw(self, lane: str, name: str, kind: str) -> ArtifactEntry | None:
+        """Validate a raw JSONL file in place (raw records are kept even when they fail)."""
+        path = self.lane_dir(lane) / name
+        if not path.exists():
+            return None
+        df = pd.read_json(path, lines=True, convert_dates=False)
+        outcome = validate(kind, df)
+        vrel = f"{lane}/validation/{kind}.json"
+        (self.lane_dir(lane) / "validation").mkdir(exist_ok=True)
+        (self.path / vrel).write_text(json.dumps(outcome.result, indent=2, default=str))
+        self.register(lane, vrel, "validation")
+        entry = self.register(lane, f"{lane}/{name}", kind, rows=len(df))
+        entry.validation = "passed" if outcome.success else "failed"
+        entry.failed_expectations = outcome.failed
+        self.save_manifest()
+        return entry
+
+    def finish(self) -> None:
+        self.manifest.flow["finished_at"] = datetime.now(UTC).isoformat()
+        self.save_manifest()

@@ -1,0 +1,163 @@
+"""Boot: start the server, wait for health within a deadline, keep the whole boot log.
+
+The boot facts (running-request cap, context per slot, speculation) come from the log the
+server wrote, never from the flags we passed: in the seeds a state-cache cap of 7 hid
+behind a bench that asked for 16.
+"""
+
+from __future__ import annotations
+
+import shlex
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from tasks.inventory.models import Host, Lane
+from tasks.engines import engine_for
+from tasks.engines.facts import BootFacts
+from tasks.hosts.transport import LocalTransport, Spawned, Transport
+
+@dataclass
+class Worker:
+    """A process the lane's server depends on, on another host (an RPC worker over a link)."""
+
+    host_name: str
+    transport: Transport
+    argv: list[str]
+
+
+@dataclass
+class Placement:
+    """Where a lane's server runs: the host's transport; for a container lane the pinned image
+    (already pulled and verified); the workers to start first. Default: this machine."""
+
+    host_name: str = "localhost"
+    host: Host = field(default_factory=Host)
+    transport: Transport = field(default_factory=LocalTransport)
+    image: str | None = None
+    workers: list[Worker] = field(default_factory=list)
+
+
+@dataclass
+class Server:
+    lane: str
+    base_url: str
+    argv: list[str]
+    log_path: Path
+    process: Spawned
+    workers: list[Spawned] = field(default_factory=list)
+    image: str | None = None
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    @property
+    def command(self) -> str:
+        return shlex.join(self.argv)
+
+
+class BootError(RuntimeError):
+    pass
+
+
+def _log_tail(path: Path, lines: int = 15) -> str:
+    text = path.read_text(errors="replace") if path.exists() else ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def start(lane_name: str, lane: Lane, binary: str, address: str, log_path: Path,
+          placement: Placement | None = None) -> Server:
+    """Start the workers, then the server (a process on the host, or the lane's container).
+    A leftover of a crashed run under the same name is stopped first."""
+    from tasks.hosts import containers
+
+    where = placement or Placement()
+    engine = engine_for(lane.engine)
+    argv = engine.launch_command(lane, binary, address)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    workers: list[Spawned] = []
+    try:
+        for i, worker in enumerate(where.workers):
+            name = f"{lane_name}-rpc{i}.{lane.port}"
+            worker.transport.stop_leftover(name)
+            workers.append(worker.transport.spawn(worker.argv, log_path.with_name(f"worker-{worker.host_name}.log"),
+                                                  name=name))
+        if where.image is not None:
+            containers.remove_leftover(where.transport, where.host.docker_host, lane_name)
+            mounts = sorted({f"{d}:{d}:ro" for d in {str(Path(f.path).parent) for f in (lane.model, lane.drafter) if f}}
+                            | set(lane.container.mounts))
+            process: Spawned = containers.run_container(
+                where.transport, where.host.docker_host, lane_name, where.image, argv[1:], lane.container,
+                where.host.gpus, mounts, lane.env, log_path)
+        else:
+            # Named by lane and port: a crashed run's server on this port is what would block this boot.
+            name = f"{lane_name}.{lane.port}"
+            where.transport.stop_leftover(name)
+            process = where.transport.spawn(argv, log_path, name=name, env=lane.env)
+    except BaseException:
+        for w in workers:
+            w.stop()
+        raise
+    return Server(lane=lane_name, base_url=f"http://{address}:{lane.port}", argv=argv, log_path=log_path,
+                  process=process, workers=workers, image=where.image)
+
+
+def wait_healthy(server: Server, lane: Lane, deadline_s: float) -> float:
+    """Poll health until 200 or the deadline; connection refused while loading is expected, so retried."""
+    engine = engine_for(lane.engine)
+    t0 = time.monotonic()
+    delay = 0.1
+    last = "no answer yet"
+    while time.monotonic() - t0 < deadline_s:
+        if (code := server.process.poll()) is not None:
+            raise BootError(f"server exited with code {code} while booting; "
+                            f"last log lines:\n{_log_tail(server.log_path)}")
+        try:
+            r = httpx.get(server.base_url + engine.health_path, timeout=5.0)
+            if engine.healthy(r.status_code, r.text):
+                return time.monotonic() - t0
+            last = f"HTTP {r.status_code}"
+        except httpx.TransportError as e:
+            last = type(e).__name__
+        time.sleep(delay)
+        delay = min(delay * 1.5, 2.0)
+    raise BootError(f"server not healthy after {deadline_s:.0f} s (last: {last}); "
+                    f"last log lines:\n{_log_tail(server.log_path)}")
+
+
+def stop(server: Server, grace_s: float = 10.0) -> None:
+    """Stop the server (its process group, or its container), then its workers."""
+    try:
+        server.process.stop(grace_s)
+    finally:
+        for worker in server.workers:
+            worker.stop(grace_s)
+
+
+@task(name="boot", cache_policy=NO_CACHE)
+def boot(lane_name: str, lane: Lane, binary: str, address: str, log_path: Path,
+         placement: Placement | None = None) -> tuple[Server, BootFacts, float]:
+    """Start the lane's server and wait for health; returns the server, its boot facts and boot seconds."""
+    server = start(lane_name, lane, binary, address, log_path, placement)
+    try:
+        seconds = wait_healthy(server, lane, lane.boot_timeout_s)
+    except BaseException:
+        stop(server)
+        raise
+    return server, read_facts(server, lane.engine), seconds
+
+
+def read_facts(server: Server, engine_name: str) -> BootFacts:
+    """Boot facts from the log, completed from the info endpoint. Read again after the first
+    requests: some servers (llama.cpp) name the speculation type only once a slot has run."""
+    engine = engine_for(engine_name)
+    facts = engine.boot_facts(server.log())
+    if engine.info_path:
+        r = httpx.get(server.base_url + engine.info_path, timeout=10.0)
+        if r.status_code == 200:
+            facts = engine.info_facts(facts, r.json())
+    return facts

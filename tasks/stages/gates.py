@@ -1,0 +1,112 @@
+"""Boot gates: checks on the booted server that must pass before anything is measured.
+
+- The counter gate exists because a patched verify path once never ran
+  (`steps=0 fallback_full_width=4097`) and passed every output-equality check; here, a
+  drafter loaded without speculation enabled drafts nothing, and only a counter shows it.
+- The capacity gate exists because a state cache capped a server at 7 running requests
+  while the bench asked for 16, and the table reported 16.
+"""
+
+from __future__ import annotations
+
+import operator
+import re
+
+import httpx
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+from prefect.tasks import exponential_backoff
+
+from tasks.stages.boot import Server
+from tasks.inventory.models import CapacityGate, CounterGate, Lane
+from tasks.engines import engine_for
+from tasks.client.waves import Wave, run_wave
+from tasks.client.prompts import Prompt
+from tasks.client.records import RequestRecord
+from tasks.engines.facts import BootFacts, Metrics
+from tasks.record.rows import GateResult
+
+_OPS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operator.ne}
+
+
+class TransientFault(RuntimeError):
+    """A fault worth retrying: connection refused, HTTP 5xx."""
+
+
+class GateFailed(RuntimeError):
+    def __init__(self, result: GateResult) -> None:
+        self.result = result
+        super().__init__(f"gate {result.gate!r} failed: {result.detail}")
+
+
+def _transient(task, task_run, state) -> bool:
+    try:
+        state.result()
+    except TransientFault:
+        return True
+    except Exception:
+        return False
+    return False
+
+
+@task(name="scrape-metrics", cache_policy=NO_CACHE, retries=3, retry_delay_seconds=exponential_backoff(0.5),
+      retry_condition_fn=_transient)
+def scrape_metrics(server: Server, engine_name: str) -> Metrics:
+    engine = engine_for(engine_name)
+    try:
+        r = httpx.get(server.base_url + engine.metrics_path, timeout=10.0)
+    except httpx.TransportError as e:
+        raise TransientFault(f"metrics scrape: {type(e).__name__}") from e
+    if r.status_code >= 500:
+        raise TransientFault(f"metrics scrape: HTTP {r.status_code}")
+    r.raise_for_status()
+    return engine.metrics(r.text)
+
+
+@task(name="probe-request", cache_policy=NO_CACHE, retries=3, retry_delay_seconds=exponential_backoff(0.5),
+      retry_condition_fn=_transient)
+def probe_request(server: Server, lane_name: str, engine_name: str, prompt: Prompt, max_tokens: int = 32) -> RequestRecord:
+    """One short request; HTTP 5xx and refused connections are retried with backoff."""
+    wave = Wave(lane=lane_name, stage="probe", repeat=0, concurrency=1, requests_per_stream=1, max_tokens=max_tokens)
+    record = run_wave(server.base_url, engine_for(engine_name), wave, [prompt]).records[0]
+    if not record.ok and (record.http_status is None or record.http_status >= 500):
+        raise TransientFault(f"probe request failed: {record.error}")
+    if not record.ok:
+        raise RuntimeError(f"probe request refused: {record.error}")
+    return record
+
+
+def judge(name: str, kind: str, value: float | None, op: str, threshold: float | None, what: str) -> GateResult:
+    passed = value is not None and threshold is not None and _OPS[op](value, threshold)
+    shown = "no value" if value is None else f"{value:g}"
+    verdict = "passed" if passed else "failed"
+    return GateResult(gate=name, kind=kind, passed=passed, value=value, op=op, threshold=threshold,
+                      detail=f"{what} = {shown}, required {op} {threshold:g}: {verdict}")
+
+
+@task(name="counter-gate", cache_policy=NO_CACHE)
+def counter_gate(gate: CounterGate, server: Server, lane_name: str, lane: Lane, probe: Prompt) -> GateResult:
+    """Send a probe request, then read the counter: a metric's increase over the probe, or a log value."""
+    before = scrape_metrics(server, lane.engine)
+    probe_request(server, lane_name, lane.engine, probe)
+    after = scrape_metrics(server, lane.engine)
+    if gate.metric is not None:
+        value: float | None = after.total(gate.metric) - before.total(gate.metric)
+        what = f"increase of metric {gate.metric} over the probe"
+    else:
+        matches = list(re.finditer(gate.log_pattern or "", server.log()))
+        value = float(matches[-1]["value"]) if matches else None
+        what = f"log counter /{gate.log_pattern}/ (last match)"
+    return judge(gate.name, "counter", value, gate.op, gate.threshold, what)
+
+
+@task(name="capacity-gate", cache_policy=NO_CACHE)
+def capacity_gate(gate: CapacityGate, lane: Lane, facts: BootFacts) -> GateResult:
+    """The bench's highest concurrency must fit the running-request cap the server resolved."""
+    wanted = max(lane.bench.decode.concurrency)
+    cap = facts.max_running_requests
+    if cap is None:
+        return GateResult(gate=gate.name, kind="capacity", passed=False, value=None, op=">=", threshold=float(wanted),
+                          detail=f"the boot log states no running-request cap; bench concurrency {wanted} cannot be checked")
+    return judge(gate.name, "capacity", float(cap), ">=", float(wanted),
+                 f"running-request cap from the boot log (bench concurrency up to {wanted})")

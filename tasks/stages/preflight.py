@@ -1,0 +1,245 @@
+"""Preflight: everything a lane needs, checked before an expensive boot.
+
+A failed precondition is not an error of the run: the lane is skipped with the reason and
+every other lane goes on. In order, cheapest and most telling first (the seeds lost a lane to
+an unplugged cable that nothing reported): the links the lane needs, its host (reachable,
+docker answering, GPUs, disk, model files), its RPC workers, the engine binary, the port.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+from pydantic import BaseModel
+
+from tasks.engines.build import BuildError, llama_cpp_bin_dir, llama_cpp_identity
+from tasks.inventory.models import FileRef, Host, Inventory, Lane
+from tasks.hosts.files import sha256_of
+from tasks.hosts.checks import HostCheck, check_host, host_path
+from tasks.hosts.links import LinkCheck, check_link, lane_links
+from tasks.hosts.connect import transport_for
+from tasks.hosts.transport import Transport, TransportError
+
+
+class ModelFacts(BaseModel):
+    role: str
+    path: str
+    bytes: int
+    sha256: str | None = None
+
+
+class Preflight(BaseModel):
+    ok: bool
+    reason: str = ""
+    binary: str = ""
+    engine_identity: dict[str, str] = {}
+    models: list[ModelFacts] = []
+    links: list[LinkCheck] = []
+    hosts: list[HostCheck] = []
+    rpc_endpoints: list[str] = []  # "address:port" of each RPC worker, on its end of the link
+    rpc_binaries: dict[str, str] = {}  # worker host -> its rpc-server path
+
+
+@dataclass
+class Reach:
+    """The transports a lane's preflight and boot use: its host's, its workers' and its links' ends."""
+
+    host_name: str
+    transports: dict[str, Transport] = field(default_factory=dict)
+
+    @property
+    def transport(self) -> Transport:
+        return self.transports[self.host_name]
+
+    @classmethod
+    def of(cls, host_name: str, lane: Lane, host: Host, base_dir: Path, inventory: Inventory | None) -> Reach:
+        hosts = {host_name: host}
+        if inventory is not None:
+            for name in lane.rpc.workers if lane.rpc else []:
+                hosts[name] = inventory.hosts[name]
+            for link in inventory.links:
+                if link.name in lane_links(lane):
+                    hosts |= {link.a.host: inventory.hosts[link.a.host], link.b.host: inventory.hosts[link.b.host]}
+        return cls(host_name, {name: transport_for(name, h, base_dir) for name, h in hosts.items()})
+
+    def close(self) -> None:
+        for t in self.transports.values():
+            t.close()
+
+
+def resolve(base_dir: Path, path: str) -> Path:
+    p = Path(path)
+    return p if p.is_absolute() else (base_dir / p).resolve()
+
+
+def _check_file(role: str, ref: FileRef, base_dir: Path) -> ModelFacts | str:
+    path = resolve(base_dir, ref.path)
+    if not path.is_file():
+        return f"{role} file {path} is missing"
+    size = path.stat().st_size
+    if ref.bytes is not None and size != ref.bytes:
+        return f"{role} file {path} has {size} bytes, the lane declares {ref.bytes}"
+    digest = sha256_of(path)
+    if ref.sha256 is not None and digest != ref.sha256:
+        return f"{role} file {path} has sha256 {digest[:12]}..., the lane declares {ref.sha256[:12]}..."
+    return ModelFacts(role=role, path=str(path), bytes=size, sha256=digest)
+
+
+def port_free(address: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        # As servers bind: a port in TIME_WAIT after the previous boot is free to use.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((address, port))
+        except OSError:
+            return False
+    return True
+
+
+def _remote_port_free(t: Transport, port: int) -> bool:
+    r = t.run(["ss", "-Hltn", f"sport = :{port}"], deadline_s=20, idempotent=True)
+    return r.exit_code == 0 and not r.stdout.strip()
+
+
+def _local_binary(lane: Lane) -> tuple[str, dict[str, str]] | str:
+    if lane.binary is None and lane.engine == "llamacpp":
+        try:
+            bin_dir = llama_cpp_bin_dir()
+        except BuildError as e:
+            return str(e)
+        return str(bin_dir / "llama-server"), llama_cpp_identity(bin_dir)
+    if lane.binary is None:
+        return f"lane declares no binary for engine {lane.engine} (set 'binary', or run it from a pinned 'image')"
+    found = shutil.which(lane.binary)
+    if not found:
+        return f"engine binary {lane.binary!r} not found"
+    return found, {"path": found, "sha256": sha256_of(found)}
+
+
+def _remote_binary(t: Transport, host_name: str, path: str) -> tuple[str, dict[str, str]] | str:
+    """An engine executable on another host: the lane's `binary`, else the pinned build's path
+    (the same path there: a host that shares the build, like the lab's namespaces)."""
+    r = t.run(["sha256sum", "--", path], deadline_s=60, idempotent=True)
+    if r.exit_code != 0 or not r.stdout.strip():
+        return f"engine binary {path} is missing on {host_name} (set the lane's 'binary' to its path there)"
+    return path, {"path": path, "sha256": r.stdout.split()[0], "host": host_name}
+
+
+def _pinned(name: str) -> str | None:
+    try:
+        return str(llama_cpp_bin_dir() / name)
+    except BuildError:
+        return None
+
+
+def _remote(lane_name: str, lane: Lane, host: Host, base_dir: Path, inventory: Inventory | None,
+            reach: Reach) -> Preflight:
+    pre = Preflight(ok=False)
+    if lane_links(lane) and inventory is None:
+        pre.reason = "lane needs links but was run without its inventory"
+        return pre
+    for name in lane_links(lane):
+        link = next(lk for lk in inventory.links if lk.name == name)  # type: ignore[union-attr]
+        check = check_link(link, reach.transports)
+        pre.links.append(check)
+        if not check.ok:
+            pre.reason = check.reason
+            return pre
+    files = [f for f in (lane.model, lane.drafter) if f is not None]
+    main = check_host(reach.host_name, host, reach.transport, files, needs_docker=lane.image is not None,
+                      base_dir=base_dir)
+    pre.hosts.append(main)
+    if not main.ok:
+        pre.reason = main.reason
+        return pre
+    roles = ["model", "drafter"] if lane.drafter is not None else ["model"]
+    pre.models = [ModelFacts(role=r, path=f.path, bytes=f.bytes, sha256=f.sha256) for r, f in zip(roles, main.files)]
+    if lane.rpc is not None:
+        link = next(lk for lk in inventory.links if lk.name == lane.rpc.link)  # type: ignore[union-attr]
+        worker_binary = lane.rpc.binary or _pinned("rpc-server") or "rpc-server"
+        for worker in lane.rpc.workers:
+            end = link.a if link.a.host == worker else link.b if link.b.host == worker else None
+            if end is None:
+                pre.reason = f"RPC worker {worker} is not an end of link {link.name}"
+                return pre
+            wcheck = check_host(worker, inventory.hosts[worker], reach.transports[worker], [], needs_docker=False,  # type: ignore[union-attr]
+                                base_dir=base_dir)
+            pre.hosts.append(wcheck)
+            if not wcheck.ok:
+                pre.reason = f"RPC worker {wcheck.reason}"
+                return pre
+            found = _remote_binary(reach.transports[worker], worker, worker_binary)
+            if isinstance(found, str):
+                pre.reason = f"RPC worker: {found}"
+                return pre
+            pre.engine_identity[f"rpc_worker_{worker}"] = found[1]["sha256"]
+            pre.rpc_binaries[worker] = found[0]
+            pre.rpc_endpoints.append(f"{end.address}:{lane.rpc.port}")
+    if lane.image is not None:
+        pre.binary, pre.engine_identity = lane.container.entrypoint_binary, {**pre.engine_identity, "image": lane.image}
+    else:
+        path = lane.binary or _pinned("llama-server") if lane.engine == "llamacpp" else lane.binary
+        if path is None:
+            pre.reason = f"lane declares no binary for engine {lane.engine} (set 'binary', or run it from a pinned 'image')"
+            return pre
+        found = _remote_binary(reach.transport, reach.host_name, path) if host.transport != "local" else _local_binary(lane)
+        if isinstance(found, str):
+            pre.reason = found
+            return pre
+        pre.binary, identity = found
+        pre.engine_identity = {**identity, **pre.engine_identity}
+    free = port_free(host.address, lane.port) if host.transport == "local" else _remote_port_free(reach.transport, lane.port)
+    if not free:
+        pre.reason = f"port {lane.port} on {reach.host_name} ({host.address}) is already in use"
+        return pre
+    pre.ok = True
+    return pre
+
+
+def _needs_reach(lane: Lane, host: Host) -> bool:
+    return host.transport != "local" or lane.image is not None or lane.rpc is not None or bool(lane.links)
+
+
+@task(name="preflight", cache_policy=NO_CACHE)
+def preflight(lane_name: str, lane: Lane, host: Host, base_dir: Path, inventory: Inventory | None = None,
+              reach: Reach | None = None) -> Preflight:
+    """Links, host, workers, binary, model files with declared bytes (and sha256), port free."""
+    if _needs_reach(lane, host):
+        if reach is None:
+            return Preflight(ok=False, reason="a remote, container or RPC lane needs its hosts' transports")
+        try:
+            return _remote(lane_name, lane, host, base_dir, inventory, reach)
+        except TransportError as e:
+            return Preflight(ok=False, reason=f"preflight: {e}")
+    found = _local_binary(lane)
+    if isinstance(found, str):
+        return Preflight(ok=False, reason=found)
+    binary, identity = found
+    models = []
+    for role, ref in (("model", lane.model), ("drafter", lane.drafter)):
+        if ref is None:
+            continue
+        facts = _check_file(role, ref, base_dir)
+        if isinstance(facts, str):
+            return Preflight(ok=False, reason=facts, binary=binary, engine_identity=identity)
+        models.append(facts)
+    if not port_free(host.address, lane.port):
+        return Preflight(ok=False, reason=f"port {lane.port} on {host.address} is already in use",
+                         binary=binary, engine_identity=identity, models=models)
+    return Preflight(ok=True, binary=binary, engine_identity=identity, models=models)
+
+
+def model_paths(lane: Lane, host: Host, base_dir: Path) -> dict[str, str]:
+    """Where the lane's model files are on its host (what the server is told to load)."""
+    out: dict[str, Any] = {}
+    for role, ref in (("model", lane.model), ("drafter", lane.drafter)):
+        if ref is not None:
+            out[role] = host_path(host, ref.path, base_dir) if host.transport != "local" else str(resolve(base_dir, ref.path))
+    return out
+
