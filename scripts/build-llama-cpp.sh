@@ -15,6 +15,15 @@ if [ -x "$OUT/bin/llama-server" ] && [ -f "$OUT/.complete" ]; then
   echo "$OUT/bin"
   exit 0
 fi
+# One build at a time: two builds in one work folder corrupt each other's archives (seen when
+# a test fixture asked for the build while ./setup was still making it).
+mkdir -p "$CACHE/llama.cpp"
+exec 9>"$CACHE/llama.cpp/.build.lock"
+flock 9
+if [ -x "$OUT/bin/llama-server" ] && [ -f "$OUT/.complete" ]; then
+  echo "$OUT/bin"
+  exit 0
+fi
 
 work="$CACHE/llama.cpp/$SHA256.work"  # kept on failure so a retry builds incrementally
 mkdir -p "$work"
