@@ -33,7 +33,9 @@ from tasks.inventory.load import shipped_or_local
 from tasks.hosts.containers import image_pull
 from tasks.stages.decode_curve import decode_curve
 from tasks.engines import engine_for
-from tasks.stages.gates import GateFailed, capacity_gate, counter_gate
+from tasks.stages.gates import GateFailed, capacity_gate, counter_gate, scrape_metrics
+from tasks.stages.safety import (acceptance_findings, noise_findings, as_gate, effective_findings, implied_gates, pinned_identity,
+                                 speculation_gates)
 from tasks.correctness.needles import needle_ladder
 from tasks.stages.preflight import Preflight, Reach, model_paths, preflight, resolve
 from tasks.record.progress import progress
@@ -142,21 +144,31 @@ def lane_flow(lane_name: str, lane: Lane, host: Host, base_dir: Path, run_dir: s
         record.boot_facts = facts.model_dump()
         run.save_manifest()
 
-        # 4. Boot gates, declared per lane: any failure stops this lane's measurements.
+        # 4. Boot gates, declared and implied (a drafter implies the counter gate on the engine's own
+        # draft counter, every bench the capacity gate; safety.py): all run, then any failure, or a
+        # declared value the server does not serve, stops this lane's measurements.
         stage("boot gates")
         probe = min([*decode_prompts, *(p for ps in class_prompts.values() for p in ps)], key=lambda p: len(p.text))
-        for gate in lane.gates:
+        record.waivers = [w.model_dump() for w in lane.waivers]
+        engine = engine_for(lane.engine)
+        before = scrape_metrics(server, lane.engine)
+        results = []
+        for gate in implied_gates(lane, engine):
             if isinstance(gate, CapacityGate):
-                result = capacity_gate(gate, lane, facts)
+                results.append(capacity_gate(gate, lane, facts))
             else:
-                result = counter_gate(gate, server, lane_name, lane, probe)
-            record.gates.append(result.model_dump())
-            run.save_manifest()
-            if not result.passed:
-                raise GateFailed(result)
+                results.append(counter_gate(gate, server, lane_name, lane, probe))
+        results += speculation_gates(lane, engine, before, scrape_metrics(server, lane.engine), server.log())
+        record.gates += [r.model_dump() for r in results]
         # Some servers name their speculation type only once a slot has run: read the facts again.
-        record.boot_facts = read_facts(server, lane.engine).model_dump()
+        facts = read_facts(server, lane.engine)
+        record.boot_facts = facts.model_dump()
+        findings = effective_findings(lane, facts, record.models, record.engine_identity, pinned_identity(lane))
+        record.flags += [f.model_dump(mode="json") for f in findings]
         run.save_manifest()
+        if failed := next((r for r in results if not r.passed), None) or \
+                next((as_gate(f) for f in findings if f.severity == "failure"), None):
+            raise GateFailed(failed)
         # The workload the lane declares it serves: structured tool calls, reasoning apart from
         # the content (the seeds' missing parser flags), and every declared thinking switch.
         # Recorded with the correctness verdicts (manifest flow.correctness.<lane>.gates).
@@ -181,8 +193,10 @@ def lane_flow(lane_name: str, lane: Lane, host: Host, base_dir: Path, run_dir: s
         # 6. Decode curve: repeats at each concurrency level, median and spread.
         stage("decode curve")
         rows = decode_curve(server, lane_name, lane.engine, lane.bench.decode, lane.bench.repeats, decode_prompts,
-                            keep, on_progress=lambda s: progress(lane_name, s))
+                            keep, on_progress=lambda s: progress(lane_name, s),
+                            unstable_spread_pct=lane.bench.unstable_spread_pct)
         run.write_table(lane_name, "decode", rows)
+        record.flags += [f.model_dump(mode="json") for f in noise_findings(lane, rows, warm)]
 
         # 7. Acceptance probe: per prompt class, counter deltas over the probe window only.
         if lane.speculative is not None and lane.bench.acceptance is not None:
@@ -192,6 +206,7 @@ def lane_flow(lane_name: str, lane: Lane, host: Host, base_dir: Path, run_dir: s
                                                 on_progress=lambda s: progress(lane_name, s))
             for prompt_class in silent:
                 record.warnings.append(f"acceptance probe: class {prompt_class} had no verification step")
+            record.flags += [f.model_dump(mode="json") for f in acceptance_findings(lane, acc_rows)]
             if acc_rows:
                 run.write_table(lane_name, "acceptance", acc_rows)
 

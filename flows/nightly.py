@@ -177,4 +177,7 @@ def nightly(hosts: str = "hosts.yaml", lanes: list[str] | None = None, artifacts
     problems += [f"regression {describe(r)}" for c in comparisons.values() for r in c.regressions]
     if problems:
         return Failed(message="; ".join(problems))
+    flagged = [f"{n}: {f['message']}" for n, r in run.manifest.lanes.items() for f in r.flags]
+    if flagged:  # passed, but not silently: each flag names declared value, effective value and fix
+        return Completed(message=f"{run.path}; FLAGGED: " + " | ".join(flagged))
     return Completed(message=str(run.path))

@@ -24,6 +24,23 @@ class StreamEvent(_Record):
     prompt_tokens: int | None = None
     finish_reason: str | None = None  # "length" | "stop" | engine's own word
     spec: dict[str, float | list[float]] | None = None  # engine-native per-request speculation fields
+    truncated: bool | None = None  # the server says it cut or shifted the context (llama.cpp `truncated`)
+
+
+Truncation = Literal["none", "max_tokens", "context"]
+
+
+def truncation_of(ok: bool, finish_reason: str | None, output_tokens: int, max_tokens: int,
+                  context_cut: bool | None) -> Truncation | None:
+    """How a request ended: finished on its own, hit max_tokens, or ran into the context
+    (the server's own flag, or stopped for length short of max_tokens). None: it failed."""
+    if not ok:
+        return None
+    if context_cut or (finish_reason == "length" and output_tokens < max_tokens):
+        return "context"
+    if finish_reason == "length" or output_tokens >= max_tokens:
+        return "max_tokens"
+    return "none"
 
 
 class RequestSpec(_Record):
@@ -54,3 +71,4 @@ class RequestRecord(_Record):
     itl_p50_s: float | None = None
     chunks: int = 0
     spec: dict[str, float | list[float]] | None = None
+    truncation: Truncation | None = None  # none | max_tokens | context (truncation_of); None: failed

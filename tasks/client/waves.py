@@ -17,7 +17,7 @@ import httpx
 
 from tasks.engines.base import Engine
 from tasks.client.prompts import Prompt, nonce, with_nonce
-from tasks.client.records import RequestRecord
+from tasks.client.records import RequestRecord, truncation_of
 
 _TIMEOUT = httpx.Timeout(connect=10.0, read=120.0, write=30.0, pool=120.0)
 
@@ -97,6 +97,8 @@ async def _one_request(client: httpx.AsyncClient, engine: Engine, wave: Wave, pr
         itl_p50_s=statistics.median(gaps) if gaps else None,
         chunks=len(arrivals),
         spec=done.spec if done else None,
+        truncation=truncation_of(ok, done.finish_reason if done else None, (done.completion_tokens or 0) if done else 0,
+                                 wave.max_tokens, done.truncated if done else None),
     )
 
 

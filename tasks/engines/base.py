@@ -26,6 +26,18 @@ class Engine(ABC):
     health_path: ClassVar[str] = "/health"
     metrics_path: ClassVar[str] = "/metrics"
     info_path: ClassVar[str | None] = None  # a JSON endpoint describing the resolved server settings
+    # The engine's own speculation counters (tasks/stages/safety.py gates every drafter lane on
+    # them): verification steps with a draft, and draft tokens proposed. None: no such counter.
+    draft_counter: ClassVar[str | None] = None
+    draft_tokens_counter: ClassVar[str | None] = None
+
+    def effective_k(self, metrics: Metrics) -> int | None:
+        """The draft width the server resolved, as its own counters state it (None: not stated)."""
+        return None
+
+    def invalid_speculation(self, log: str) -> str | None:
+        """The server's own words when its speculation output is not valid (synthetic acceptance)."""
+        return None
 
     @abstractmethod
     def launch_command(self, lane: Lane, binary: str, host: str) -> list[str]:

@@ -27,9 +27,27 @@ _SPEC_TYPE = re.compile(r"speculative decoding.*type[ =:]+'?([a-z0-9-]+)")
 _P = "llamacpp:"
 
 
+_SYNTHETIC = re.compile(r"synthetic speculative acceptance is enabled[^\n]*")
+_POSITION = re.compile(r'^llamacpp:spec_decode_num_accepted_tokens_per_pos_total\{position="(\d+)"\}$')
+
+
 class LlamaCpp(Engine):
     name = "llamacpp"
     info_path = "/slots"
+    draft_counter = _P + "spec_decode_num_drafts_total"
+    draft_tokens_counter = _P + "spec_decode_num_draft_tokens_total"
+
+    def effective_k(self, metrics: Metrics) -> int | None:
+        """The per-position counter has one series per draft position the server sized for
+        (server-context.cpp resizes it to `common_speculative_n_max`): their count is K."""
+        positions = [int(m[1]) for key in metrics.values if (m := _POSITION.match(key))]
+        return max(positions) + 1 if positions else None
+
+    def invalid_speculation(self, log: str) -> str | None:
+        """`--spec-synth-len` / `--spec-synth-rates` accept drafts at random (common/speculative.cpp:
+        "synthetic speculative acceptance is enabled for benchmarking; generated output is not valid")."""
+        m = _SYNTHETIC.search(log)
+        return m[0].strip() if m else None
 
     def launch_command(self, lane: Lane, binary: str, host: str) -> list[str]:
         argv = [
@@ -137,6 +155,7 @@ class LlamaCpp(Engine):
             prompt_tokens=data.get("tokens_evaluated", timings.get("prompt_n")),
             finish_reason="length" if data.get("stop_type") == "limit" else "stop",
             spec=spec,
+            truncated=bool(data.get("truncated")),  # context full, or shifted (server-context.cpp)
         )
 
     # --- Agentic flags (tools/server, common/chat.cpp and common/arg.cpp of the pinned tree) ---

@@ -90,6 +90,8 @@ def counter_by_position(metrics: Metrics, name: str) -> dict[str, float]:
 
 class VLLM(Engine):
     name = "vllm"
+    draft_counter = "vllm:spec_decode_num_drafts_total"
+    draft_tokens_counter = "vllm:spec_decode_num_draft_tokens_total"
 
     def launch_command(self, lane: Lane, binary: str, host: str) -> list[str]:
         argv = [

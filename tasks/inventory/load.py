@@ -70,7 +70,9 @@ def load_inventory(path: str | Path) -> Inventory:
         err = e.errors()[0]
         ctx_err = (err.get("ctx") or {}).get("error")
         if isinstance(ctx_err, _RefError):
-            raise ConfigError(path, ctx_err.field, ctx_err.problem, ctx_err.fix) from None
+            # A field that starts with "." is relative to where the error was raised (a lane's own check).
+            where = _field_path(tuple(err["loc"])) + ctx_err.field if ctx_err.field.startswith(".") else ctx_err.field
+            raise ConfigError(path, where, ctx_err.problem, ctx_err.fix) from None
         field = _field_path(tuple(err["loc"]))
         problem = err["msg"].removeprefix("Value error, ")
         if err["type"] == "literal_error":

@@ -133,6 +133,9 @@ class AcceptancePlan(_Strict):
 
 class BenchPlan(_Strict):
     repeats: Annotated[int, Field(ge=1, le=50)] = 3
+    # A decode level whose repeats spread more than this (max - min over median, %) is marked
+    # unstable: noise, not a baseline (tasks/hosts/noise.py says why 50).
+    unstable_spread_pct: Annotated[float, Field(gt=0)] = 50.0
     decode: DecodePlan
     acceptance: AcceptancePlan | None = None
 
@@ -175,6 +178,14 @@ class CapacityGate(_Strict):
 Gate = Annotated[CounterGate | CapacityGate, Field(discriminator="kind")]
 
 
+class Waiver(_Strict):
+    """Turning off a gate the lane implies (tasks/stages/safety.py) takes a reason, recorded in
+    the manifest and shown in report.md: a silent opt-out is how the seeds' mistakes passed."""
+
+    gate: Literal["counter", "capacity", "draft-width", "synthetic", "unstable"]
+    reason: Annotated[str, Field(min_length=8)]
+
+
 class Lane(_Strict):
     """One serving configuration on one or more hosts."""
 
@@ -197,6 +208,7 @@ class Lane(_Strict):
     boot_timeout_s: Annotated[float, Field(gt=0)] = 180.0
     bench: BenchPlan
     gates: list[Gate] = []
+    waivers: list[Waiver] = []  # implied gates turned off, each with its reason
     agentic: Agentic | None = None
     correctness: Correctness | None = None
 
@@ -205,6 +217,15 @@ class Lane(_Strict):
         if self.rpc is not None and self.engine != "llamacpp":
             raise ValueError(f"rpc is llama.cpp's RPC backend; engine {self.engine} spans hosts with its own flags "
                              "(e.g. --tensor-parallel-size) and declares the link it needs under 'links'")
+        return self
+
+    @model_validator(mode="after")
+    def _flags_agree(self) -> Lane:
+        from tasks.inventory.flag_conflicts import conflicts
+
+        if found := conflicts(self):
+            field, problem, fix = found[0]
+            raise _RefError("." + field, problem, fix)
         return self
 
     @model_validator(mode="after")

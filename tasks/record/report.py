@@ -39,6 +39,12 @@ def _md(df: pd.DataFrame) -> str:
 def decode_table(df: pd.DataFrame) -> pd.DataFrame:
     out = df[list(_DECODE_COLS)].rename(columns=_DECODE_COLS).copy()
     out["ITL p50 ms"] = out["ITL p50 ms"] * 1000
+    if "unstable" in df:  # host noise beside each level (tasks/hosts/noise.py)
+        out["spread %"] = [f"{s:.3g} UNSTABLE" if u else f"{s:.3g}" for s, u in zip(df.aggregate_spread_pct, df.unstable)]
+        out["load 1m / busy % / steal %"] = [
+            "/".join("-" if v is None or pd.isna(v) else f"{v:.3g}" for v in (lo, b, st))
+            for lo, b, st in zip(df.load_1m_before, df.busy_pct, df.steal_pct)]
+        out["context-cut %"] = [f"{100 * v:.0f}" for v in df.context_truncated_share]
     out["agg tok/s"] = [f"{m:.1f} [{lo:.1f}, {hi:.1f}]" for m, lo, hi in
                         zip(df.aggregate_tok_s, df.aggregate_tok_s_min, df.aggregate_tok_s_max)]
     return out
@@ -51,14 +57,36 @@ def acceptance_table(df: pd.DataFrame) -> pd.DataFrame:
                               zip(df.acceptance_length, df.acceptance_length_min, df.acceptance_length_max)],
         "per-position acceptance": [" · ".join(f"{p:.2f}" for p in pp) for pp in df.per_position],
         "verify steps": df.verify_steps.astype(int), "accepted": df.accepted.astype(int),
+        **_acceptance_meaning(df),
     })
+
+
+def _acceptance_meaning(df: pd.DataFrame) -> dict:
+    """Beside acceptance length per drafted step: tokens per target pass over every decode
+    step, acceptance without budget-cut draft steps, the interval over prompts, truncated share."""
+    if "tokens_per_pass" not in df or df.tokens_per_pass.isna().all():
+        return {}
+
+    def f(v: float | None, fmt: str = ".2f") -> str:
+        return "-" if v is None or pd.isna(v) else format(v, fmt)
+
+    return {
+        "tokens / target pass": [f(v) for v in df.tokens_per_pass],
+        "drafted steps %": [f(None if pd.isna(v) else 100 * v, ".0f") for v in df.drafted_share],
+        "AL without budget-cut steps": [f"{f(v)} ({int(c)} cut)" for v, c in
+                                        zip(df.acceptance_length_full_steps, df.budget_cut_steps)],
+        "95% interval over prompts": [f"[{f(lo)}, {f(hi)}] of {n}{'' if ok else ' (too few: no verdict)'}"
+                                      for lo, hi, n, ok in zip(df.ci_low, df.ci_high, df.prompts, df.enough_prompts)],
+        "context-truncated %": [f(100 * v, ".0f") for v in df.truncated_share],
+    }
 
 
 def warmup_table(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({
         "C": df.concurrency, "size class": df.size_class,
         "first-hit e2el s": df.first_hit_e2el_s, "steady e2el s": df.steady_e2el_s,
-        "first-hit cost s": df.first_hit_cost_s,
+        "first-hit cost s": [f"noise ({c:+.3g})" if n else f"{c:.3g}" for c, n in
+                             zip(df.first_hit_cost_s, df.noise if "noise" in df else [False] * len(df))],
     })
 
 
@@ -151,6 +179,9 @@ def _verdict_line(run: RunFolder) -> str:
         ([f"{regressions} regression{'s' if regressions > 1 else ''}"] if regressions else []) + \
         ([m.flow["regression_error"]] if m.flow.get("regression_error") else [])
     if not parts:
+        flagged = [f"{n}: {f['check']}" for n, lane in m.lanes.items() for f in lane.flags]
+        if flagged:
+            return f"- verdict: **passed, FLAGGED** ({'; '.join(flagged)}): read the flags before trusting a number"
         return "- verdict: **passed**"
     return f"- verdict: **FAILED** ({'; '.join(parts)})"
 
@@ -188,7 +219,8 @@ def render(run: RunFolder) -> str:
            f"- started {m.flow['started_at']}, finished {m.flow.get('finished_at')}", _verdict_line(run), "",
            "## Lanes", "", "| lane | status | stage | reason |", "|---|---|---|---|"]
     for name, lane in m.lanes.items():
-        out.append(f"| {name} | **{lane.status}** | {lane.stage} | {lane.reason or ''} |")
+        flagged = f" ({len(lane.flags)} flagged)" if lane.flags else ""
+        out.append(f"| {name} | **{lane.status}**{flagged} | {lane.stage} | {lane.reason or ''} |")
     out += _regression_summary(run)
     builders = {"warmup": ("Warmup (first hit, never in results)", warmup_table),
                 "decode": ("Decode curve", decode_table),
@@ -201,6 +233,11 @@ def render(run: RunFolder) -> str:
                     + ", ".join(f"{k}={v}" for k, v in lane.boot_facts.items() if v not in (None, {}, ""))]
         for gate in lane.gates:
             out.append(f"- gate **{gate['gate']}** ({gate['kind']}): {gate['detail']}")
+        for waiver in lane.waivers:
+            out.append(f"- waiver: implied gate **{waiver['gate']}** turned off: {waiver['reason']}")
+        for flag in lane.flags:
+            word = "FAILED" if flag["severity"] == "failure" else "FLAG"
+            out.append(f"- **{word}** {flag['check']}: {flag['message']}")
         # What the lane serves, proven on the same server: agentic smoke, thinking switch, tool
         # gate, needle ladder (also in <lane>/correctness.md).
         out += correctness.section(run, name)

@@ -31,6 +31,7 @@ class WarmupRow(_Record):
     steady_ttft_s: float
     steady_e2el_s: float
     first_hit_cost_s: float  # first-hit e2el minus steady e2el: what a cold bench would have mixed in
+    noise: bool = False  # first hit faster than steady: the host's noise, not a negative cost
 
 
 class DecodeRow(_Record):
@@ -47,6 +48,12 @@ class DecodeRow(_Record):
     itl_p50_s: float
     requests: int
     failed_requests: int
+    # Host noise around the waves (tasks/hosts/noise.py) and the verdict on the spread.
+    load_1m_before: float | None = None
+    busy_pct: float | None = None  # median over the repeats' waves
+    steal_pct: float | None = None  # highest over the repeats' waves
+    unstable: bool = False  # spread above the lane's bench.unstable_spread_pct: noise, not a number
+    context_truncated_share: float = 0.0  # measured requests cut or shifted by the context
 
 
 class AcceptanceRow(_Record):
@@ -61,6 +68,18 @@ class AcceptanceRow(_Record):
     accepted: float
     per_position: list[float]
     source: str
+    # What users think acceptance means (tasks/stages/acceptance.py): tokens per target forward
+    # pass over every decode step, acceptance length without draft steps cut by the token
+    # budget, a bootstrap interval over prompts, and whether the probe set is big enough.
+    tokens_per_pass: float | None = None
+    drafted_share: float | None = None  # decode steps that carried a draft / all decode steps
+    acceptance_length_full_steps: float | None = None
+    budget_cut_steps: float = 0.0
+    prompts: int = 0
+    ci_low: float | None = None
+    ci_high: float | None = None
+    enough_prompts: bool = True
+    truncated_share: float = 0.0  # probe requests that ran into the context
 
 
 class LaneStatus(_Record):

@@ -50,6 +50,11 @@ class LaneRecord(BaseModel):
     boot_facts: dict[str, Any] = {}
     gates: list[dict[str, Any]] = []
     warnings: list[str] = []
+    # Safe by default (tasks/stages/safety.py): declared against effective values and values too
+    # good to be true (check, declared, effective, severity, message), and the implied gates the
+    # lane turned off, each with its reason.
+    flags: list[dict[str, Any]] = []
+    waivers: list[dict[str, Any]] = []
 
 
 class Manifest(BaseModel):

@@ -11,6 +11,9 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable
 
+import numpy as np
+from pydantic import BaseModel
+
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
@@ -24,18 +27,96 @@ from tasks.engines.facts import Acceptance
 from tasks.record.rows import AcceptanceRow
 
 
-def summarize(lane_name: str, prompt_class: str, k: int, windows: list[Acceptance]) -> AcceptanceRow:
-    """Median over repeats; the per-position median keeps the curve non-increasing."""
+# Fewer prompts than this per class: the row is kept, but no verdict may rest on it (the seeds'
+# drafter moved from 1.96 to 2.59 with the number of probe prompts).
+MIN_PROMPTS_FOR_VERDICT = 8
+
+
+class PromptWindow(BaseModel):
+    """One probe request's own counter window (requests run one at a time)."""
+
+    prompt_id: str
+    steps: float  # verification steps that carried a draft
+    accepted: float
+    draft_tokens: float | None
+    output_tokens: int
+    budget_hit: bool  # ended at max_tokens: its last draft may have been cut by the budget
+    context_cut: bool
+
+
+def budget_cut(w: PromptWindow, k: int) -> tuple[float, float]:
+    """(steps, accepted) of the draft step cut short by the token budget, (0, 0) when none.
+
+    llama-server drafts at most `n_remaining - 1` tokens (server-context.cpp `get_n_draft_max`),
+    so near max_tokens the last draft is short and its step still counts: the target as its
+    own drafter reads 4.70 at K=4, not 5.00. With every other draft full width, the shortfall
+    below steps*K is that last draft's missing width; it is removed assuming it accepted all it
+    drafted (never flattering what is left). A shortfall of K or more has other causes (a draft
+    probability floor): nothing is removed then."""
+    if not w.budget_hit or w.draft_tokens is None or w.steps <= 1:
+        return 0.0, 0.0
+    deficit = w.steps * k - w.draft_tokens
+    if not 0 < deficit < k:
+        return 0.0, 0.0
+    return 1.0, min(w.accepted, k - deficit)
+
+
+def _interval(prompts: list[PromptWindow]) -> tuple[float | None, float | None]:
+    """95% bootstrap interval of acceptance length over prompts (greedy repeats are identical:
+    an interval over repeats has zero width and says nothing about the probe set)."""
+    from scipy.stats import bootstrap
+
+    used = [p for p in prompts if p.steps > 0]
+    if len(used) < 2:
+        return None, None
+    accepted = np.array([p.accepted for p in used])
+    steps = np.array([p.steps for p in used])
+    if np.allclose(accepted / steps, accepted[0] / steps[0]):
+        value = 1.0 + accepted.sum() / steps.sum()
+        return value, value
+    res = bootstrap((accepted, steps), lambda a, s: 1.0 + a.sum() / s.sum(), paired=True, vectorized=False,
+                    n_resamples=999, method="percentile", rng=np.random.default_rng(0))
+    return float(res.confidence_interval.low), float(res.confidence_interval.high)
+
+
+def summarize(lane_name: str, prompt_class: str, k: int, windows: list[Acceptance],
+              prompts: list[PromptWindow] | None = None) -> AcceptanceRow:
+    """Median over repeats; the per-position median keeps the curve non-increasing. With the
+    per-prompt windows: tokens per target pass, full-step acceptance, the interval over prompts."""
     lengths = [w.acceptance_length for w in windows]
     width = max(len(w.per_position) for w in windows)
     per_pos = [statistics.median([w.per_position[i] if i < len(w.per_position) else 0.0 for w in windows])
                for i in range(width)]
+    extra: dict = {}
+    if prompts:
+        by_prompt: dict[str, PromptWindow] = {}
+        for p in prompts:  # repeats of one prompt pooled: the prompt is the unit of the interval
+            q = by_prompt.get(p.prompt_id)
+            by_prompt[p.prompt_id] = p if q is None else q.model_copy(update={
+                "steps": q.steps + p.steps, "accepted": q.accepted + p.accepted,
+                "draft_tokens": None if q.draft_tokens is None or p.draft_tokens is None else q.draft_tokens + p.draft_tokens,
+                "output_tokens": q.output_tokens + p.output_tokens})
+        decoded = sum(max(p.output_tokens - 1, 0) for p in prompts)  # the first token comes from prefill
+        accepted = sum(p.accepted for p in prompts)
+        steps = sum(p.steps for p in prompts)
+        passes = decoded - accepted  # one target pass per token not taken from an accepted draft
+        cut = [budget_cut(p, k) for p in prompts]
+        cut_steps, cut_accepted = sum(c[0] for c in cut), sum(c[1] for c in cut)
+        low, high = _interval(list(by_prompt.values()))
+        extra = dict(
+            tokens_per_pass=decoded / passes if passes > 0 else None,
+            drafted_share=steps / passes if passes > 0 else None,
+            acceptance_length_full_steps=1.0 + (accepted - cut_accepted) / (steps - cut_steps)
+            if steps - cut_steps > 0 else None,
+            budget_cut_steps=cut_steps, prompts=len(by_prompt), ci_low=low, ci_high=high,
+            enough_prompts=len(by_prompt) >= MIN_PROMPTS_FOR_VERDICT,
+            truncated_share=sum(p.context_cut for p in prompts) / len(prompts))
     return AcceptanceRow(
         lane=lane_name, prompt_class=prompt_class, k=k, repeats=len(windows),
         acceptance_length=statistics.median(lengths),
         acceptance_length_min=min(lengths), acceptance_length_max=max(lengths),
         verify_steps=sum(w.verify_steps for w in windows), accepted=sum(w.accepted for w in windows),
-        per_position=per_pos, source=windows[0].source,
+        per_position=per_pos, source=windows[0].source, **extra,
     )
 
 
@@ -43,23 +124,39 @@ def summarize(lane_name: str, prompt_class: str, k: int, windows: list[Acceptanc
 def acceptance_probe(server: Server, lane_name: str, engine_name: str, k: int, classes: dict[str, list[Prompt]],
                      max_tokens: int, repeats: int, on_record: Callable[[RequestRecord], None],
                      on_progress: Callable[[str], None] = lambda _: None) -> tuple[list[AcceptanceRow], list[str]]:
-    """Rows per class, and the classes whose windows held no verification step at all."""
+    """Rows per class, and the classes whose windows held no verification step at all.
+
+    Each request is its own counter window too (scraped between requests, which run one at a
+    time), so per-prompt acceptance, budget-cut drafts and tokens per target pass are exact."""
     engine = engine_for(engine_name)
+    scrape = scrape_metrics.fn  # between requests: a plain call, not one task run per request
     rows, silent = [], []
     for prompt_class, prompts in classes.items():
-        windows = []
+        windows, per_prompt = [], []
         for repeat in range(1, repeats + 1):
             on_progress(f"acceptance {prompt_class} repeat {repeat}/{repeats}")
             wave = Wave(lane=lane_name, stage="acceptance", repeat=repeat, concurrency=1,
-                        requests_per_stream=len(prompts), max_tokens=max_tokens)
+                        requests_per_stream=1, max_tokens=max_tokens)
             before = scrape_metrics(server, engine_name)
-            result = run_wave(server.base_url, engine, wave, prompts, on_record)
+            mark, records = before, []
+            for prompt in prompts:
+                record = run_wave(server.base_url, engine, wave, [prompt], on_record).records[0]
+                now = scrape(server, engine_name)
+                records.append(record)
+                one = engine.acceptance(mark, now, [record], k)
+                if record.ok:
+                    per_prompt.append(PromptWindow(
+                        prompt_id=prompt.id, steps=one.verify_steps if one else 0.0,
+                        accepted=one.accepted if one else 0.0, draft_tokens=one.draft_tokens if one else 0.0,
+                        output_tokens=record.output_tokens, budget_hit=record.truncation == "max_tokens",
+                        context_cut=record.truncation == "context"))
+                mark = now
             after = scrape_metrics(server, engine_name)
-            window = engine.acceptance(before, after, result.records, k)
+            window = engine.acceptance(before, after, records, k)
             if window is not None:
                 windows.append(window)
         if windows:
-            rows.append(summarize(lane_name, prompt_class, k, windows))
+            rows.append(summarize(lane_name, prompt_class, k, windows, per_prompt))
         else:
             silent.append(prompt_class)
     return rows, silent

@@ -1,0 +1,219 @@
+"""Safe by default: the gates a lane implies, and declared against effective values.
+
+The field reports' mistakes passed because the right gate had to be declared by hand: a
+drafter that never drafted, a bench above the server's 7-slot cap, a K overridden by a
+flag, a drafter that was the target itself. Here every lane with a drafter gets a counter
+gate on the engine's own draft counter (and draft tokens per draft against the declared K,
+and the server's own word on synthetic acceptance), every bench gets the capacity gate;
+turning one off takes a recorded waiver with a reason. What the server resolved is compared
+with what the lane declared, and each difference names both values and the fix.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from tasks.engines.base import Engine
+from tasks.engines.facts import BootFacts, Metrics
+from tasks.inventory.models import CapacityGate, CounterGate, Gate, Lane
+from tasks.record.rows import GateResult
+
+# Acceptance this close to K+1 means the drafter almost never disagrees with the target: in
+# the seeds that was the target serving as its own drafter, reported as a triumph.
+NEAR_PERFECT = 0.95
+# Fewer decode steps than this carried a draft: acceptance length (per drafted step) no longer
+# says what users get (the seeds' draft floor lifted 2.09 to 2.67 while the target made ~1.15
+# tokens per pass). The last step of each request cannot draft (no budget left), hence not 1.0.
+MIN_DRAFTED_SHARE = 0.8
+WARMUP_JITTER = 0.1  # a first hit faster than steady by more than this share of steady is flagged
+MIN_PROMPTS = 8  # = tasks/stages/acceptance.py MIN_PROMPTS_FOR_VERDICT
+
+
+class Finding(BaseModel):
+    """One declared value the server does not serve as declared (or a value too good to be true)."""
+
+    model_config = ConfigDict(extra="forbid")
+    check: str
+    declared: Any = None
+    effective: Any = None
+    severity: Literal["failure", "flag"]
+    message: str  # names declared value, effective value and the fix
+
+
+def waived(lane: Lane, gate: str) -> bool:
+    return any(w.gate == gate for w in lane.waivers)
+
+
+def implied_gates(lane: Lane, engine: Engine) -> list[Gate]:
+    """The lane's declared gates plus the ones it implies (unless waived or already declared)."""
+    gates: list[Gate] = list(lane.gates)
+    counters = {g.metric for g in gates if isinstance(g, CounterGate)}
+    if (lane.drafter is not None and engine.draft_counter is not None and engine.draft_counter not in counters
+            and not waived(lane, "counter")):
+        gates.append(CounterGate(kind="counter", name="drafts-happen (implied)", metric=engine.draft_counter,
+                                 op=">", threshold=0))
+    if not any(isinstance(g, CapacityGate) for g in gates) and not waived(lane, "capacity"):
+        gates.append(CapacityGate(kind="capacity", name="capacity (implied)"))
+    return gates
+
+
+def _result(gate: str, passed: bool, value: float | None, op: str, threshold: float | None, detail: str) -> GateResult:
+    return GateResult(gate=gate, kind="counter", passed=passed, value=value, op=op, threshold=threshold, detail=detail)
+
+
+def speculation_gates(lane: Lane, engine: Engine, before: Metrics, after: Metrics, log: str) -> list[GateResult]:
+    """After the counter gate's probe: draft tokens per draft and the server's K against the
+    declared K, and synthetic acceptance in the boot log. Only for lanes with a drafter."""
+    if lane.drafter is None or engine.draft_counter is None:
+        return []
+    out: list[GateResult] = []
+    declared_k = lane.speculative.k if lane.speculative else None
+    if not waived(lane, "draft-width") and engine.draft_tokens_counter is not None:
+        drafts = after.total(engine.draft_counter) - before.total(engine.draft_counter)
+        tokens = after.total(engine.draft_tokens_counter) - before.total(engine.draft_tokens_counter)
+        effective_k = engine.effective_k(after)
+        per_draft = tokens / drafts if drafts > 0 else None
+        if declared_k is not None and effective_k is not None and effective_k != declared_k:
+            out.append(_result("draft-width (implied)", False, float(effective_k), "==", float(declared_k),
+                               f"declared K (speculative.k) = {declared_k}, but the server drafts up to "
+                               f"{effective_k} tokens (its per-position counter has {effective_k} positions); "
+                               f"fix: find the flag or engine default that sets the width, or declare k: {effective_k}"))
+        elif declared_k is not None and per_draft is not None:
+            ok = per_draft <= declared_k + 1e-9
+            out.append(_result("draft-width (implied)", ok, per_draft, "<=", float(declared_k),
+                               f"draft tokens per draft over the probe = {per_draft:.3g}, declared K = {declared_k}: "
+                               f"{'passed' if ok else 'failed; fix: the server drafts wider than declared'}"))
+    if not waived(lane, "synthetic") and (said := engine.invalid_speculation(log)):
+        out.append(_result("synthetic (implied)", False, None, "==", None,
+                           f"declared real speculation, but the server says: \"{said}\"; acceptance would be "
+                           f"simulated, not measured; fix: remove --spec-synth-len / --spec-synth-rates from flags"))
+    return out
+
+
+def _name(path: Any) -> str:
+    return Path(str(path)).name
+
+
+def effective_findings(lane: Lane, facts: BootFacts, models: list[dict], identity: dict[str, str],
+                       pinned: dict[str, str] | None) -> list[Finding]:
+    """Declared against what the server resolved (boot log, /slots, preflight's hashes)."""
+    out: list[Finding] = []
+    cap = facts.max_running_requests
+    if cap is not None and cap != lane.slots:
+        out.append(Finding(check="slots", declared=lane.slots, effective=cap, severity="flag",
+                           message=f"declared slots {lane.slots}, the server runs {cap} requests at once; "
+                                   f"fix: set slots: {cap} or find the flag that changed it"))
+    ctx = facts.context_per_slot
+    if ctx is not None and ctx < lane.context:
+        out.append(Finding(check="context", declared=lane.context, effective=ctx, severity="flag",
+                           message=f"declared context {lane.context} tokens per slot, the server resolved {ctx}; "
+                                   f"longer requests are cut or shifted; fix: set context: {ctx} or raise the "
+                                   f"server's limit"))
+    if lane.speculative is not None and facts.speculative_type:
+        served = [t for t in facts.speculative_type.split(",") if t != "none"]
+        if served and lane.speculative.method not in served:
+            out.append(Finding(check="speculative type", declared=lane.speculative.method,
+                               effective=facts.speculative_type, severity="failure",
+                               message=f"declared speculative.method {lane.speculative.method}, the server runs "
+                                       f"{facts.speculative_type}; fix: correct speculative.method or the flags"))
+    loaded = facts.extra.get("draft_model")
+    if lane.drafter is not None and loaded and _name(loaded) != _name(lane.drafter.path):
+        out.append(Finding(check="drafter file", declared=_name(lane.drafter.path), effective=_name(loaded),
+                           severity="failure", message=f"declared drafter {_name(lane.drafter.path)}, the server "
+                           f"loaded {_name(loaded)}; fix: remove the flag that names another drafter"))
+    shas = {m.get("role"): m.get("sha256") for m in models}
+    if shas.get("drafter") and shas.get("drafter") == shas.get("model"):
+        out.append(Finding(check="drafter is the target", declared=_name(lane.drafter.path if lane.drafter else ""),
+                           effective=f"sha256 {str(shas['model'])[:12]}... (the target's)", severity="flag",
+                           message="the drafter's sha256 equals the target's: acceptance near K+1 measures nothing "
+                                   "about a drafter; fix: point drafter.path at the drafter file"))
+    if pinned is not None and lane.engine == "llamacpp" and lane.image is None:
+        sha = identity.get("llama_server_sha256") or identity.get("sha256")
+        if sha and sha != pinned.get("llama_server_sha256"):
+            out.append(Finding(check="engine binary", declared=pinned.get("source", "the pinned build"),
+                               effective=f"{identity.get('path')} (sha256 {sha[:12]}...)", severity="flag",
+                               message=f"engine binary {identity.get('path')} is outside the pinned build "
+                                       f"({pinned.get('source')}); no source pin is recorded for it; fix: drop "
+                                       "'binary' to run the pinned build, or build it with scripts/build-llama-cpp.sh"))
+    return out
+
+
+def acceptance_findings(lane: Lane, rows: list[Any]) -> list[Finding]:
+    """Acceptance too good to be true: within 5% of K+1 means the drafter is (nearly) the target."""
+    out = []
+    for row in rows:
+        ceiling = row.k + 1
+        if row.acceptance_length >= NEAR_PERFECT * ceiling:
+            out.append(Finding(check="acceptance near K+1", declared=f"K={row.k} (at most {ceiling})",
+                               effective=round(row.acceptance_length, 3), severity="flag",
+                               message=f"class {row.prompt_class}: acceptance length {row.acceptance_length:.2f} at "
+                                       f"K={row.k} is within {100 * (1 - NEAR_PERFECT):.0f}% of the ceiling {ceiling}: "
+                                       "is the drafter the target? fix: check drafter.path and its sha256"))
+        if not row.enough_prompts:
+            out.append(Finding(check="probe set too small", declared=f"{row.prompts} prompts",
+                               effective=f"at least {MIN_PROMPTS} for a verdict", severity="flag",
+                               message=f"class {row.prompt_class}: {row.prompts} probe prompts; acceptance moves with "
+                                       f"the probe set, so no verdict rests on fewer than {MIN_PROMPTS}; fix: "
+                                       f"bench.acceptance.prompts_per_class: {MIN_PROMPTS} or more"))
+        if row.drafted_share is not None and row.drafted_share < MIN_DRAFTED_SHARE:
+            out.append(Finding(check="drafts skipped", declared="a draft at every decode step",
+                               effective=f"{100 * row.drafted_share:.0f}% of decode steps drafted", severity="flag",
+                               message=f"class {row.prompt_class}: acceptance length {row.acceptance_length:.2f} counts "
+                                       f"only steps that carried a draft; over every decode step the target makes "
+                                       f"{row.tokens_per_pass:.2f} tokens per forward pass (a draft probability floor, "
+                                       f"--spec-draft-p-min, skips drafts); fix: quote tokens per target pass, or "
+                                       f"set --spec-draft-p-min 0.0 to measure the drafter"))
+        if row.truncated_share > 0:
+            out.append(Finding(check="context truncation", declared="requests within the context",
+                               effective=f"{100 * row.truncated_share:.0f}% ran into the context", severity="flag",
+                               message=f"class {row.prompt_class}: {100 * row.truncated_share:.0f}% of probe requests "
+                                       f"were cut or shifted by the server's context; fix: raise context or shorten "
+                                       f"bench.acceptance.max_tokens"))
+    return out
+
+
+def pinned_identity(lane: Lane) -> dict[str, str] | None:
+    """The pinned llama.cpp build's identity, when the lane names its own binary (else None:
+    the lane runs the pinned build and its identity is already the pin)."""
+    if lane.engine != "llamacpp" or lane.binary is None or lane.image is not None:
+        return None
+    from tasks.engines.build import BuildError, llama_cpp_bin_dir, llama_cpp_identity
+
+    try:
+        return llama_cpp_identity(llama_cpp_bin_dir())
+    except BuildError:
+        return None
+
+
+def as_gate(finding: Finding) -> GateResult:
+    return GateResult(gate=finding.check, kind="effective", passed=False, value=None, op="==", threshold=None,
+                      detail=finding.message)
+
+
+def noise_findings(lane: Lane, decode: list[Any], warmup: list[Any]) -> list[Finding]:
+    """Decode levels whose repeats disagree beyond the declared bound, and warmup rows whose
+    first hit was faster than steady: the host's noise, to be re-measured, never a result."""
+    out = []
+    if waived(lane, "unstable"):
+        return out
+    bound = lane.bench.unstable_spread_pct
+    for row in decode:
+        if row.unstable:
+            out.append(Finding(check="unstable", declared=f"spread <= {bound:g}%",
+                               effective=f"C={row.concurrency}: {row.aggregate_spread_pct:.0f}%", severity="flag",
+                               message=f"decode C={row.concurrency}: repeats spread {row.aggregate_spread_pct:.0f}% "
+                                       f"(bound {bound:g}%, host load {row.load_1m_before}, busy {row.busy_pct and round(row.busy_pct)}%, "
+                                       f"steal {row.steal_pct and round(row.steal_pct, 1)}%): not a baseline; "
+                                       "fix: re-run on a quiet host"))
+    # Every such row reads "noise" in the table; the lane is flagged when it is more than jitter.
+    noisy = [f"C={r.concurrency} {r.size_class} ({r.first_hit_cost_s:+.3g} s)" for r in warmup
+             if r.noise and -r.first_hit_cost_s > WARMUP_JITTER * r.steady_e2el_s]
+    if noisy:
+        out.append(Finding(check="warmup noise", declared="first hit slower than steady",
+                           effective="; ".join(noisy), severity="flag",
+                           message=f"warmup rows whose first hit was faster than steady: {'; '.join(noisy)}: "
+                                   "host noise, not a negative cost; fix: re-run on a quiet host"))
+    return out
