@@ -34,8 +34,8 @@ from tasks.hosts.containers import image_pull
 from tasks.stages.decode_curve import decode_curve
 from tasks.engines import engine_for
 from tasks.stages.gates import GateFailed, capacity_gate, counter_gate, scrape_metrics
-from tasks.stages.safety import (acceptance_findings, noise_findings, as_gate, effective_findings, implied_gates, pinned_identity,
-                                 speculation_gates)
+from tasks.stages.safety import (acceptance_findings, as_gate, effective_findings, explain, implied_gates,
+                                 noise_findings, pinned_identity, speculation_gates)
 from tasks.correctness.needles import needle_ladder
 from tasks.stages.preflight import Preflight, Reach, model_paths, preflight, resolve
 from tasks.record.progress import progress
@@ -159,6 +159,7 @@ def lane_flow(lane_name: str, lane: Lane, host: Host, base_dir: Path, run_dir: s
             else:
                 results.append(counter_gate(gate, server, lane_name, lane, probe))
         results += speculation_gates(lane, engine, before, scrape_metrics(server, lane.engine), server.log())
+        results = [explain(r, lane) for r in results]
         record.gates += [r.model_dump() for r in results]
         # Some servers name their speculation type only once a slot has run: read the facts again.
         facts = read_facts(server, lane.engine)
