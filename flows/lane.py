@@ -246,6 +246,10 @@ def _correctness(run: RunFolder, record: LaneRecord, lane_name: str, lane: Lane,
     if lane.correctness is not None and lane.correctness.tool_gate is not None:
         stage("tool gate")
         verdicts += tool_gate(server, run, lane_name, lane, host, base_dir, held_out)
+        record.flags += [{"check": "tool score truncated", "declared": "a score of finished answers",
+                          "effective": r.detail.split("; ")[-1], "severity": "flag",
+                          "message": f"{r.gate}: {r.detail}; fix: raise the protocol's max_tokens"}
+                         for r in verdicts if "dominated by truncation" in r.detail]
     if needles and lane.correctness is not None and lane.correctness.needles is not None:
         stage("needle ladder")
         ladder = needle_ladder(server, run, lane_name, lane)

@@ -23,6 +23,7 @@ cheap to import: Prefect is imported on first use of the flow (PEP 562 `__getatt
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 from datetime import UTC, datetime
@@ -65,8 +66,21 @@ def run_matrix(matrix_file: str, artifacts_root: str = "artifacts") -> Any:
     reg = register(m.name, m.path, m.bars, m.spec.baseline, m.prompt_sets, m.prompt_counts, m.spec.prompts_per_class)
     (run.path / "registration.json").write_text(reg.model_dump_json(indent=2))
     reg_entry = run.register("", "registration.json", "registration")
-    earlier = earlier_run(root, reg, run.path)
+    # What the bars are about, by content: the target's and drafters' bytes, whatever the names.
+    drafter_shas = {name: sha256_of(arm_lane(m, next(a for a in m.arms if a.drafter == name)).drafter.path)
+                    for name in sorted({a.drafter for a in m.arms})}
+    subject = hashlib.sha256(json.dumps({"target": sha256_of(m.target.model.path),
+                                         "drafters": sorted(drafter_shas.values())}).encode()).hexdigest()
+    earlier = earlier_run(root, reg, run.path, subject)
+    same_bytes = [f"drafters {a} and {b} have identical bytes (sha256 {sa[:12]}): one drafter measured twice, "
+                  "not two; fix: point one of them at its own file"
+                  for i, (a, sa) in enumerate(drafter_shas.items()) for b, sb in list(drafter_shas.items())[i + 1:]
+                  if sa == sb]
+    for line in same_bytes:
+        progress("matrix", f"FLAG: {line}")
+        logger.warning(line)
     run.manifest.flow["matrix"] = {
+        "subject": subject, "drafter_sha256": drafter_shas, "identical_drafters": same_bytes,
         "name": m.name, "file": str(m.path), "file_sha256": sha256_of(m.path),
         "inventory": {"path": str(m.inventory_path), "sha256": sha256_of(m.inventory_path)},
         "target": m.spec.target, "registration_sha256": reg.sha256, "registration_file_sha256": reg_entry.sha256,
@@ -103,9 +117,56 @@ def run_matrix(matrix_file: str, artifacts_root: str = "artifacts") -> Any:
             facts["state"] = state.name
             run.save_manifest()
             progress(arm.name, f"{record.status}{': ' + record.reason if record.reason else ''}")
+        # The arm every speculation verdict needs: the same target with no drafter at all.
+        _no_speculation_arm(run, m)
     finally:
         complete, message = _finish(run, m)
     return Completed(message=message) if complete else Failed(message=message)
+
+
+NO_SPEC = "no-speculation"
+
+
+def _no_speculation_arm(run: Any, m: Any) -> None:
+    """Boot the target without a drafter (speculation flags dropped) and measure the same speed
+    rows: "speculation is slower than none" can only be said against this arm."""
+    from flows.lane import lane_flow
+    from tasks.hosts.lock import host_lock
+    from tasks.inventory.models import Lane
+    from tasks.kl.config import strip_speculation
+    from tasks.matrix.config import arm_lane, arm_port
+    from tasks.record.progress import progress
+
+    progress("matrix", f"arm {NO_SPEC}: the target without a drafter (the baseline speculation must beat)")
+    data = arm_lane(m, m.arms[0]).model_dump()
+    flags, _ = strip_speculation(list(m.target.flags))
+    # No drafter, so no draft counter gate (a declared one would fail by construction).
+    data.update(drafter=None, speculative=None, flags=flags, bench={**data["bench"], "acceptance": None},
+                gates=[g for g in data["gates"] if g.get("kind") != "counter"])
+    with host_lock(m.host_name, on_wait=lambda msg: progress(NO_SPEC, msg)):
+        port, _ = arm_port(m.host.address, m.target.port)
+        lane = Lane.model_validate({**data, "port": port})
+        lane_flow(NO_SPEC, lane, m.host, m.inventory_path.parent, str(run.path), return_state=True)
+
+
+def against_no_speculation(run: Any, speed: list) -> list[str]:
+    """One line per arm and concurrency where speculation is slower than none (or no baseline)."""
+    import pandas as pd
+
+    record = run.manifest.lanes.get(NO_SPEC)
+    entry = next((a for a in run.manifest.artifacts if a.lane == NO_SPEC and a.kind == "decode"
+                  and a.validation == "passed"), None)
+    if record is None or record.status != "passed" or entry is None:
+        return [f"no verdict against no speculation: the {NO_SPEC} arm did not pass"
+                f"{': ' + record.reason if record and record.reason else ''}"]
+    base = {int(r.concurrency): float(r.aggregate_tok_s) for r in pd.read_parquet(run.path / entry.path).itertuples()}
+    out = []
+    for row in speed:
+        b = base.get(row.concurrency)
+        if b is not None and row.aggregate_tok_s < b:
+            out.append(f"SPECULATION LOSES: {row.arm} {row.aggregate_tok_s:.1f} tok/s at C={row.concurrency} against "
+                       f"{b:.1f} tok/s with no drafter ({100 * (row.aggregate_tok_s / b - 1):+.0f}%)")
+    return out
 
 
 def _registered_copy(run: Any) -> tuple[Any, str]:
@@ -136,6 +197,9 @@ def _finish(run: Any, m: Any) -> tuple[bool, str]:
     if sha256_of(m.path) != facts["file_sha256"]:
         facts["file_changed_during_run"] = f"sha256 now {sha256_of(m.path)[:12]}, registered {facts['file_sha256'][:12]}"
     rows, speed, warnings = collect(run, m)
+    warnings[:0] = [f"FLAG: {line}" for line in facts.get("identical_drafters", [])]
+    facts["against_no_speculation"] = losing = against_no_speculation(run, speed)
+    warnings[:0] = losing
     drift = model_drift(run, m)
     warnings[:0] = drift + contention(run, m)
     for c, f in reg.prompt_sets.items():

@@ -336,7 +336,12 @@ def test_matrix_runs_every_arm_fresh_and_publishes_a_negative_verdict(matrix_run
     assert "drafter weak: FAILED" in result.stderr and "drafter good: PASSED" in result.stderr
     m = manifest_of(folder)
     facts = m["flow"]["matrix"]
-    assert list(m["lanes"]) == ["good-k2", "good-k4", "weak-k4"]
+    assert list(m["lanes"]) == ["good-k2", "good-k4", "weak-k4", "no-speculation"]
+    # The arm every speculation verdict needs: the same target, no drafter, the same speed rows.
+    plain = m["lanes"]["no-speculation"]
+    assert plain["status"] == "passed", plain
+    assert "--model-draft" not in plain["launch_command"] and "--spec" not in plain["launch_command"]
+    assert isinstance(facts["against_no_speculation"], list)
     registered = facts["registration"]["registered_at"]
     spans = []
     for name, k, drafter in (("good-k2", 2, "good"), ("good-k4", 4, "good"), ("weak-k4", 4, "weak")):

@@ -41,7 +41,10 @@ def test_manifest_records_what_ran(nightly_run):
     assert lane["boot_facts"]["context_per_slot"] == 512
     assert lane["boot_facts"]["draft_model_loaded"] is True
     assert lane["boot_facts"]["speculative_type"] == "draft-simple"
-    assert [g["passed"] for g in lane["gates"]] == [True, True]
+    assert [g["passed"] for g in lane["gates"]] == [True, True, True]
+    assert lane["gates"][2]["gate"] == "draft-width (implied)"  # the declared K, checked on the server's counters
+    # Safe by default: the shipped lane on an idle machine raises no flag (a busy one may flag noise).
+    assert not [f for f in lane["flags"] if f["check"] not in ("unstable", "warmup noise")], lane["flags"]
 
 
 def test_every_artifact_hash_matches_and_validated(nightly_run):

@@ -76,12 +76,14 @@ def test_effective_width_and_synthetic_acceptance_from_the_servers_own_words():
 def test_declared_against_effective_values_name_both_and_the_fix():
     lane = _lane(context=1024, binary="/opt/other/llama-server")
     facts = BootFacts(max_running_requests=7, context_per_slot=512, speculative_type="ngram-simple",
-                      draft_model_loaded=True, extra={"draft_model": "/x/other.gguf"})
+                      draft_model_loaded=True, extra={"draft_model": "/x/other.gguf", "temperature": 0.8, "top_k": 40})
     models = [{"role": "model", "sha256": "a" * 64}, {"role": "drafter", "sha256": "a" * 64}]
     identity = {"path": "/opt/other/llama-server", "sha256": "b" * 64}
     pinned = {"source": "llama-cpp-python==0.3.36 sdist sha256 ...", "llama_server_sha256": "c" * 64}
     found = {f.check: f for f in effective_findings(lane, facts, models, identity, pinned)}
-    assert set(found) == {"slots", "context", "speculative type", "drafter file", "drafter is the target", "engine binary"}
+    assert set(found) == {"slots", "context", "speculative type", "drafter file", "drafter is the target", "engine binary",
+                          "sampling"}
+    assert found["sampling"].severity == "failure" and "temperature 0.8" in found["sampling"].message
     assert found["slots"].declared == 8 and found["slots"].effective == 7 and "fix:" in found["slots"].message
     assert found["context"].declared == 1024 and found["context"].effective == 512
     assert found["speculative type"].severity == "failure" and found["drafter file"].severity == "failure"
@@ -157,3 +159,17 @@ def test_the_shipped_rehearsal_lane_implies_nothing_new():
     inv = Inventory.model_validate(shipped_inventory())
     lane = inv.lanes["rehearsal"]
     assert implied_gates(lane, LlamaCpp()) == list(lane.gates)  # declared already: no duplicates
+
+
+def test_kl_flags_a_quantized_reference_an_identical_candidate_and_a_shorter_reference_context():
+    from tasks.kl.suspicious import kl_flags, quantized
+
+    assert quantized("models/glm-NVFP4.gguf", None) and quantized("t-Q4_K_M.gguf", None)
+    assert quantized("target-f16.gguf", "Q8_0") and quantized("target-f16.gguf", None) is None
+    flags = kl_flags("ref", {"ref": {"path": "target-q8_0.gguf", "sha256": "a" * 64, "context": 256},
+                             "same": {"path": "copy.gguf", "sha256": "a" * 64, "context": 256},
+                             "long": {"path": "x.gguf", "sha256": "b" * 64, "context": 512}})
+    assert len(flags) == 3
+    assert "itself quantized" in flags[0] and "exact bytes" in flags[1] and "256 tokens of context" in flags[2]
+    assert kl_flags("ref", {"ref": {"path": "target-f16.gguf", "sha256": "a" * 64, "context": 512},
+                            "q8": {"path": "q.gguf", "sha256": "b" * 64, "quantize": "Q8_0", "context": 512}}) == []

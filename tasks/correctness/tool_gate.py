@@ -85,6 +85,15 @@ class ToolGateRow(BaseModel):
     dollars_per_hour: float | None
     cost_per_1000_solved: float | None
     run_number: int  # dev: 1; held_out: how many times these suite bytes have been run, this one included
+    # Truncation counted (the seeds' GPQA "truncation score"): cases cut at max_tokens are asked
+    # again at REASK_FACTOR x the cap and merged by case id. raw = solved_pct above (first pass);
+    # floor = solved after the re-ask, anything still cut counted wrong; finished-and-right =
+    # solved among the cases that finished within the higher cap.
+    truncated_share: float = 0.0
+    reask_max_tokens: int | None = None
+    floor_pct: float | None = None
+    finished_and_right_pct: float | None = None
+    truncation_dominated: bool = False  # truncated misses are most of the misses: the score measures the cap
 
 
 def run_suite(base_url: str, engine: Engine, lane_name: str, cases: list[ToolCase], suite: str,
@@ -115,6 +124,34 @@ def _record(lane: str, suite: str, split: Literal["dev", "held_out"], case: Tool
     )
 
 
+REASK_FACTOR = 4
+
+
+def reask_truncated(base_url: str, engine: Engine, lane_name: str, cases: list[ToolCase],
+                    records: list[ToolCaseRecord], suite: str, split: Literal["dev", "held_out"],
+                    protocol: ToolProtocol, lane: Lane) -> dict[str, Any]:
+    """Ask the cases cut at max_tokens again at a higher cap (within the lane's context) and
+    merge by case id: raw, floor and finished-and-right, as the seeds did for GPQA."""
+    cut = {r.case_id for r in records if r.kind == "truncated"}
+    misses = sum(1 for r in records if not r.solved)
+    out: dict[str, Any] = {"truncated_share": len(cut) / len(records) if records else 0.0,
+                           "truncation_dominated": bool(cut) and len(cut) * 2 >= misses and len(cut) * 10 >= len(records)}
+    if not cut:
+        solved = sum(r.solved for r in records)
+        pct = 100.0 * solved / len(records) if records else None
+        return out | {"floor_pct": pct, "finished_and_right_pct": pct}
+    cap = min(protocol.max_tokens * REASK_FACTOR, lane.context // 2)
+    if cap <= protocol.max_tokens:
+        return out
+    again, _ = run_suite(base_url, engine, lane_name, [c for c in cases if c.id in cut], suite, split,
+                         protocol.model_copy(update={"max_tokens": cap}), lane.agentic)
+    merged = {r.case_id: r for r in records} | {r.case_id: r for r in again}
+    finished = [r for r in merged.values() if r.kind != "truncated"]
+    solved = sum(r.solved for r in merged.values())
+    return out | {"reask_max_tokens": cap, "floor_pct": 100.0 * solved / len(merged),
+                  "finished_and_right_pct": 100.0 * solved / len(finished) if finished else None}
+
+
 def cost_per_1000_solved(seconds: float, solved: int, dollars_per_hour: float | None) -> float | None:
     """What 1,000 solved cases cost at this pass's speed: box time per solved case, times 1,000."""
     if dollars_per_hour is None or solved == 0:
@@ -132,8 +169,19 @@ def summary(row: ToolGateRow) -> str:
     else:
         price = "no cost per 1,000 solved (nothing solved)"
     run = f" (held-out run #{row.run_number})" if row.split == "held_out" else ""
+    cut = ""
+    if row.truncated:
+        cut = (f"; {100 * row.truncated_share:.0f}% cut at max_tokens {row.max_tokens}"
+               + (f", re-asked at {row.reask_max_tokens}: raw {row.solved_pct:.1f}%, floor {row.floor_pct:.1f}%, "
+                  f"finished-and-right {_pct(row.finished_and_right_pct)}" if row.reask_max_tokens else "")
+               + (" (FLAG: a score dominated by truncation measures the cap, not the model)"
+                  if row.truncation_dominated else ""))
     return (f"{row.suite}{run}: {row.solved}/{row.cases} solved ({row.solved_pct:.1f}%); "
-            f"misses: {', '.join(misses) or 'none'}; {row.seconds:.1f} s at concurrency {row.concurrency}; {price}")
+            f"misses: {', '.join(misses) or 'none'}; {row.seconds:.1f} s at concurrency {row.concurrency}; {price}{cut}")
+
+
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1f}%"
 
 
 def gate_result(plan: ToolGatePlan, row: ToolGateRow) -> GateResult:
@@ -197,12 +245,14 @@ def tool_gate(server: Server, run: RunFolder, lane_name: str, lane: Lane, host: 
         records, t = run_suite(server.base_url, engine, lane_name, cases, Path(rel).name, split, protocol, lane.agentic)
         for record in records:
             run.append_jsonl(lane_name, "tool_cases.jsonl", record)
+        truncation = reask_truncated(server.base_url, engine, lane_name, cases, records, Path(rel).name, split,
+                                     protocol, lane)
         row = ToolGateRow(
             lane=lane_name, suite=Path(rel).name, split=split, suite_sha256=sha,
             solved_pct=100.0 * t["solved"] / t["cases"], accounted=t["solved"] + sum(t[k] for k in MISS_KINDS),
             concurrency=protocol.concurrency, max_tokens=protocol.max_tokens, dollars_per_hour=host.dollars_per_hour,
             cost_per_1000_solved=cost_per_1000_solved(t["seconds"], t["solved"], host.dollars_per_hour),
-            run_number=run_number, **t,
+            run_number=run_number, **t, **truncation,
         )
         entry |= {"solved": row.solved, "seconds": round(row.seconds, 3)}
         rows.append(row)

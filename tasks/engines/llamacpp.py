@@ -102,10 +102,14 @@ class LlamaCpp(Engine):
             facts.max_running_requests = len(slots)
         facts.extra["speculative_context"] = any(bool(s.get("speculative")) for s in slots)
         for slot in slots:
-            types = [t for t in str((slot.get("params") or {}).get("speculative.types", "")).split(",")
-                     if t and t != "none"]
+            params = slot.get("params") or {}
+            types = [t for t in str(params.get("speculative.types", "")).split(",") if t and t != "none"]
             if types:
                 facts.speculative_type = ",".join(types)
+            # The sampling the last request on this slot actually ran with (safety.py: greedy expected).
+            for key in ("temperature", "top_k"):
+                if isinstance(params.get(key), (int, float)):
+                    facts.extra[key] = params[key]
         return facts
 
     def acceptance(self, before: Metrics, after: Metrics, requests: list[RequestRecord], k: int) -> Acceptance | None:

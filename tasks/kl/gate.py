@@ -256,12 +256,32 @@ class Gate:
                     self.run.register(name, f"{name}/{raw}", kind)
         passed = not reasons
         verdict = "PASS" if passed else ("NO VERDICT" if self.refusal else "FAIL")
+        flags = self._flags()
         report = render(self.title, self._facts(), summary_df, pairs_df, verdict, reasons, plot)
+        report += "".join(f"\n- **FLAG** {f}" for f in flags) + ("\n" if flags else "")
         (self.run.path / "report.md").write_text(report)
         self.run.register("", "report.md", "report")
         self.run.finish()
         _publish(summary_df, pairs_df, report, self.run.path.name)
         return passed, reasons
+
+    def _flags(self) -> list[str]:
+        """A quantized or short-context reference, a candidate with the reference's bytes (kl/suspicious.py)."""
+        from tasks.kl.suspicious import kl_flags
+
+        lanes = {}
+        for name, rl in self.lanes.items():
+            record = self.run.lane(name)
+            model = next((m for m in record.models if m.get("role") == "model"), {})
+            lanes[name] = {"path": rl.lane.model.path, "sha256": model.get("sha256"),
+                           "quantize": rl.quantize.type if rl.quantize else None,
+                           "context": record.boot_facts.get("context_per_slot") or rl.lane.context}
+        flags = kl_flags(self.spec.reference, lanes)
+        self.run.manifest.flow["kl_flags"] = flags
+        for flag in flags:
+            self.logger.warning(flag)
+            progress("kl", f"FLAG: {flag}")
+        return flags
 
     def _table(self, lane: str, rows: list) -> pd.DataFrame:
         if not rows:

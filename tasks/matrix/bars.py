@@ -181,6 +181,7 @@ class EarlierRun(BaseModel):
     """How this run's registration compares with the latest earlier run of the same matrix name."""
 
     run: str  # the earlier run folder's name
+    matrix: str = ""  # its matrix name (another name, same target and drafter bytes, is still history)
     started_at: str
     bars_sha256: str
     same_bars: bool
@@ -194,7 +195,8 @@ class EarlierRun(BaseModel):
             return [f"bars and prompt sets are the same as in the earlier run {self.run}"]
         out = []
         if not self.same_bars:
-            out.append(f"BARS CHANGED since the earlier run {self.run} of this matrix "
+            of = f"of matrix {self.matrix}, same target and drafter bytes" if self.matrix else "of this matrix"
+            out.append(f"BARS CHANGED since the earlier run {self.run} {of} "
                        f"(registered {self.bars_sha256[:12]} there)")
             out += [f"removed: {b}" for b in self.removed] + [f"added: {b}" for b in self.added]
             if not self.removed and not self.added:
@@ -205,8 +207,16 @@ class EarlierRun(BaseModel):
         return out
 
 
-def earlier_run(artifacts_root: Path, now: Registration, exclude: Path) -> EarlierRun | None:
-    """The latest earlier `*_matrix_*` run of the same matrix name that registered bars."""
+def subject_of(run_facts: dict) -> str | None:
+    """What a matrix measured, by content: the target's and the drafters' sha256 (any names)."""
+    subject = run_facts.get("subject") if isinstance(run_facts, dict) else None
+    return str(subject) if subject else None
+
+
+def earlier_run(artifacts_root: Path, now: Registration, exclude: Path, subject: str | None = None) -> EarlierRun | None:
+    """The latest earlier `*_matrix_*` run that registered bars for the same matrix name, or for
+    the same target and drafter bytes under any name: lowering the bars under a new matrix name
+    must not read as a "first registered run"."""
     found: list[tuple[str, Path, dict]] = []
     for manifest in artifacts_root.glob("*_matrix_*/manifest.json"):
         if manifest.parent.resolve() == exclude.resolve():
@@ -215,8 +225,11 @@ def earlier_run(artifacts_root: Path, now: Registration, exclude: Path) -> Earli
             data = json.loads(manifest.read_text())
         except (OSError, ValueError):
             continue
-        reg = (data.get("flow") or {}).get("matrix", {}).get("registration")
-        if isinstance(reg, dict) and reg.get("matrix") == now.matrix and reg.get("bars_sha256"):
+        facts = (data.get("flow") or {}).get("matrix", {})
+        reg = facts.get("registration")
+        same = isinstance(reg, dict) and (reg.get("matrix") == now.matrix
+                                          or (subject is not None and subject_of(facts) == subject))
+        if same and reg.get("bars_sha256"):
             found.append((str(data["flow"].get("started_at", "")), manifest.parent, reg))
     if not found:
         return None
@@ -236,7 +249,8 @@ def earlier_run(artifacts_root: Path, now: Registration, exclude: Path) -> Earli
             changes.append(f"prompt set {c}: file bytes differ (sha256 {str(a.get('sha256'))[:12]} -> {b.sha256[:12]})")
     if reg.get("prompts_per_class") != now.prompts_per_class:
         changes.append(f"prompts per class {reg.get('prompts_per_class')} -> {now.prompts_per_class}")
-    return EarlierRun(run=folder.name, started_at=started, bars_sha256=str(reg["bars_sha256"]),
+    return EarlierRun(run=folder.name, matrix=str(reg.get("matrix")), started_at=started,
+                      bars_sha256=str(reg["bars_sha256"]),
                       same_bars=reg["bars_sha256"] == now.bars_sha256,
                       same_prompt_sets=reg.get("prompt_sets_sha256") == now.prompt_sets_sha256,
                       removed=removed, added=added, prompt_set_changes=changes)

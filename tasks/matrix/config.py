@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tasks.engines.build import REPO
 from tasks.inventory.models import _NAME, AcceptancePlan, BenchPlan, ConfigError, DecodePlan, FileRef, Host, Lane, Speculative
+from tasks.inventory.flag_conflicts import flag_values
 from tasks.inventory.load import _FIXES, _field_path, read_yaml_mapping, load_inventory
 from tasks.matrix.bars import METRICS, Bar
 
@@ -254,6 +255,9 @@ def arm_lane(m: Matrix, arm: Arm) -> Lane:
     drafter = m.spec.drafters[arm.drafter]
     method = m.spec.method or (m.target.speculative.method if m.target.speculative else "draft-simple")
     data = m.target.model_dump()
+    # An arm's own slot count is its declaration (the lane's would contradict the flag: a config error).
+    if m.target.engine == "llamacpp" and (slots := flag_values(list(arm.flags), ("--parallel", "-np"))):
+        data["slots"] = int(slots[-1]) if slots[-1].isdigit() else data["slots"]
     data.update(
         drafter=FileRef(path=str(resolve(m.base_dir, drafter.path)), bytes=drafter.bytes, sha256=drafter.sha256,
                         revision=drafter.revision).model_dump(),

@@ -131,6 +131,10 @@ def _metrics_view(con: Any) -> None:
     selects = []
     for d in METRICS:
         passed = "COALESCE(l.status = 'passed', FALSE)" if d.table != "kl_summary" else "t.status = 'complete'"
+        # A row marked unstable (its repeats spread beyond the lane's bound: host noise) is no
+        # baseline for later nights (tasks/hosts/noise.py); tables from before the column have none.
+        if "unstable" in con.execute(f"SELECT * FROM {d.table} LIMIT 0").df().columns:
+            passed += " AND NOT COALESCE(t.unstable, FALSE)"
         selects.append(f"""
             SELECT t.run, t.lane, {d.name_sql} AS metric, '{d.family}' AS family, '{d.better}' AS better,
                    {str(d.headline).upper()} AS headline, CAST(t.{d.column} AS DOUBLE) AS value,

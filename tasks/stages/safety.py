@@ -125,6 +125,13 @@ def effective_findings(lane: Lane, facts: BootFacts, models: list[dict], identit
         out.append(Finding(check="drafter file", declared=_name(lane.drafter.path), effective=_name(loaded),
                            severity="failure", message=f"declared drafter {_name(lane.drafter.path)}, the server "
                            f"loaded {_name(loaded)}; fix: remove the flag that names another drafter"))
+    temperature, top_k = facts.extra.get("temperature"), facts.extra.get("top_k")
+    if (temperature is not None and temperature > 0) or (top_k is not None and top_k > 1):
+        out.append(Finding(check="sampling", declared="greedy (temperature 0, top_k 1)",
+                           effective=f"temperature {temperature}, top_k {top_k}", severity="failure",
+                           message=f"lanebench measures greedy requests, the server ran temperature {temperature}, "
+                                   f"top_k {top_k}: acceptance and outputs would not repeat; fix: remove the sampling "
+                                   "override (flags or the engine's defaults)"))
     shas = {m.get("role"): m.get("sha256") for m in models}
     if shas.get("drafter") and shas.get("drafter") == shas.get("model"):
         out.append(Finding(check="drafter is the target", declared=_name(lane.drafter.path if lane.drafter else ""),
