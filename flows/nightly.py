@@ -42,8 +42,11 @@ def _publish(run: RunFolder, report: str) -> None:
     """The same tables as Prefect artifacts, and the report with its plots inlined, for the UI."""
     import pandas as pd
 
+    from tasks.record.kinds import published_kinds
+
+    published = published_kinds()
     for entry in run.manifest.artifacts:
-        if entry.kind in ("decode", "acceptance", "regression") and entry.validation == "passed":
+        if entry.kind in published and entry.validation == "passed":
             df = pd.read_parquet(run.path / entry.path)
             if "per_position" in df:
                 df["per_position"] = [" ".join(f"{p:.3f}" for p in pp) for pp in df.per_position]

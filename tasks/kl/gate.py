@@ -16,7 +16,6 @@ import httpx
 import pandas as pd
 from prefect import get_run_logger
 
-from tasks.record import expectations
 from tasks.record.run_folder import RunFolder
 from tasks.hosts.lock import host_lock
 from tasks.stages.boot import Server
@@ -30,10 +29,6 @@ from tasks.record.progress import progress
 from tasks.client.prompts import Prompt
 
 GATE_DIR = "gate"  # run-folder folder of the cross-lane tables, beside one folder per lane
-# Row keys for GX failure lines of the KL kinds (tasks/expectations.py looks them up by kind).
-for _kind, _keys in {"kl_positions": ["lane", "prompt_id", "position"], "kl_summary": ["lane"],
-                     "kl_pairs": ["lane_a", "lane_b"]}.items():
-    expectations._KEYS.setdefault(_kind, _keys)
 
 
 @dataclass
