@@ -66,9 +66,7 @@ def lane_flow(lane_name: str, lane: Lane, host: Host, base_dir: Path, run_dir: s
     record.config = lane.model_dump(mode="json")
 
     def stage(name: str) -> None:
-        record.stage = name
-        run.save_manifest()
-        progress(lane_name, name)
+        run.stage(lane_name, name)
 
     def keep(rec) -> None:
         run.append_jsonl(lane_name, "requests.jsonl", rec)
