@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import pandas as pd
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 
 from tasks.engines.build import REPO
 from tasks.hosts.files import file_sha256
@@ -65,9 +65,51 @@ class LaneRecord(BaseModel):
     timeline: list[StageMark] = []  # every stage entered, in order; "done" when teardown ended
 
 
+class FlowRecord(BaseModel):
+    """What ran: the flow and its run, when, and the sections a flow adds (typed where every flow
+    writes them; a flow's own section, such as `matrix` or `kl`, is kept as it writes it).
+
+    Mapping-style access (`flow["kl"] = ...`, `.get`, `.setdefault`) reads and writes the same
+    fields, so a section is one line to add wherever a flow builds it."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: str
+    flow_run_id: str
+    started_at: str
+    finished_at: str | None = None
+    status: Literal["running", "finished", "interrupted"] = "running"
+    regression_policy: dict[str, Any] | None = None
+    regression_error: str | None = None
+    held_out_requested: bool | None = None
+    correctness: dict[str, Any] = {}  # per lane: agentic, tool-gate and needle verdicts, protocol, ledger
+    matrix: dict[str, Any] | None = None
+    kl: dict[str, Any] | None = None
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in self.model_fields and key not in (self.model_extra or {}):
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        setattr(self, key, value)
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and getattr(self, key, None) is not None
+
+    def get(self, key: str, default: Any = None) -> Any:
+        value = getattr(self, key, None)
+        return default if value is None else value
+
+    def setdefault(self, key: str, default: Any) -> Any:
+        if getattr(self, key, None) is None or (key == "correctness" and not self.correctness):
+            setattr(self, key, default)
+        return getattr(self, key)
+
+
 class Manifest(BaseModel):
     lanebench: dict[str, Any]
-    flow: dict[str, Any]
+    flow: FlowRecord
     host: dict[str, Any]
     inventory: dict[str, Any]
     lanes: dict[str, LaneRecord] = {}
@@ -116,7 +158,7 @@ class RunFolder:
         self._lock = threading.RLock()
         self.manifest = Manifest(
             lanebench=git_identity(),
-            flow={"name": flow_name, "flow_run_id": flow_run_id, "started_at": now.isoformat(), "finished_at": None},
+            flow=FlowRecord(name=flow_name, flow_run_id=flow_run_id, started_at=now.isoformat()),
             host=host_facts(),
             inventory={"path": str(inventory_path), "sha256": file_sha256(inventory_path)},
         )
@@ -211,5 +253,6 @@ class RunFolder:
         return entry
 
     def finish(self) -> None:
-        self.manifest.flow["finished_at"] = datetime.now(UTC).isoformat()
+        self.manifest.flow.finished_at = datetime.now(UTC).isoformat()
+        self.manifest.flow.status = "finished"
         self.save_manifest()
