@@ -35,12 +35,17 @@ class Engine(ABC):
         return status_code == 200
 
     @abstractmethod
-    def boot_facts(self, log: str) -> BootFacts:
-        """Parse what the server resolved at boot (running-request cap, context, speculation)."""
+    def boot_facts(self, log: str, version: str | None = None) -> BootFacts:
+        """Parse what the server resolved at boot (running-request cap, context, speculation),
+        in the log format of `version` (None: unknown, every known format is tried)."""
 
     def info_facts(self, facts: BootFacts, info: dict | list) -> BootFacts:
         """Complete the log's boot facts from the info endpoint's JSON (default: nothing to add)."""
         return facts
+
+    def version_of(self, log: str, info: dict | list | None) -> str | None:
+        """The engine release that booted, from its log or its info endpoint (None: not stated)."""
+        return None
 
     def metrics(self, text: str) -> Metrics:
         """Parse Prometheus text exposition into {series: value}; labels sorted into the key."""

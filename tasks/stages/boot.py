@@ -155,9 +155,11 @@ def read_facts(server: Server, engine_name: str) -> BootFacts:
     """Boot facts from the log, completed from the info endpoint. Read again after the first
     requests: some servers (llama.cpp) name the speculation type only once a slot has run."""
     engine = engine_for(engine_name)
-    facts = engine.boot_facts(server.log())
+    log, info = server.log(), None
     if engine.info_path:
         r = httpx.get(server.base_url + engine.info_path, timeout=10.0)
         if r.status_code == 200:
-            facts = engine.info_facts(facts, r.json())
-    return facts
+            info = r.json()
+    # The release decides which log format is read (tasks/engines/releases.py).
+    facts = engine.boot_facts(log, engine.version_of(log, info))
+    return engine.info_facts(facts, info) if info is not None else facts
