@@ -149,13 +149,13 @@ def lane_flow(lane_name: str, lane: Lane, host: Host, base_dir: Path, run_dir: s
             if isinstance(gate, CapacityGate):
                 result = capacity_gate(gate, lane, facts)
             else:
-                result = counter_gate(gate, server, lane_name, lane, probe)
+                result = counter_gate(gate, server, lane_name, lane, probe, facts)
             record.gates.append(result.model_dump())
             run.save_manifest()
             if not result.passed:
                 raise GateFailed(result)
         # Some servers name their speculation type only once a slot has run: read the facts again.
-        record.boot_facts = read_facts(server, lane.engine).model_dump()
+        record.boot_facts = read_facts(server, lane.engine, facts).model_dump()
         run.save_manifest()
         # The workload the lane declares it serves: structured tool calls, reasoning apart from
         # the content (the seeds' missing parser flags), and every declared thinking switch.

@@ -134,3 +134,27 @@ def test_vllm_v1_runner_without_drafter_line_is_a_disagreement():
     facts = VLLM().boot_facts(log, "0.32.1")  # before V2 was the default: the line must be there
     assert facts.draft_model_loaded is False
     assert any(d.startswith("draft model loaded") for d in facts.disagreements)
+
+
+def test_gates_take_the_most_conservative_reading_and_say_why():
+    from tasks.inventory.models import CapacityGate, Lane
+    from tasks.record.rows import GateResult
+    from tasks.stages.gates import capacity_gate, cross_check_drafts
+
+    eng = SGLang()
+    info = json.loads(text("sglang", "0.5.23", "attn_dp_eagle", "server_info.json"))
+    info["internal_states"][2]["effective_max_running_requests_per_dp"] = 40  # one worker resolved lower
+    facts = eng.info_facts(eng.boot_facts(text("sglang", "0.5.23", "attn_dp_eagle", "boot.log")), info)
+    lane = Lane.model_validate({"host": "h", "engine": "sglang", "model": {"path": "/m"},
+                                "bench": {"decode": {"prompts": "p.jsonl", "concurrency": [1, 200]}}})
+    result = capacity_gate.fn(CapacityGate(kind="capacity"), lane, facts)
+    assert not result.passed and result.value == 160  # 40 x 4 workers, not the log's 256
+    assert "server_info, the lowest of log 256, server_info 160" in result.detail
+    assert "4 data-parallel workers" in result.detail
+
+    vfacts = VLLM().boot_facts(text("vllm", "0.33.0", "tp2_two_nodes", "boot.log"))
+    gate = GateResult(gate="drafts-happen", kind="counter", passed=False, value=0.0, op=">", threshold=0.0, detail="d")
+    checked = cross_check_drafts(gate, vfacts, drafted=False)
+    assert "config says loaded; the counters say it never drafted" in checked.detail
+    assert vfacts.draft_model_loaded is False and vfacts.sources["draft_model_loaded"] == {"config": True, "counters": False}
+    assert any(d.startswith("draft model loaded") for d in vfacts.disagreements)

@@ -53,7 +53,8 @@ class BootFacts(_Record):
         drafts = {s: bool(v) for s, v in self.sources.get("draft_model_loaded", {}).items()}
         if drafts:
             self.draft_model_loaded = all(drafts.values())
-        self.disagreements = []
+        own = ("running-request cap:", "speculation type:", "draft model loaded:")
+        self.disagreements = [d for d in self.disagreements if not d.startswith(own)]
         if len(set(caps.values())) > 1:
             shown = ", ".join(f"{s} {v}" for s, v in sorted(caps.items()))
             self.disagreements.append(f"running-request cap: {shown}; kept the lowest ({self.cap_source})")

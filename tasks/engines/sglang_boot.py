@@ -159,7 +159,4 @@ def info_facts(facts: BootFacts, info: dict) -> BootFacts:
             facts.disagreements.append(f"version: log {facts.version}, server_info {info['version']}")
         facts.version = info["version"]
         facts.extra["version"] = info["version"]
-    disagreements = list(facts.disagreements)
-    facts.reconcile()
-    facts.disagreements = [*dict.fromkeys([*disagreements, *facts.disagreements])]
-    return facts
+    return facts.reconcile()

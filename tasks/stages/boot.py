@@ -151,9 +151,10 @@ def boot(lane_name: str, lane: Lane, binary: str, address: str, log_path: Path,
     return server, read_facts(server, lane.engine), seconds
 
 
-def read_facts(server: Server, engine_name: str) -> BootFacts:
+def read_facts(server: Server, engine_name: str, carry: BootFacts | None = None) -> BootFacts:
     """Boot facts from the log, completed from the info endpoint. Read again after the first
-    requests: some servers (llama.cpp) name the speculation type only once a slot has run."""
+    requests: some servers (llama.cpp) name the speculation type only once a slot has run.
+    `carry`: an earlier reading whose counter sources (the boot gates') are kept."""
     engine = engine_for(engine_name)
     log, info = server.log(), None
     if engine.info_path:
@@ -162,4 +163,8 @@ def read_facts(server: Server, engine_name: str) -> BootFacts:
             info = r.json()
     # The release decides which log format is read (tasks/engines/releases.py).
     facts = engine.boot_facts(log, engine.version_of(log, info))
-    return engine.info_facts(facts, info) if info is not None else facts
+    facts = engine.info_facts(facts, info) if info is not None else facts
+    for fact, readings in (carry.sources if carry else {}).items():
+        if "counters" in readings:
+            facts.note(fact, "counters", readings["counters"])
+    return facts.reconcile() if carry and any("counters" in r for r in carry.sources.values()) else facts
