@@ -43,6 +43,7 @@ from tasks.correctness.smoke import smoke_gate
 from tasks.correctness.thinking import thinking_check
 from tasks.correctness.tool_gate import tool_gate
 from tasks.stages.warmup import warmup
+from tasks.stages import topology
 
 
 # Flows whose lanes are speed measurements of one target under many arms (drafter x K): the
@@ -70,9 +71,14 @@ def _resolved(lane: Lane, host: Host, base_dir: Path, pre: Preflight) -> Lane:
     return lane.model_copy(update={**update, "flags": flags})
 
 
-def _placement(lane: Lane, host: Host, reach: Reach, pre: Preflight) -> Placement:
+def _placement(lane: Lane, host: Host, reach: Reach, pre: Preflight, inventory: Inventory | None = None) -> Placement:
     engine = engine_for(lane.engine)
     workers = []
+    for rank, name in topology.worker_ranks(lane):  # vLLM/SGLang worker nodes (tasks/stages/topology.py)
+        node = inventory.hosts[name] if inventory is not None else Host()
+        binary = lane.container.entrypoint_binary if lane.image else pre.node_binaries[name]
+        argv = engine.launch_command(topology.at_rank(lane, engine, rank, pre.master), binary, node.address)
+        workers.append(Worker(name, reach.transports[name], argv, rank=rank, image=lane.image, host=node))
     for worker, endpoint in zip(lane.rpc.workers if lane.rpc else [], pre.rpc_endpoints):
         address, port = endpoint.rsplit(":", 1)
         binary = pre.rpc_binaries[worker]
@@ -99,7 +105,11 @@ def lane_flow(lane_name: str, lane: Lane, host: Host, base_dir: Path, run_dir: s
     record = run.lane(lane_name)
     record.config = lane.model_dump(mode="json")
 
+    server: Server | None = None
+
     def stage(name: str) -> None:
+        if server is not None and server.dead_workers():  # a lane across hosts lost a node: stop measuring
+            raise RuntimeError(f"a worker died before {name}")
         record.stage = name
         run.save_manifest()
         progress(lane_name, name)
@@ -112,7 +122,8 @@ def lane_flow(lane_name: str, lane: Lane, host: Host, base_dir: Path, run_dir: s
     reach = Reach.of(lane.host, lane, host, base_dir, inventory)
     pre = preflight(lane_name, lane, host, base_dir, inventory, reach)
     record.engine_identity, record.models = pre.engine_identity, [m.model_dump() for m in pre.models]
-    record.preflight = pre.model_dump(include={"links", "hosts", "rpc_endpoints", "rpc_binaries"})
+    record.preflight = pre.model_dump(include={"links", "hosts", "rpc_endpoints", "rpc_binaries", "master",
+                                               "node_binaries"})
     if not pre.ok:
         reach.close()
         record.status, record.reason = "skipped", pre.reason
@@ -122,12 +133,16 @@ def lane_flow(lane_name: str, lane: Lane, host: Host, base_dir: Path, run_dir: s
 
     lane = _resolved(lane, host, base_dir, pre)
     decode_prompts, class_prompts = _prompt_sets(lane, base_dir)
-    server: Server | None = None
+    server = None
     try:
         # 2. Image pull by digest (container lanes): skipped when the host has it, verified either way.
         if lane.image is not None:
             stage("image pull")
             pulled = image_pull(reach.transport, host.docker_host, lane.image)
+            for _, name in topology.worker_ranks(lane):  # every node runs the same pinned image
+                if pulled.ok and inventory is not None:
+                    node_pull = image_pull(reach.transports[name], inventory.hosts[name].docker_host, lane.image)
+                    pulled = pulled if node_pull.ok else node_pull.model_copy(update={"reason": f"{name}: {node_pull.reason}"})
             if not pulled.ok:  # the pinned image cannot be had: nothing to measure, and it must be seen
                 record.status, record.reason = "failed", f"image pull: {pulled.reason}"
                 return Failed(message=record.reason)
@@ -136,8 +151,9 @@ def lane_flow(lane_name: str, lane: Lane, host: Host, base_dir: Path, run_dir: s
 
         # 3. Boot: start (workers first), wait for health, keep the whole log, read what the server resolved.
         stage("boot")
-        server, facts, seconds = boot(lane_name, lane, pre.binary, host.address, run.lane_dir(lane_name) / "boot.log",
-                                      _placement(lane, host, reach, pre))
+        server, facts, seconds = boot(lane_name, topology.at_rank(lane, engine_for(lane.engine), 0, pre.master),
+                                      pre.binary, host.address, run.lane_dir(lane_name) / "boot.log",
+                                      _placement(lane, host, reach, pre, inventory))
         record.launch_command, record.boot_seconds = server.command, seconds
         record.boot_facts = facts.model_dump()
         run.save_manifest()
@@ -206,6 +222,8 @@ def lane_flow(lane_name: str, lane: Lane, host: Host, base_dir: Path, run_dir: s
         return Failed(message=str(e))
     except Exception as e:  # a crashed stage fails this lane, not the run
         record.status, record.reason = "failed", f"{record.stage}: {type(e).__name__}: {e}"
+        if server is not None and (dead := server.dead_workers()):  # a node of the group died: that is the reason
+            record.reason = f"{record.stage}: {'; '.join(dead)} (a worker of this lane across hosts is gone)"
         logger.exception("lane %s failed in %s", lane_name, record.stage)
         return Failed(message=record.reason)
     finally:
@@ -213,7 +231,7 @@ def lane_flow(lane_name: str, lane: Lane, host: Host, base_dir: Path, run_dir: s
         if server is not None:
             stop(server)
             run.register(lane_name, f"{lane_name}/boot.log", "boot-log")
-            for worker in lane.rpc.workers if lane.rpc else []:
+            for worker in [*(lane.rpc.workers if lane.rpc else []), *(n for _, n in topology.worker_ranks(lane))]:
                 run.register(lane_name, f"{lane_name}/worker-{worker}.log", "boot-log")
         reach.close()
         try:

@@ -18,7 +18,7 @@ from tasks.client.replies import ChatReply, parse_openai_chat
 from tasks.inventory.models import Agentic, Lane
 from tasks.kl.records import ForcedProbe, ForcedScore
 from tasks.client.records import RequestRecord, RequestSpec, StreamEvent
-from tasks.engines.facts import Acceptance, BootFacts, Metrics
+from tasks.engines.facts import Acceptance, BootFacts, Metrics, PlannedCap
 
 
 class Engine(ABC):
@@ -111,6 +111,20 @@ class Engine(ABC):
         agentic support serves plain text, and the smoke gate says so).
         """
         return []
+
+    # --- Capacity known before boot -----------------------------------------------------------
+
+    def planned_cap(self, lane: Lane) -> PlannedCap | None:
+        """The running-request cap the lane's config implies, where it can be computed (None: only
+        the boot log knows). Checked at config time against the bench's highest concurrency."""
+        return None
+
+    # --- Serving across hosts (a lane's `nodes`; llama.cpp: its `rpc` plan) -------------------
+
+    def node_flags(self, rank: int, nnodes: int, master: str, port: int) -> list[str]:
+        """Launch flags that make this process node `rank` of `nnodes`, meeting at master:port
+        (rank 0 is the head that serves HTTP; the others are its workers)."""
+        raise NotImplementedError(f"the {self.name} adapter spans hosts with its rpc plan, not node flags")
 
     # --- Serving across hosts (a lane's `rpc` plan) ------------------------------------------
 

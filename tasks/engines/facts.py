@@ -67,6 +67,16 @@ class BootFacts(_Record):
         return self
 
 
+class PlannedCap(_Record):
+    """A running-request cap computed from the lane's config before anything boots (slots, the
+    mamba state cache and the engine's per-request state ratio, data-parallel workers): the
+    boot facts still decide, this says early when a lane cannot pass its own capacity gate."""
+
+    cap: int  # an upper bound: the KV pool, known only at boot, may allow fewer
+    reason: str  # how it was computed, in the engine's words
+    fix: str  # what to change when it is below the bench's concurrency
+
+
 class Metrics(_Record):
     """One scrape of the server's Prometheus endpoint: series name (with sorted labels) -> value."""
 

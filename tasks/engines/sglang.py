@@ -57,8 +57,8 @@ from tasks.inventory.models import Agentic, Lane
 from tasks.engines.base import Engine, per_position_from_counts, parser_flags
 from tasks.kl.records import ForcedProbe, ForcedScore
 from tasks.client.records import RequestRecord, RequestSpec, StreamEvent
-from tasks.engines.facts import Acceptance, BootFacts, Metrics
-from tasks.engines import sglang_boot
+from tasks.engines.facts import Acceptance, BootFacts, Metrics, PlannedCap
+from tasks.engines import planned, sglang_boot
 
 _CHAIN = {"EAGLE", "EAGLE3", "NEXTN", "STANDALONE"}
 _ALIASES = {"SIMPLE": "STANDALONE", "DRAFT_MODEL": "STANDALONE", "MTP": "NEXTN"}
@@ -124,6 +124,14 @@ class SGLang(Engine):
     def info_facts(self, facts: BootFacts, info: dict) -> BootFacts:
         """/server_info's cap, speculation type and version beside the log's (the lowest cap wins)."""
         return sglang_boot.info_facts(facts, info)
+
+    def planned_cap(self, lane: Lane) -> PlannedCap | None:
+        return planned.sglang_cap(lane, self.launch_command(lane, "python3", "0.0.0.0"))
+
+    def node_flags(self, rank: int, nnodes: int, master: str, port: int) -> list[str]:
+        # srt/arg_groups/fields/parallel.py: --nnodes, --node-rank, --dist-init-addr HOST:PORT.
+        address = f"[{master}]:{port}" if ":" in master else f"{master}:{port}"
+        return ["--nnodes", str(nnodes), "--node-rank", str(rank), "--dist-init-addr", address]
 
     def version_of(self, log: str, info: dict | list | None) -> str | None:
         # SGLang logs no version line; /server_info carries `version`.

@@ -48,8 +48,8 @@ from tasks.inventory.models import Agentic, Lane
 from tasks.engines.base import Engine, per_position_from_counts, parser_flags
 from tasks.kl.records import ForcedProbe, ForcedScore
 from tasks.client.records import RequestRecord, RequestSpec, StreamEvent
-from tasks.engines.facts import Acceptance, BootFacts, Metrics
-from tasks.engines import vllm_boot
+from tasks.engines.facts import Acceptance, BootFacts, Metrics, PlannedCap
+from tasks.engines import planned, vllm_boot
 
 _P = "vllm:spec_decode_"
 _KEY = re.compile(r"^([^{]+)(?:\{(.*)\})?$")
@@ -104,6 +104,15 @@ class VLLM(Engine):
 
     def info_facts(self, facts: BootFacts, info: dict | list) -> BootFacts:
         return vllm_boot.info_facts(facts, info) if isinstance(info, dict) else facts
+
+    def planned_cap(self, lane: Lane) -> PlannedCap | None:
+        return planned.vllm_cap(lane, self.launch_command(lane, "vllm", "0.0.0.0"))
+
+    def node_flags(self, rank: int, nnodes: int, master: str, port: int) -> list[str]:
+        # vllm/engine/arg_utils.py --nnodes/--node-rank/--master-addr/--master-port; every node but
+        # the head runs --headless (entrypoints/cli/serve.py run_headless: workers, no API server).
+        flags = ["--nnodes", str(nnodes), "--node-rank", str(rank), "--master-addr", master, "--master-port", str(port)]
+        return flags + (["--headless"] if rank > 0 else [])
 
     def version_of(self, log: str, info: dict | list | None) -> str | None:
         if isinstance(info, dict) and isinstance(info.get("version"), str):
