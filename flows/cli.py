@@ -44,7 +44,6 @@ def cmd_nightly(args: argparse.Namespace) -> int:
     hosts = Path(args.hosts)
     try:
         inventory = load_inventory(hosts)
-        check_prompt_files(inventory, hosts)
     except ConfigError as e:
         return _bad_input(str(e))
     unknown = [name for name in args.lane or [] if name not in inventory.lanes]
@@ -52,6 +51,10 @@ def cmd_nightly(args: argparse.Namespace) -> int:
         return _bad_input(f"--lane {unknown[0]}: no such lane in {hosts}. Fix: use one of: {', '.join(inventory.lanes)}")
     if (capped := _capped_by_config(inventory, args.lane or list(inventory.lanes))) is not None:
         return _bad_input(f"{hosts}: {capped}")
+    try:
+        check_prompt_files(inventory, hosts)
+    except ConfigError as e:
+        return _bad_input(str(e))
 
     _quiet_prefect()
     from flows.nightly import nightly
