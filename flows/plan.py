@@ -92,7 +92,7 @@ def _processes(lane: Lane, inventory: Inventory) -> list[Process]:
     host = inventory.hosts[lane.host]
     where = f"container {lane.image}" if lane.image else "bare"
     master = topology.master_address(lane, inventory)
-    head_ports = [lane.port] + ([lane.nodes.port] if topology.spans_nodes(lane) and lane.nodes else [])
+    head_ports = [lane.port] + ([topology.rendezvous_port(lane)] if topology.spans_nodes(lane) else [])
     out = [Process(role="head (node 0)" if lane.nodes else "server", host=lane.host, address=host.address, where=where,
                    argv=engine.launch_command(topology.at_rank(lane, engine, 0, master), _binary(lane), host.address),
                    ports=head_ports)]

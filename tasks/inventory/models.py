@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 from tasks.inventory.base import _NAME, _SAFE_FLAG, ConfigError, _RefError, _Strict  # noqa: F401  (re-exported)
 from tasks.inventory.correctness import (  # noqa: F401  (re-exported)
@@ -111,7 +111,8 @@ class NodesPlan(_Strict):
 
     hosts: Annotated[list[str], Field(min_length=2, max_length=64)]
     link: str | None = None
-    port: Annotated[int, Field(ge=1024, le=65535)] = 29501  # vLLM --master-port, SGLang --dist-init-addr port
+    # vLLM --master-port and SGLang's --dist-init-addr port (default 29501); llama.cpp's rpc-server port (50052).
+    port: Annotated[int, Field(ge=1024, le=65535)] | None = None
 
 
 class FileRef(_Strict):
@@ -230,14 +231,27 @@ class Lane(_Strict):
                              f"not {self.nodes.hosts[0]!r}")
         if len(set(self.nodes.hosts)) != len(self.nodes.hosts):
             raise ValueError("nodes.hosts names a host twice; one node per host")
-        if self.engine == "llamacpp":
-            # llama.cpp spans hosts with its RPC backend: the worker nodes run rpc-server.
-            if self.rpc is not None:
-                raise ValueError("give either 'nodes' or 'rpc', not both (nodes is the rpc plan's general form)")
-            if self.nodes.link is None:
-                raise ValueError("a llama.cpp lane across nodes needs nodes.link (rpc-server listens on its end)")
-            self.rpc = RpcPlan(workers=self.nodes.hosts[1:], link=self.nodes.link, port=self.nodes.port)
+        if self.engine == "llamacpp" and self.nodes.link is None:
+            raise ValueError("a llama.cpp lane across nodes needs nodes.link (rpc-server listens on its end)")
         return self
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nodes_as_rpc(cls, data: object) -> object:
+        """llama.cpp spans hosts with its RPC backend: its worker nodes are the rpc plan's workers."""
+        if not isinstance(data, dict) or data.get("engine") != "llamacpp" or not isinstance(data.get("nodes"), dict):
+            return data
+        nodes = data["nodes"]
+        hosts = nodes.get("hosts")
+        if not (isinstance(hosts, list) and len(hosts) >= 2 and nodes.get("link")):
+            return data
+        rpc = {"workers": hosts[1:], "link": nodes["link"], "port": nodes.get("port") or 50052}
+        given = data.get("rpc")
+        if given is not None:  # a lane dumped and read back carries the rpc plan it derived
+            given = given.model_dump() if isinstance(given, BaseModel) else given
+            if not isinstance(given, dict) or {k: given.get(k, rpc[k]) for k in rpc} != rpc:
+                raise ValueError("give either 'nodes' or 'rpc', not both (nodes is the rpc plan's general form)")
+        return {**data, "rpc": {**(given or {}), **rpc}}
 
     @model_validator(mode="after")
     def _needles_fit(self) -> Lane:

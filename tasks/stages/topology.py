@@ -25,6 +25,13 @@ def master_address(lane: Lane, inventory: Inventory) -> str:
     return inventory.hosts[head].address
 
 
+RENDEZVOUS_PORT = 29501  # vLLM's --master-port default (vllm/config/parallel.py); SGLang takes it too
+
+
+def rendezvous_port(lane: Lane) -> int:
+    return (lane.nodes.port if lane.nodes else None) or RENDEZVOUS_PORT
+
+
 def spans_nodes(lane: Lane) -> bool:
     """A multi-node lane whose engine takes node flags (llama.cpp spans nodes with rpc-server)."""
     return lane.nodes is not None and lane.engine != "llamacpp"
@@ -35,7 +42,7 @@ def at_rank(lane: Lane, engine: Engine, rank: int, master: str) -> Lane:
     if not spans_nodes(lane):
         return lane
     assert lane.nodes is not None
-    flags = [*lane.flags, *engine.node_flags(rank, len(lane.nodes.hosts), master, lane.nodes.port)]
+    flags = [*lane.flags, *engine.node_flags(rank, len(lane.nodes.hosts), master, rendezvous_port(lane))]
     return lane.model_copy(update={"flags": flags})
 
 
