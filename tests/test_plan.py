@@ -115,3 +115,27 @@ def test_plan_text_names_every_section(tmp_path, capsys, lane):
     out = capsys.readouterr().out
     for section in ("preflight (a failure skips the lane):", "boot facts read:", "gates:", "config-time capacity:"):
         assert section in out
+
+
+def test_the_lane_flow_places_the_ranks_the_plan_prints(tmp_path, capsys):
+    """What `plan` prints is what the lane flow starts: the head's argv and each worker node's."""
+    from flows.lane import _placement
+    from tasks.engines import engine_for
+    from tasks.hosts.transport import LocalTransport
+    from tasks.inventory.load import load_inventory
+    from tasks.stages import topology
+    from tasks.stages.preflight import Preflight, Reach
+
+    path = uncommented(tmp_path)
+    _, (printed,) = plan(capsys, path, "spark-pair")
+    inventory = load_inventory(path)
+    lane = inventory.lanes["spark-pair"]
+    pre = Preflight(ok=True, binary="vllm", master=topology.master_address(lane, inventory))
+    reach = Reach("spark1", {"spark1": LocalTransport("spark1"), "spark2": LocalTransport("spark2")})  # not contacted
+    placement = _placement(lane, inventory.hosts["spark1"], reach, pre, inventory)
+    (worker,) = placement.workers
+    assert (worker.host_name, worker.rank, worker.image) == ("spark2", 1, lane.image)
+    assert worker.argv == printed["processes"][1]["argv"]
+    head = engine_for("vllm").launch_command(topology.at_rank(lane, engine_for("vllm"), 0, pre.master), "vllm",
+                                             inventory.hosts["spark1"].address)
+    assert head == printed["processes"][0]["argv"]
