@@ -46,10 +46,10 @@ def run_matrix(matrix_file: str, artifacts_root: str = "artifacts") -> Any:
     from prefect.runtime import flow_run
     from prefect.states import Completed, Failed
 
-    from flows.lane import lane_flow
+    from flows.lanes import LaneJob, run_lane
     from tasks.record.run_folder import RunFolder
     from tasks.hosts.files import sha256_of
-    from tasks.hosts.lock import host_lock, limit_name
+    from tasks.hosts.lock import limit_name
     from tasks.matrix.config import arm_lane, arm_port, load_matrix
     from tasks.matrix.bars import earlier_run, register
     from tasks.record.progress import progress
@@ -85,24 +85,23 @@ def run_matrix(matrix_file: str, artifacts_root: str = "artifacts") -> Any:
         for i, arm in enumerate(m.arms, 1):
             progress("matrix", f"arm {i}/{len(m.arms)}: {arm.name} (drafter {arm.drafter} @ {arm.revision}, K={arm.k})")
             facts = run.manifest.flow["matrix"]["arms"][arm.name]
-            # One job per host: held from the port check to after teardown (tasks/host_lock.py).
-            with host_lock(m.host_name, on_wait=lambda msg, name=arm.name: progress(name, msg)) as hold:
+
+            def on_port(job: LaneJob, facts: dict = facts) -> LaneJob:
+                """Under the host lock, the only time a free port stays free: pick the arm's port."""
                 port, why = arm_port(m.host.address, m.target.port)
                 facts.update(started_at=datetime.now(UTC).isoformat(), port=port, port_note=why,
                              load_at_start=round(os.getloadavg()[0], 2))
                 run.save_manifest()
                 if why:
-                    progress(arm.name, why)
-                lane = arm_lane(m, arm).model_copy(update={"port": port})
-                state = lane_flow(arm.name, lane, m.host, m.inventory_path.parent, str(run.path), return_state=True)
-                facts.update(finished_at=datetime.now(UTC).isoformat(), load_at_end=round(os.getloadavg()[0], 2))
-            facts["host_lock"] = hold.model_dump()
+                    progress(job.name, why)
+                return job.model_copy(update={"lane": job.lane.model_copy(update={"port": port})})
+
+            job = LaneJob(name=arm.name, lane=arm_lane(m, arm), host=m.host, base_dir=str(m.inventory_path.parent))
+            message = run_lane(str(run.path), job, before=on_port)
             record = run.lane(arm.name)
-            if record.status == "running":  # the subflow died outside its own error handling
-                record.status, record.reason = "failed", f"{record.stage}: {state.message}"
-            facts["state"] = state.name
+            facts.update(finished_at=datetime.now(UTC).isoformat(), load_at_end=round(os.getloadavg()[0], 2),
+                         host_lock=record.host_lock, state=record.status, message=message)
             run.save_manifest()
-            progress(arm.name, f"{record.status}{': ' + record.reason if record.reason else ''}")
     finally:
         complete, message = _finish(run, m)
     return Completed(message=message) if complete else Failed(message=message)

@@ -1,12 +1,13 @@
-"""The nightly flow: every lane in the inventory (or the named ones), one after another, then the
-morning question: did anything get worse, and can I trust that it did?
+"""The nightly flow: every lane in the inventory (or the named ones), then the morning question:
+did anything get worse, and can I trust that it did?
 
-Each lane runs as its own subflow while holding its host's global concurrency limit
-(`gpu:<host>`, tasks/host_lock.py), so a matrix or a second nightly aimed at the same box waits
-instead of measuring on top of it. One lane's skip or failure never stops the others. Each
+Each lane runs as its own subflow while holding its hosts' global concurrency limit
+(`gpu:<host>`, tasks/hosts/lock.py), so a matrix or a second nightly aimed at the same box waits
+instead of measuring on top of it; lanes on different hosts run at the same time
+(flows/lanes.py). One lane's skip or failure never stops the others. Each
 lane that passed is then compared, metric by metric, with a baseline window of earlier good
-nightlies of the same lane (tasks/regression.py); a regression fails the night like a failed
-gate does, and the on-failure hook posts a notification (tasks/notify.py). The run folder is
+nightlies of the same lane (tasks/record/regression.py); a regression fails the night like a failed
+gate does, and the on-failure hook posts a notification (tasks/record/notify.py). The run folder is
 written as the run goes and finished with plots and the report, whatever happened.
 """
 
@@ -21,11 +22,9 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.runtime import flow_run
 from prefect.states import Completed, Failed, State
 
-from flows.lane import lane_flow
+from flows.lanes import LaneJob, run_lanes
 from tasks.record.run_folder import RunFolder
-from tasks.inventory.models import Inventory
 from tasks.inventory.load import load_inventory
-from tasks.hosts.lock import Hold, host_lock, limit_name
 from tasks.record.notify import on_failure
 from tasks.record.progress import progress
 from tasks.record.regression import LaneComparison, RegressionPolicy, describe
@@ -43,8 +42,11 @@ def _publish(run: RunFolder, report: str) -> None:
     """The same tables as Prefect artifacts, and the report with its plots inlined, for the UI."""
     import pandas as pd
 
+    from tasks.record.kinds import published_kinds
+
+    published = published_kinds()
     for entry in run.manifest.artifacts:
-        if entry.kind in ("decode", "acceptance", "regression") and entry.validation == "passed":
+        if entry.kind in published and entry.validation == "passed":
             df = pd.read_parquet(run.path / entry.path)
             if "per_position" in df:
                 df["per_position"] = [" ".join(f"{p:.3f}" for p in pp) for pp in df.per_position]
@@ -52,27 +54,6 @@ def _publish(run: RunFolder, report: str) -> None:
                                   table=df.round(4).astype(object).where(df.notna(), None).to_dict(orient="records"),
                                   description=f"{entry.kind} for lane {entry.lane}")
     create_markdown_artifact(key="nightly-report", markdown=embed_images(report, run.path), description=run.path.name)
-
-
-def _run_lane(run: RunFolder, inventory: Inventory, inventory_path: Path, name: str) -> None:
-    """One lane under its host lock; whatever happens, the lane ends with a status and the hold is recorded."""
-    lane = inventory.lanes[name]
-    hold: Hold | None = None
-    message = "did not finish"
-    try:
-        with host_lock(lane.host, on_wait=lambda m: progress(name, m)) as hold:
-            state = lane_flow(name, lane, inventory.hosts[lane.host], inventory_path.parent, str(run.path),
-                              inventory=inventory, return_state=True)
-            message = str(state.message)
-    except Exception as e:  # the lock itself failed (timeout, lease lost, server gone)
-        message = f"host lock {limit_name(lane.host)}: {type(e).__name__}: {e}"
-    finally:
-        if hold is not None:
-            run.manifest.flow.setdefault("host_locks", {})[name] = hold.model_dump()
-        record = run.lane(name)
-        if record.status == "running":  # the subflow died outside its own error handling
-            record.status, record.reason = "failed", f"{record.stage}: {message}" if record.stage else message
-        run.save_manifest()
 
 
 def _history(con: Any, lane: str, metrics: list[str]) -> dict[str, Any]:
@@ -154,8 +135,9 @@ def nightly(hosts: str = "hosts.yaml", lanes: list[str] | None = None, artifacts
     comparisons: dict[str, LaneComparison] = {}
     problems: list[str] = []
     try:
-        for name in names:
-            _run_lane(run, inventory, inventory_path, name)
+        # Lanes on different hosts measure side by side; each host's lanes one at a time.
+        run_lanes(run, [LaneJob(name=name, lane=inventory.lanes[name], host=inventory.hosts[inventory.lanes[name].host],
+                                base_dir=str(inventory_path.parent), inventory=inventory) for name in names])
     finally:
         try:
             comparisons = _against_baseline(run, artifacts_root, policy)

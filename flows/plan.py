@@ -21,7 +21,7 @@ from pydantic import BaseModel
 
 from tasks.engines import engine_for, planned, release_flags
 from tasks.engines.releases import PINNED
-from tasks.inventory.load import load_inventory, shipped_or_local
+from tasks.inventory.load import load_inventory
 from tasks.inventory.models import ConfigError, CounterGate, Inventory, Lane
 from tasks.stages import topology
 
@@ -70,21 +70,13 @@ def _binary(lane: Lane) -> str:
 
 
 def _resolved(lane: Lane, inventory: Inventory, base_dir: Path) -> Lane:
-    """Model paths as the head host sees them and the agentic and rpc flags, as the lane flow adds them."""
-    from tasks.stages.preflight import model_paths
+    """The lane as its head host serves it, by the lane flow's own function (model paths there,
+    agentic and rpc flags added), with the rpc endpoints the inventory implies."""
+    from tasks.stages.preflight import Preflight
+    from tasks.stages.serve import resolved
 
-    engine = engine_for(lane.engine)
-    paths = model_paths(lane, inventory.hosts[lane.host], base_dir)
-    update: dict[str, Any] = {"model": lane.model.model_copy(update={"path": paths["model"]})}
-    if lane.drafter is not None:
-        update["drafter"] = lane.drafter.model_copy(update={"path": paths["drafter"]})
-    flags = list(lane.flags)
-    if lane.agentic is not None:
-        template = lane.agentic.chat_template
-        flags = engine.agentic_flags(lane.agentic, str(shipped_or_local(base_dir, template)) if template else None) + flags
-    if lane.rpc is not None:
-        flags = engine.rpc_flags(topology.rpc_endpoints(lane, inventory)) + flags
-    return lane.model_copy(update={**update, "flags": flags})
+    pre = Preflight(ok=True, rpc_endpoints=topology.rpc_endpoints(lane, inventory))
+    return resolved(lane, inventory.hosts[lane.host], base_dir, pre)
 
 
 def _processes(lane: Lane, inventory: Inventory) -> list[Process]:

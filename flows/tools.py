@@ -29,12 +29,10 @@ def run_tools(hosts: str, lanes: list[str], artifacts_root: str = "artifacts", h
     from prefect.runtime import flow_run
     from prefect.states import Completed, Failed
 
-    from flows.lane import lane_flow
+    from flows.lanes import LaneJob, run_lanes
     from tasks.correctness import record as correctness
     from tasks.record.run_folder import RunFolder
     from tasks.inventory.load import load_inventory
-    from tasks.hosts.lock import host_lock
-    from tasks.record.progress import progress
     from tasks.record.report import render
 
     inventory_path = Path(hosts).resolve()
@@ -42,20 +40,9 @@ def run_tools(hosts: str, lanes: list[str], artifacts_root: str = "artifacts", h
     run = RunFolder(Path(artifacts_root), "tools", str(flow_run.get_id()), inventory_path)
     run.manifest.flow["held_out_requested"] = held_out
     try:
-        for name in lanes:
-            lane = inventory.lanes[name]
-            message = "did not finish"
-            try:
-                with host_lock(lane.host, on_wait=lambda m, n=name: progress(n, m)):
-                    state = lane_flow(name, lane, inventory.hosts[lane.host], inventory_path.parent, str(run.path),
-                                      stages="tools", held_out=held_out, inventory=inventory, return_state=True)
-                    message = str(state.message)
-            except Exception as e:  # the lock itself failed
-                message = f"host lock: {type(e).__name__}: {e}"
-            record = run.lane(name)
-            if record.status == "running":
-                record.status, record.reason = "failed", message
-            run.save_manifest()
+        run_lanes(run, [LaneJob(name=name, lane=inventory.lanes[name], host=inventory.hosts[inventory.lanes[name].host],
+                                base_dir=str(inventory_path.parent), stages="tools", held_out=held_out,
+                                inventory=inventory) for name in lanes])
     finally:
         run.finish()
         report = render(run)

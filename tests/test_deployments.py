@@ -138,7 +138,7 @@ def test_the_cron_schedule_runs_the_nightly_through_the_worker(served):
     folder = next((served["tmp"] / "artifacts").glob(f"*_nightly_{run['id'][:8]}"))
     m = manifest_of(folder)
     assert m["flow"]["flow_run_id"] == run["id"] and m["lanes"]["rehearsal"]["status"] == "passed"
-    assert m["flow"]["host_locks"]["rehearsal"]["limit"] == "gpu:localhost"
+    assert m["lanes"]["rehearsal"]["host_lock"]["limit"] == "gpu:localhost"
     limit = _api(served, "GET", "/v2/concurrency_limits/gpu:localhost").json()
     assert limit["limit"] == 1 and limit["active_slots"] == 0
     artifacts = _api(served, "POST", "/artifacts/filter", json={"artifacts": {"key": {"any_": ["nightly-report"]}}})

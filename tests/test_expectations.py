@@ -10,7 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tasks.record.expectations import KINDS, SUITES_DIR, _get_engine, derive, validate
+from tasks.record.expectations import SUITES_DIR, _get_engine, derive, validate
+from tasks.record.kinds import KINDS
 from tasks.client.records import RequestRecord
 from tasks.record.rows import AcceptanceRow, DecodeRow, WarmupRow
 
@@ -207,3 +208,12 @@ def test_the_suite_file_is_what_catches_it(tmp_path: Path) -> None:
     loaded = len(_get_engine().definitions)
     validate("acceptance", rising, suites_dir=tmp_path)
     assert len(_get_engine().definitions) == loaded  # suites are loaded once per file version
+
+
+def test_every_artifact_kind_has_its_suite_and_row_model_and_every_suite_a_kind():
+    """One registry (tasks/record/kinds.py): a kind without a suite, or a suite no kind names, is a mistake."""
+    suites = {p.stem for p in SUITES_DIR.glob("*.json")}
+    assert suites == set(KINDS)
+    for k in KINDS.values():
+        fields = k.model().model_fields
+        assert set(k.keys) <= set(fields), (k.name, set(k.keys) - set(fields))

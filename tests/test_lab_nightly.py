@@ -66,6 +66,10 @@ def test_lab_nightly_runs_the_container_lane_by_digest_and_the_two_host_lane(lab
     assert "Accepted client connection" in (folder / "spark-pair" / "worker-spark2.log").read_text()
     for lane in ("gb300-container", "spark-pair"):
         assert (folder / lane / "acceptance.parquet").is_file()
+    # Different hosts, different locks: the two lanes measured at the same time.
+    assert gb300["host_lock"]["limit"] == "gpu:gb300" and pair["host_lock"]["limit"] == "gpu:spark1,gpu:spark2"
+    assert gb300["started_at"] < pair["finished_at"] and pair["started_at"] < gb300["finished_at"], (
+        gb300["started_at"], gb300["finished_at"], pair["started_at"], pair["finished_at"])
 
     report = (folder / "report.md").read_text()
     assert f"image `{pinned}`: pulled" in report and "link **spark-direct** ok" in report
@@ -203,3 +207,33 @@ def _on_the_lab(pid: int) -> bool:
         return b"10.213." in (Path("/proc") / str(pid) / "cmdline").read_bytes()
     except OSError:
         return False
+
+
+def test_the_kl_gate_serves_lab_lanes_over_ssh_like_the_nightly(lab, tmp_path):
+    """`lanebench kl` on lab lanes: the reference across the Spark pair's link, the candidate in
+    gb300's container, both reached over SSH; the same target bytes, so the candidate passes."""
+    from conftest import REPO
+
+    kl_file = tmp_path / "lab-kl.yaml"
+    kl_file.write_text(f"""
+inventory: {lab.inventory_path}
+prompts: {REPO / "kl" / "prompts.jsonl"}
+prompt_count: 3
+tokens_per_prompt: 24
+reference: pair
+candidates: [container]
+lanes:
+  pair: {{lane: spark-pair}}
+  container: {{lane: gb300-container}}
+bars: {{max_mean_abs_dlogprob: 0.02}}
+""")
+    result = run_cli("kl", str(kl_file), "--artifacts", str(tmp_path / "art"), timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    m = manifest_of(run_folder_of(result))
+    pair, container = m["lanes"]["pair"], m["lanes"]["container"]
+    assert pair["status"] == "passed" and container["status"] == "passed", (pair["reason"], container["reason"])
+    assert "--rpc 10.213.1.2:50052" in pair["launch_command"] and pair["preflight"]["links"][0]["ok"]
+    assert container["launch_command"].startswith("/llama-server ") and container["image"]["digest"]
+    assert pair["host_lock"]["limit"] == "gpu:spark1,gpu:spark2" and container["host_lock"]["limit"] == "gpu:gb300"
+    assert m["flow"]["kl"]["positions"] > 0
+    assert _engines_left(lab) == []

@@ -119,7 +119,7 @@ def test_plan_text_names_every_section(tmp_path, capsys, lane):
 
 def test_the_lane_flow_places_the_ranks_the_plan_prints(tmp_path, capsys):
     """What `plan` prints is what the lane flow starts: the head's argv and each worker node's."""
-    from flows.lane import _placement
+    from tasks.stages.serve import placement as _placement
     from tasks.engines import engine_for
     from tasks.hosts.transport import LocalTransport
     from tasks.inventory.load import load_inventory

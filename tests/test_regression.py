@@ -171,5 +171,5 @@ def test_reports_are_prefect_artifacts_and_folders_verify(nightlies):
         r = subprocess.run([sys.executable, "-m", "flows.cli", "verify", str(folder)], cwd=REPO, capture_output=True,
                            text=True, timeout=60)
         assert r.returncode == 0, r.stdout
-        locks = json.loads((folder / "manifest.json").read_text())["flow"]["host_locks"]
+        locks = {n: r["host_lock"] for n, r in json.loads((folder / "manifest.json").read_text())["lanes"].items()}
         assert locks["rehearsal"]["limit"] == "gpu:localhost" and locks["rehearsal"]["released_at"]

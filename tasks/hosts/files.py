@@ -10,6 +10,12 @@ from pathlib import Path
 _CACHE = Path(os.environ.get("LANEBENCH_CACHE", Path.home() / ".cache" / "lanebench")) / "sha256.json"
 
 
+def file_sha256(path: str | Path) -> str:
+    """sha256 of a file as it is now (artifacts, which change while a run writes them)."""
+    with Path(path).open("rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
 def sha256_of(path: str | Path) -> str:
     """sha256 of a file; large model files are hashed once per (size, mtime)."""
     path = Path(path).resolve()
@@ -21,11 +27,7 @@ def sha256_of(path: str | Path) -> str:
         cache = {}
     if key in cache:
         return cache[key]
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    cache[key] = h.hexdigest()
+    cache[key] = file_sha256(path)
     try:
         _CACHE.parent.mkdir(parents=True, exist_ok=True)
         tmp = _CACHE.with_suffix(".tmp")

@@ -20,7 +20,8 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from tasks.engines.build import REPO
-from tasks.inventory.models import BenchPlan, ConfigError, DecodePlan, FileRef, Host, Lane
+from tasks.inventory.models import BenchPlan, ConfigError, DecodePlan, FileRef, Host, Inventory, Lane
+from tasks.inventory.base import _RefError
 from tasks.inventory.load import _FIXES, _field_path, read_yaml_mapping, load_inventory
 
 DEFAULT_INVENTORY = REPO / "hosts.yaml"
@@ -104,12 +105,6 @@ class KlFile(_Strict):
         return self
 
 
-class _RefError(ValueError):
-    def __init__(self, field: str, problem: str, fix: str) -> None:
-        self.field, self.problem, self.fix = field, problem, fix
-        super().__init__(problem)
-
-
 class ResolvedLane(BaseModel):
     """A KL lane made concrete: the lanebench Lane to boot, its host and how its model is made."""
 
@@ -120,6 +115,7 @@ class ResolvedLane(BaseModel):
     quantize: Quantize | None = None
     quantize_source: Path | None = None  # absolute
     dropped_flags: list[str] = []
+    inventory: Inventory | None = None  # for its hosts' transports, RPC workers and links
 
 
 def load_kl_file(path: str | Path) -> KlFile:
@@ -183,12 +179,10 @@ def resolve_lanes(spec: KlFile, kl_path: Path) -> dict[str, ResolvedLane]:
             if k.lane not in inventory.lanes:
                 raise ConfigError(kl_path, f"{field}.lane", f"no lane {k.lane!r} in {inv_path}",
                                   f"use one of: {', '.join(inventory.lanes)}")
-            base = inventory.lanes[k.lane]
+            base = inventory.lanes[k.lane]  # its paths stay relative to the inventory, wherever its host is
             base_dir = inv_path.parent
-            base = base.model_copy(update={"model": base.model.model_copy(
-                update={"path": str(resolve(base_dir, base.model.path))})})
         else:
-            base = None
+            base, base_dir = None, kl_path.parent
         overrides = {f: getattr(k, f) for f in ("host", "engine", "binary", "port", "context", "threads", "flags",
                                                  "env", "boot_timeout_s") if getattr(k, f) is not None}
         if k.model is not None:
@@ -217,7 +211,7 @@ def resolve_lanes(spec: KlFile, kl_path: Path) -> dict[str, ResolvedLane]:
             if lane.engine != "llamacpp":
                 raise ConfigError(kl_path, f"{field}.quantize", f"quantize needs a llamacpp lane, this one is {lane.engine}",
                                   "remove 'quantize' and point 'model' at the quantized checkpoint")
-            source = resolve(kl_path.parent, k.quantize.source) if k.quantize.source else Path(lane.model.path)
-        out[name] = ResolvedLane(name=name, lane=lane, host=host, base_dir=kl_path.parent, quantize=k.quantize,
-                                 quantize_source=source, dropped_flags=dropped)
+            source = resolve(kl_path.parent, k.quantize.source) if k.quantize.source else resolve(base_dir, lane.model.path)
+        out[name] = ResolvedLane(name=name, lane=lane, host=host, base_dir=base_dir, quantize=k.quantize,
+                                 quantize_source=source, dropped_flags=dropped, inventory=inventory)
     return out

@@ -16,23 +16,19 @@ import httpx
 import pandas as pd
 from prefect import get_run_logger
 
-from tasks.record import expectations
 from tasks.record.run_folder import RunFolder
-from tasks.stages.boot import Server, boot, stop
+from tasks.hosts.lock import host_lock
+from tasks.stages.boot import Server
+from tasks.stages.serve import served_lane
 from tasks.kl.stages import LaneDied, checksum, generate, quantize, score, tokenize, tokenizer_difference
 from tasks.kl.config import TOKENIZER_PROBE, KlFile, ResolvedLane
 from tasks.kl.records import ForcedScore, ScoreRecord, Sequence
 from tasks.kl.report import histogram, render
 from tasks.kl.stats import bar_failures, pair_rows, position_rows, summary_row
-from tasks.stages.preflight import preflight
 from tasks.record.progress import progress
 from tasks.client.prompts import Prompt
 
 GATE_DIR = "gate"  # run-folder folder of the cross-lane tables, beside one folder per lane
-# Row keys for GX failure lines of the KL kinds (tasks/expectations.py looks them up by kind).
-for _kind, _keys in {"kl_positions": ["lane", "prompt_id", "position"], "kl_summary": ["lane"],
-                     "kl_pairs": ["lane_a", "lane_b"]}.items():
-    expectations._KEYS.setdefault(_kind, _keys)
 
 
 @dataclass
@@ -83,34 +79,23 @@ class Gate:
 
     @contextmanager
     def _served(self, name: str) -> Iterator[tuple[Server, httpx.Client] | None]:
-        """Preflight and boot one lane; yields None when it cannot run (reason on its record). Teardown always."""
+        """Serve one lane the way every flow does (host lock, preflight, image pull, boot; teardown
+        always); yields None when it cannot run, with the reason on its record."""
         rl, record = self.lanes[name], self.run.lane(name)
-        self._stage(name, "preflight")
-        pre = preflight(name, rl.lane, rl.host, rl.base_dir)
-        record.engine_identity, record.models = pre.engine_identity, [m.model_dump() for m in pre.models]
-        if not pre.ok:
-            record.status, record.reason = "skipped", pre.reason
-            yield None
-            return
-        server = None
-        try:
-            self._stage(name, "boot")
-            server, facts, seconds = boot(name, rl.lane, pre.binary, rl.host.address,
-                                          self.run.lane_dir(name) / "boot.log")
-            record.launch_command, record.boot_seconds = server.command, seconds
-            record.boot_facts = facts.model_dump()
-            self.run.save_manifest()
-            # One client for the lane, closed before the server stops: connections end on our
-            # side, and no idle keep-alive is left for the server to close (its TIME_WAIT would
-            # hold the port for a minute against the next preflight).
-            n = self.spec.concurrency + 1
-            with httpx.Client(limits=httpx.Limits(max_connections=n, max_keepalive_connections=n)) as client:
-                yield server, client
-        finally:
-            if server is not None:
-                stop(server)
-                self.run.register(name, f"{name}/boot.log", "boot-log")
-            self.run.save_manifest()
+        with host_lock([rl.lane.host, *(rl.lane.rpc.workers if rl.lane.rpc else [])],
+                       on_wait=lambda m: progress(name, m)) as hold:
+            record.host_lock = hold.model_dump()
+            with served_lane(self.run, name, rl.lane, rl.host, rl.base_dir, rl.inventory, gates=False) as served:
+                if served is None:
+                    yield None
+                    return
+                # One client for the lane, closed before the server stops: connections end on our
+                # side, and no idle keep-alive is left for the server to close (its TIME_WAIT would
+                # hold the port for a minute against the next preflight).
+                n = self.spec.concurrency + 1
+                with httpx.Client(limits=httpx.Limits(max_connections=n, max_keepalive_connections=n)) as client:
+                    yield served.server, client
+            record.host_lock = hold.model_dump()
 
     def _keep(self, lane: str, scoring: str):
         def on_prompt(prompt_id: str, scores: list[ForcedScore], seconds: float) -> None:

@@ -27,14 +27,10 @@ from typing import Any, Literal
 import pandas as pd
 from pydantic import BaseModel, ConfigDict
 
-from tasks.record import expectations
 from tasks.record.run_folder import RunFolder
 from tasks.matrix.config import Arm, Matrix, baseline_arm, judged_arms, prompt_class_of
 from tasks.matrix.bars import METRICS, Bar, Registration
 
-# Row keys for GX failure lines of the matrix kinds (tasks/expectations.py looks them up by kind).
-for _kind, _keys in {"matrix_arms": ["arm", "prompt_class"], "matrix_verdict": ["bar_index", "arm"]}.items():
-    expectations._KEYS.setdefault(_kind, _keys)
 
 _TOL = 1e-9
 

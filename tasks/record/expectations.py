@@ -22,16 +22,9 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel
 
-SUITES_DIR = Path(__file__).resolve().parents[2] / "expectations"
-KINDS = ("requests", "warmup", "decode", "acceptance", "kl_positions", "kl_summary", "kl_pairs", "regression", "matrix_arms", "matrix_verdict", "tools", "needles")
+from tasks.record.kinds import kind as artifact_kind
 
-# Columns that identify a row in a failure line.
-_KEYS: dict[str, list[str]] = {
-    "requests": ["lane", "stage", "repeat", "concurrency", "prompt_id"],
-    "warmup": ["lane", "concurrency", "size_class"],
-    "decode": ["lane", "concurrency"],
-    "acceptance": ["lane", "prompt_class", "k"],
-}
+SUITES_DIR = Path(__file__).resolve().parents[2] / "expectations"
 # Derived column -> the source columns shown beside it when it fails.
 _DERIVED_FROM: dict[str, list[str]] = {
     "k_plus_1": ["k"],
@@ -140,15 +133,14 @@ def _get_engine() -> _Engine:
 
 def validate(kind: str, df: pd.DataFrame, suites_dir: Path = SUITES_DIR) -> Validation:
     """Validate one artifact frame against `suites_dir/<kind>.json`."""
-    if kind not in KINDS:
-        raise ValueError(f"unknown artifact kind {kind!r}; expected one of {', '.join(KINDS)}")
+    keys = list(artifact_kind(kind).keys)  # an unknown kind is a programming error: it raises
     frame = derive(kind, df)
     engine = _get_engine()
     with engine.lock:
         definition = engine.definition(Path(suites_dir) / f"{kind}.json")
         run = definition.run(batch_parameters={"dataframe": frame}, result_format=_RESULT_FORMAT)
     result = run.to_json_dict()
-    failed = [_failure_line(r, frame, _KEYS.get(kind, [])) for r in result["results"] if not r["success"]]
+    failed = [_failure_line(r, frame, keys) for r in result["results"] if not r["success"]]
     return Validation(
         kind=kind,
         success=bool(result["success"]),

@@ -26,26 +26,10 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-from pydantic import BaseModel
 
-from tasks.record.kinds import METRICS, MetricDef, metric_def  # noqa: F401  (re-exported for queries)
+from tasks.record.kinds import KINDS, METRICS, MetricDef, history_kinds, metric_def  # noqa: F401  (re-exported for queries)
 
 INDEX_FILE = ".history.duckdb"
-TABLE_KINDS = ("decode", "acceptance", "kl_summary", "regression")
-
-
-def _row_model(kind: str) -> type[BaseModel]:
-    from tasks.record.rows import AcceptanceRow, DecodeRow
-
-    if kind == "kl_summary":
-        from tasks.kl.records import KlSummaryRow
-
-        return KlSummaryRow
-    if kind == "regression":
-        from tasks.record.regression import RegressionRow
-
-        return RegressionRow
-    return {"decode": DecodeRow, "acceptance": AcceptanceRow}[kind]
 
 
 def _sql_type(annotation: Any) -> str:
@@ -122,7 +106,7 @@ def _load_table(con: Any, kind: str, files: list[str]) -> None:
             FROM read_parquet(?, filename = true, union_by_name = true) t JOIN artifacts a ON a.path = t.filename""",
                     [files])
         return
-    fields = _row_model(kind).model_fields
+    fields = KINDS[kind].model().model_fields
     cols = ", ".join(f'"{n}" {_sql_type(f.annotation)}' for n, f in fields.items())
     con.execute(f"CREATE TABLE {kind} (run VARCHAR, {cols})")
 
@@ -157,7 +141,7 @@ def open_index(root: str | Path, database: str = ":memory:") -> Any:
         con.register(f"_{name}", df)
         con.execute(f"CREATE OR REPLACE TABLE {name} AS SELECT * FROM _{name}")
         con.unregister(f"_{name}")
-    for kind in TABLE_KINDS:
+    for kind in (k.name for k in history_kinds()):
         files = artifacts[(artifacts.kind == kind) & (artifacts.validation == "passed")].path.tolist()
         con.execute(f"DROP TABLE IF EXISTS {kind}")
         _load_table(con, kind, files)

@@ -1,9 +1,64 @@
-"""The headline metrics of the artifact kinds: what history indexes and the regression check judges."""
+"""The artifact kinds: one registry that expectations, history, the report and the UI iterate.
+
+Each kind names its row model (a dotted path, imported on use so this module stays at the
+bottom of the import graph), its GX suite (`expectations/<name>.json`), the columns that
+identify a row in a failure line, whether history indexes it and whether it is published as a
+Prefect table artifact. The headline metrics (`METRICS`) say which columns of which kinds the
+regression check judges night to night. Adding a kind is one entry here plus its suite.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from importlib import import_module
 from typing import Literal
+
+from pydantic import BaseModel
+
+
+@dataclass(frozen=True)
+class ArtifactKind:
+    name: str
+    row_model: str  # "module:Class"; "" for a raw table with no row model (requests.jsonl)
+    keys: tuple[str, ...]  # columns naming a row in a failure line
+    history: bool = False  # indexed by `lanebench history` (DuckDB over every run folder)
+    published: bool = False  # a Prefect table artifact in the UI
+
+    def model(self) -> type[BaseModel]:
+        module, cls = self.row_model.split(":")
+        return getattr(import_module(module), cls)
+
+
+KINDS: dict[str, ArtifactKind] = {k.name: k for k in (
+    ArtifactKind("requests", "tasks.client.records:RequestRecord", ("lane", "stage", "repeat", "concurrency", "prompt_id")),
+    ArtifactKind("warmup", "tasks.record.rows:WarmupRow", ("lane", "concurrency", "size_class")),
+    ArtifactKind("decode", "tasks.record.rows:DecodeRow", ("lane", "concurrency"), history=True, published=True),
+    ArtifactKind("acceptance", "tasks.record.rows:AcceptanceRow", ("lane", "prompt_class", "k"), history=True,
+                 published=True),
+    ArtifactKind("kl_positions", "tasks.kl.records:KlPositionRow", ("lane", "prompt_id", "position")),
+    ArtifactKind("kl_summary", "tasks.kl.records:KlSummaryRow", ("lane",), history=True),
+    ArtifactKind("kl_pairs", "tasks.kl.records:KlPairRow", ("lane_a", "lane_b")),
+    ArtifactKind("regression", "tasks.record.regression:RegressionRow", ("lane", "metric"), history=True,
+                 published=True),
+    ArtifactKind("matrix_arms", "tasks.matrix.verdict:ArmClassRow", ("arm", "prompt_class")),
+    ArtifactKind("matrix_verdict", "tasks.matrix.verdict:VerdictRow", ("bar_index", "arm")),
+    ArtifactKind("tools", "tasks.correctness.tool_gate:ToolGateRow", ("lane", "suite")),
+    ArtifactKind("needles", "tasks.correctness.needles:NeedleRow", ("lane",)),
+)}
+
+
+def kind(name: str) -> ArtifactKind:
+    if name not in KINDS:
+        raise ValueError(f"unknown artifact kind {name!r}; expected one of {', '.join(KINDS)}")
+    return KINDS[name]
+
+
+def history_kinds() -> list[ArtifactKind]:
+    return [k for k in KINDS.values() if k.history]
+
+
+def published_kinds() -> list[str]:
+    return [k.name for k in KINDS.values() if k.published]
 
 
 @dataclass(frozen=True)

@@ -33,11 +33,9 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
 
-from tasks.record import expectations
 from tasks.record.kinds import metric_def
 
 # Row keys for GX failure lines of this kind (tasks/expectations.py looks them up by kind).
-expectations._KEYS.setdefault("regression", ["lane", "metric"])
 
 Verdict = Literal["regression", "improvement", "no change", "no baseline"]
 

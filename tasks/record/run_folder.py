@@ -8,7 +8,6 @@ that fails its expectations is written under `quarantine/` and never counts as a
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import platform
@@ -23,6 +22,7 @@ import pandas as pd
 from pydantic import BaseModel
 
 from tasks.engines.build import REPO
+from tasks.hosts.files import file_sha256
 from tasks.record.expectations import validate
 
 
@@ -50,6 +50,9 @@ class LaneRecord(BaseModel):
     boot_facts: dict[str, Any] = {}
     gates: list[dict[str, Any]] = []
     warnings: list[str] = []
+    started_at: str | None = None  # when the lane got its hosts (UTC ISO); lanes of two hosts overlap
+    finished_at: str | None = None
+    host_lock: dict[str, Any] = {}  # the hold on `gpu:<host>`: asked, got, let go
 
 
 class Manifest(BaseModel):
@@ -59,14 +62,6 @@ class Manifest(BaseModel):
     inventory: dict[str, Any]
     lanes: dict[str, LaneRecord] = {}
     artifacts: list[ArtifactEntry] = []
-
-
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def git_identity() -> dict[str, Any]:
@@ -108,12 +103,12 @@ class RunFolder:
         now = datetime.now(UTC)
         self.path = root / f"{now:%Y%m%dT%H%M%SZ}_{flow_name}_{flow_run_id[:8]}"
         self.path.mkdir(parents=True, exist_ok=False)
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self.manifest = Manifest(
             lanebench=git_identity(),
             flow={"name": flow_name, "flow_run_id": flow_run_id, "started_at": now.isoformat(), "finished_at": None},
             host=host_facts(),
-            inventory={"path": str(inventory_path), "sha256": _sha256_file(inventory_path)},
+            inventory={"path": str(inventory_path), "sha256": file_sha256(inventory_path)},
         )
         self.save_manifest()
         RunFolder._open[str(self.path)] = self
@@ -131,14 +126,25 @@ class RunFolder:
             f.write(record.model_dump_json() + "\n")
 
     def save_manifest(self) -> None:
-        tmp = self.path / "manifest.json.tmp"
-        tmp.write_text(self.manifest.model_dump_json(indent=2))
-        tmp.replace(self.path / "manifest.json")
+        """Write the manifest atomically. Lanes of different hosts run in threads and update their
+        own records while another thread saves: a dump that met a record mid-change is retried."""
+        with self._lock:
+            for attempt in range(5):
+                try:
+                    text = self.manifest.model_dump_json(indent=2)
+                    break
+                except RuntimeError:  # "dictionary changed size during iteration"
+                    if attempt == 4:
+                        raise
+            tmp = self.path / "manifest.json.tmp"
+            tmp.write_text(text)
+            tmp.replace(self.path / "manifest.json")
 
     def register(self, lane: str, rel: str, kind: str, rows: int | None = None) -> ArtifactEntry:
-        entry = ArtifactEntry(path=rel, kind=kind, lane=lane, sha256=_sha256_file(self.path / rel), rows=rows)
-        self.manifest.artifacts = [a for a in self.manifest.artifacts if a.path != rel] + [entry]
-        self.save_manifest()
+        entry = ArtifactEntry(path=rel, kind=kind, lane=lane, sha256=file_sha256(self.path / rel), rows=rows)
+        with self._lock:
+            self.manifest.artifacts = [a for a in self.manifest.artifacts if a.path != rel] + [entry]
+            self.save_manifest()
         return entry
 
     def write_table(self, lane: str, kind: str, records: list[BaseModel]) -> tuple[pd.DataFrame, ArtifactEntry]:

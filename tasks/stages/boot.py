@@ -74,6 +74,10 @@ class BootError(RuntimeError):
     pass
 
 
+class NodeLost(RuntimeError):
+    """A worker of a lane across hosts exited while the lane was serving: the lane's reason."""
+
+
 def _log_tail(path: Path, lines: int = 15) -> str:
     text = path.read_text(errors="replace") if path.exists() else ""
     return "\n".join(text.splitlines()[-lines:])

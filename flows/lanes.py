@@ -1,0 +1,99 @@
+"""Running many lanes: each under its hosts' lock, lanes on different hosts at the same time.
+
+Every flow that measures lanes (nightly, matrix, tools) hands them here. Lanes are queued per
+host; the queues run concurrently as Prefect tasks, and inside a queue lanes run one at a time,
+each holding the Prefect global concurrency limit `gpu:<host>` of every host it touches (its own,
+its RPC workers') from preflight to teardown (tasks/hosts/lock.py). So a second flow aimed at the
+same box waits in line, while a GB300 and a Spark pair measure in parallel.
+
+Whatever happens inside a lane (a crash outside its own error handling, a lock that could not
+be had), it ends with a status and a reason, and its hold and its start and end are recorded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Literal
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+from pydantic import BaseModel
+
+from tasks.hosts.lock import Hold, host_lock
+from tasks.inventory.models import Host, Inventory, Lane
+from tasks.record.progress import progress
+from tasks.record.run_folder import RunFolder
+
+
+class LaneJob(BaseModel):
+    """One lane to serve and measure: what the lane flow needs, in values Prefect can show."""
+
+    name: str
+    lane: Lane
+    host: Host
+    base_dir: str
+    stages: Literal["all", "tools"] = "all"
+    held_out: bool = False
+    inventory: Inventory | None = None
+
+    @property
+    def hosts(self) -> list[str]:
+        """Every host the lane occupies: its own, its RPC workers' and its nodes'."""
+        workers = self.lane.rpc.workers if self.lane.rpc else []
+        nodes = self.lane.nodes.hosts if self.lane.nodes else []
+        return list(dict.fromkeys([self.lane.host, *workers, *nodes]))
+
+
+def run_lane(run_dir: str, job: LaneJob, before: Callable[[LaneJob], LaneJob] | None = None) -> str:
+    """One lane under its hosts' lock; returns its final state's message.
+
+    `before` runs once the lock is held and may adjust the job (the matrix picks a free port for
+    its arm there, since only the lock holder may rely on a port staying free).
+    """
+    from flows.lane import lane_flow
+
+    run = RunFolder.opened(run_dir)
+    record = run.lane(job.name)
+    hold: Hold | None = None
+    message = "did not finish"
+    try:
+        with host_lock(job.hosts, on_wait=lambda m: progress(job.name, m)) as hold:
+            record.started_at = datetime.now(UTC).isoformat()
+            if before is not None:
+                job = before(job)
+            state = lane_flow(job.name, job.lane, job.host, Path(job.base_dir), run_dir, stages=job.stages,
+                              held_out=job.held_out, inventory=job.inventory, return_state=True)
+            message = str(state.message)
+    except Exception as e:  # the lock itself failed (timeout, lease lost, server gone)
+        message = f"host lock {', '.join(job.hosts)}: {type(e).__name__}: {e}"
+    finally:
+        record.finished_at = datetime.now(UTC).isoformat()
+        if hold is not None:
+            record.host_lock = hold.model_dump()
+        if record.status == "running":  # the lane flow died outside its own error handling
+            record.status, record.reason = "failed", f"{record.stage}: {message}" if record.stage else message
+        run.save_manifest()
+        progress(job.name, f"{record.status}{': ' + record.reason if record.reason else ''}")
+    return message
+
+
+@task(name="host queue", task_run_name="host-queue-{host}", cache_policy=NO_CACHE)
+def host_queue(run_dir: str, host: str, jobs: list[LaneJob]) -> list[str]:
+    """The lanes of one host, one after another."""
+    return [run_lane(run_dir, job) for job in jobs]
+
+
+def run_lanes(run: RunFolder, jobs: list[LaneJob]) -> None:
+    """Every job, lanes of one host in order, hosts side by side."""
+    queues: dict[str, list[LaneJob]] = {}
+    for job in jobs:
+        queues.setdefault(job.lane.host, []).append(job)
+    if len(queues) <= 1:  # one host: no thread needed, lanes in the order given
+        for job in jobs:
+            run_lane(str(run.path), job)
+        return
+    futures = [host_queue.submit(str(run.path), host, queue) for host, queue in queues.items()]
+    for future in futures:
+        future.wait()

@@ -1,0 +1,185 @@
+"""The served lane: one lifecycle for every flow that needs a lane's server up.
+
+    reach the hosts -> preflight (links, hosts, workers, files, port) -> image pull by digest
+    -> boot (workers first) -> boot gates (declared counter and capacity, agentic smoke,
+    thinking switch) -> [the caller measures] -> teardown            (on every path)
+
+The nightly, the drafter matrix, `lanebench tools` and the KL gate all serve their lanes through
+`served_lane`, so a lane behaves the same on this machine, over SSH, in a container and across a
+link whichever flow runs it. The host lock is the orchestration's business (flows/lanes.py): it
+wraps this whole lifecycle.
+
+A failed precondition yields `None` with the lane recorded as skipped and its reason; a pinned
+image that cannot be pulled yields `None` with the lane failed; a failed boot gate raises
+`GateFailed` after recording it. Teardown runs whatever the caller does inside the block.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from tasks.client.prompts import Prompt
+from tasks.correctness import record as correctness
+from tasks.correctness.smoke import smoke_gate
+from tasks.correctness.thinking import thinking_check
+from tasks.engines import engine_for
+from tasks.engines.facts import BootFacts
+from tasks.hosts.containers import image_pull
+from tasks.inventory.load import shipped_or_local
+from tasks.inventory.models import CapacityGate, Host, Inventory, Lane
+from tasks.record.progress import progress
+from tasks.record.run_folder import LaneRecord, RunFolder
+from tasks.stages.boot import NodeLost, Placement, Server, Worker, boot, read_facts, stop
+from tasks.stages.gates import GateFailed, capacity_gate, counter_gate
+from tasks.stages.preflight import Preflight, Reach, model_paths, preflight
+from tasks.stages import topology
+
+
+@dataclass
+class Served:
+    """A lane whose server is up and has passed its boot gates."""
+
+    name: str
+    lane: Lane  # as its host serves it: model paths on that host, agentic and RPC flags added
+    host: Host
+    server: Server
+    facts: BootFacts
+    record: LaneRecord
+
+
+def resolved(lane: Lane, host: Host, base_dir: Path, pre: Preflight) -> Lane:
+    """The lane as its host serves it: model paths where they are on that host, its agentic
+    declarations (tools, reasoning, chat template) and its RPC workers turned into launch flags."""
+    engine = engine_for(lane.engine)
+    paths = model_paths(lane, host, base_dir)
+    update: dict = {"model": lane.model.model_copy(update={"path": paths["model"]})}
+    if lane.drafter is not None:
+        update["drafter"] = lane.drafter.model_copy(update={"path": paths["drafter"]})
+    flags = list(lane.flags)
+    if lane.agentic is not None:
+        template = lane.agentic.chat_template
+        path = str(shipped_or_local(base_dir, template)) if template is not None else None
+        flags = engine.agentic_flags(lane.agentic, path) + flags
+    if pre.rpc_endpoints:
+        flags = engine.rpc_flags(pre.rpc_endpoints) + flags
+    return lane.model_copy(update={**update, "flags": flags})
+
+
+def placement(lane: Lane, host: Host, reach: Reach, pre: Preflight, inventory: Inventory | None = None) -> Placement:
+    """Where the server and its workers run, and through which transports: llama.cpp's RPC
+    workers, or node ranks 1.. of a vLLM/SGLang lane across hosts (tasks/stages/topology.py)."""
+    engine = engine_for(lane.engine)
+    workers = []
+    for rank, name in topology.worker_ranks(lane):
+        node = inventory.hosts[name] if inventory is not None else Host()
+        binary = lane.container.entrypoint_binary if lane.image else pre.node_binaries[name]
+        argv = engine.launch_command(topology.at_rank(lane, engine, rank, pre.master), binary, node.address)
+        workers.append(Worker(name, reach.transports[name], argv, rank=rank, image=lane.image, host=node))
+    for worker, endpoint in zip(lane.rpc.workers if lane.rpc else [], pre.rpc_endpoints):
+        address, port = endpoint.rsplit(":", 1)
+        workers.append(Worker(worker, reach.transports[worker],
+                              engine.rpc_worker_command(pre.rpc_binaries[worker], address, int(port), lane.threads)))
+    return Placement(reach.host_name, host, reach.transport, image=lane.image, workers=workers)
+
+
+def boot_gates(run: RunFolder, served: Served, probe: Prompt | None) -> None:
+    """Declared gates, then the agentic workload the lane says it serves; the first failure raises."""
+    lane, record = served.lane, served.record
+    for gate in lane.gates:
+        if isinstance(gate, CapacityGate):
+            result = capacity_gate(gate, lane, served.facts)
+        else:
+            if probe is None:
+                raise ValueError("a counter gate needs a probe prompt")
+            result = counter_gate(gate, served.server, served.name, lane, probe, served.facts)
+        record.gates.append(result.model_dump())
+        run.save_manifest()
+        if not result.passed:
+            raise GateFailed(result)
+    # Some servers name their speculation type only once a slot has run: read the facts again.
+    served.facts = read_facts(served.server, lane.engine, served.facts)  # the counters' readings kept
+    record.boot_facts = served.facts.model_dump()
+    run.save_manifest()
+    # The seeds' missing parser flags and ignored thinking switch: checked on the booted server.
+    agentic = [*smoke_gate(served.server, lane), *thinking_check(served.server, lane)]
+    correctness.verdicts(run, served.name).extend(r.model_dump() for r in agentic)
+    run.save_manifest()
+    if failed := next((r for r in agentic if not r.passed), None):
+        raise GateFailed(failed)
+
+
+@contextmanager
+def served_lane(run: RunFolder, name: str, lane: Lane, host: Host, base_dir: Path,
+                inventory: Inventory | None = None, probe: Prompt | None = None, gates: bool = True,
+                on_stage: Callable[[str], None] | None = None) -> Iterator[Served | None]:
+    """Serve one lane for the body of a `with` block; yields None when it cannot be served.
+
+    `probe` is the prompt a counter gate sends (the shortest of the lane's prompts); `gates=False`
+    boots without boot gates (the KL gate judges its lanes by their scores, not their speed).
+    """
+    record = run.lane(name)
+
+    def stage(what: str) -> None:
+        record.stage = what
+        run.save_manifest()
+        (on_stage or (lambda s: progress(name, s)))(what)
+
+    stage("preflight")
+    reach = Reach.of(lane.host, lane, host, base_dir, inventory)
+    server: Server | None = None
+    try:
+        pre = preflight(name, lane, host, base_dir, inventory, reach)
+        record.engine_identity, record.models = pre.engine_identity, [m.model_dump() for m in pre.models]
+        record.preflight = pre.model_dump(include={"links", "hosts", "rpc_endpoints", "rpc_binaries", "master",
+                                                   "node_binaries"})
+        if not pre.ok:
+            record.status, record.reason = "skipped", pre.reason
+            run.save_manifest()
+            yield None
+            return
+        served_as = resolved(lane, host, base_dir, pre)
+
+        if served_as.image is not None:  # container lanes: pulled by digest, verified either way
+            stage("image pull")
+            pulled = image_pull(reach.transport, host.docker_host, served_as.image)
+            for _, node in topology.worker_ranks(served_as):  # every node runs the same pinned image
+                if pulled.ok and inventory is not None:
+                    there = image_pull(reach.transports[node], inventory.hosts[node].docker_host, served_as.image)
+                    pulled = pulled if there.ok else there.model_copy(update={"reason": f"{node}: {there.reason}"})
+            if not pulled.ok:  # the pinned image cannot be had: nothing to measure, and it must be seen
+                record.status, record.reason = "failed", f"image pull: {pulled.reason}"
+                run.save_manifest()
+                yield None
+                return
+            record.image = pulled.image.model_dump()
+            run.save_manifest()
+
+        stage("boot")
+        head = topology.at_rank(served_as, engine_for(lane.engine), 0, pre.master)  # node 0 of a lane across hosts
+        server, facts, seconds = boot(name, head, pre.binary, host.address, run.lane_dir(name) / "boot.log",
+                                      placement(served_as, host, reach, pre, inventory))
+        record.launch_command, record.boot_seconds = server.command, seconds
+        record.boot_facts = facts.model_dump()
+        run.save_manifest()
+        served = Served(name, served_as, host, server, facts, record)
+        if gates:
+            stage("boot gates")
+            boot_gates(run, served, probe)
+        try:
+            yield served
+        except Exception as e:  # read before teardown stops them: a dead node is the reason, not its echo
+            if dead := server.dead_workers():
+                raise NodeLost(f"{'; '.join(dead)} (a worker of this lane across hosts is gone)") from e
+            raise
+    finally:
+        if server is not None:
+            stop(server)
+            run.register(name, f"{name}/boot.log", "boot-log")
+            for worker in [*(lane.rpc.workers if lane.rpc else []), *(n for _, n in topology.worker_ranks(lane))]:
+                if (run.path / name / f"worker-{worker}.log").exists():
+                    run.register(name, f"{name}/worker-{worker}.log", "boot-log")
+        reach.close()
+        run.save_manifest()
