@@ -11,6 +11,7 @@ import argparse
 import logging
 import os
 import sys
+import threading
 from importlib import import_module
 from pathlib import Path
 
@@ -27,14 +28,41 @@ def _bad_input(message: str) -> int:
     return 2
 
 
-def _quiet_prefect() -> None:
-    """Telemetry off; Prefect's own logs at WARNING so the progress display stays readable."""
+_api_start: threading.Thread | None = None
+
+
+def _quiet_prefect(start_api: bool = True) -> None:
+    """Telemetry off; Prefect's own logs at WARNING so the progress display stays readable.
+
+    With no PREFECT_API_URL, Prefect's ephemeral API server is started now, in a thread, so its
+    start (seconds of a subprocess booting) overlaps the imports of the flow modules instead of
+    following them; `prefect_ready()` waits for it before the flow is called.
+    """
+    global _api_start
     os.environ.setdefault("DO_NOT_TRACK", "1")
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     # The ephemeral server takes 15-25 s on 2 idle cores; its default 20 s limit fails on a busy box.
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
     logging.getLogger("great_expectations").setLevel(logging.WARNING)
+    if start_api and _api_start is None and not os.environ.get("PREFECT_API_URL"):
+        def start() -> None:
+            import tasks.hosts.lock  # noqa: F401  # sets the lease storage before the server starts
+            from prefect.server.api.server import SubprocessASGIServer
+
+            try:
+                SubprocessASGIServer().start()
+            except Exception:  # the flow call starts it again and reports what is wrong
+                pass
+
+        _api_start = threading.Thread(target=start, name="prefect-api-start", daemon=True)
+        _api_start.start()
+
+
+def prefect_ready() -> None:
+    """Wait for the API server `_quiet_prefect` started (Prefect's own start is not thread-safe)."""
+    if _api_start is not None:
+        _api_start.join()
 
 
 def cmd_nightly(args: argparse.Namespace) -> int:
@@ -61,6 +89,7 @@ def cmd_nightly(args: argparse.Namespace) -> int:
     from tasks.record.progress import closing, run_folder_of
 
     artifacts = Path(args.artifacts)
+    prefect_ready()
     state = nightly(hosts=str(hosts.resolve()), lanes=args.lane, artifacts_root=str(artifacts),
                     return_state=True)
     passed = f"nightly passed: {state.message or ''}".rstrip(": ")

@@ -4,13 +4,15 @@ Without a server, `lanebench nightly` uses Prefect's ephemeral one, which cannot
 schedule. A nightly needs something that is up at 02:00: `prefect server start`, the
 deployments from prefect.yaml (the nightly on its cron, the matrix and the KL gate on demand),
 a process work pool and a worker that runs each flow run as a process in this checkout.
-`serve` does exactly the documented steps (docs/nightly.md), through Prefect's own CLI, and
-stops what it started on Ctrl-C or SIGTERM:
+`serve` does the documented steps (docs/nightly.md) and stops what it started on Ctrl-C or
+SIGTERM. The two long-running daemons are Prefect's own commands; the work pool and the
+deployments are made through Prefect's Python API (`create_work_pool`, `Flow.from_source(...)
+.deploy(...)`) from prefect.yaml's entries, so there is no CLI output to parse:
 
-    prefect server start --host H --port P
-    prefect work-pool create lanebench --type process
-    prefect --no-prompt deploy --prefect-file prefect.yaml -n nightly -n matrix -n kl
-    prefect worker start --pool lanebench --type process
+    prefect server start --host H --port P                   (a process, its own group)
+    work pool `lanebench` of type process                   (client.create_work_pool)
+    nightly (cron), matrix and kl from prefect.yaml          (Flow.from_source(...).deploy(...))
+    prefect worker start --pool lanebench --type process    (a process, its own group)
 
 A deployment whose entrypoint cannot be loaded yet (its module is missing) is left out with a
 message rather than failing the others. Every process runs in its own process group and is
@@ -19,7 +21,6 @@ stopped by its group, so no flow run (or the llama-server it started) outlives `
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -44,12 +45,6 @@ def prefect_env(api_url: str, home: Path | None = None, extra: dict[str, str] | 
     if home is not None:
         env["PREFECT_HOME"] = str(home)
     return env | (extra or {})
-
-
-def prefect(*args: str, env: dict[str, str], timeout: float = 180) -> subprocess.CompletedProcess:
-    """One `prefect ...` CLI call from this environment, in the repository (entrypoints are relative to it)."""
-    return subprocess.run([sys.executable, "-m", "prefect", *args], env=env, cwd=REPO, capture_output=True, text=True,
-                          timeout=timeout)
 
 
 def _spawn(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
@@ -117,55 +112,59 @@ def deployments(prefect_file: Path) -> list[dict]:
     return list((yaml.safe_load(prefect_file.read_text()) or {}).get("deployments") or [])
 
 
-_CHECK = """
-import json, sys
-from prefect.flows import load_flow_from_entrypoint
-out = {}
-for entrypoint in sys.argv[1:]:
+def _loaded(entrypoint: str) -> tuple[object | None, str]:
+    """The flow behind an entrypoint, or why it cannot be loaded (e.g. its module is not written yet)."""
+    from prefect.flows import load_flow_from_entrypoint
+
+    if not (REPO / entrypoint.partition(":")[0]).is_file():
+        return None, f"{entrypoint.partition(':')[0]} does not exist"
     try:
-        load_flow_from_entrypoint(entrypoint, use_placeholder_flow=False)
-        out[entrypoint] = None
-    except BaseException as e:
-        out[entrypoint] = f"{type(e).__name__}: {e}".splitlines()[0]
-print(json.dumps(out))
-"""
+        return load_flow_from_entrypoint(str(REPO / entrypoint), use_placeholder_flow=False), ""
+    except Exception as e:
+        return None, f"{type(e).__name__}: {e}".splitlines()[0]
 
 
-def unloadable(entrypoints: list[str]) -> dict[str, str]:
-    """Entrypoints whose flow does not load (e.g. its module is not written yet), with why; one process for all."""
-    files = {e: e.partition(":")[0] for e in entrypoints}
-    why = {e: f"{f} does not exist" for e, f in files.items() if not (REPO / f).is_file()}
-    rest = [e for e in entrypoints if e not in why]
-    if rest:
-        r = subprocess.run([sys.executable, "-c", _CHECK, *rest], cwd=REPO, capture_output=True, text=True, timeout=300)
-        if r.returncode != 0:
-            raise RuntimeError(f"checking entrypoints failed: {r.stderr[-2000:]}")
-        why |= {e: reason for e, reason in json.loads(r.stdout.strip().splitlines()[-1]).items() if reason}
-    return why
+def _schedules(spec: dict) -> list:
+    """prefect.yaml's cron schedules as Prefect schedule objects."""
+    from prefect.schedules import Cron
+
+    out = []
+    for s in spec.get("schedules") or []:
+        if "cron" not in s:
+            raise ValueError(f"deployment {spec['name']}: only cron schedules are supported, got {s}")
+        out.append(Cron(s["cron"], timezone=s.get("timezone", "UTC"), active=s.get("active", True)))
+    return out
 
 
 def deploy(env: dict[str, str], prefect_file: Path = PREFECT_FILE, pool: str = POOL,
            say=print) -> list[str]:
-    """Create the process pool if missing and deploy every loadable deployment of `prefect_file`."""
-    if prefect("work-pool", "inspect", pool, env=env).returncode != 0:
-        r = prefect("work-pool", "create", pool, "--type", "process", env=env)
-        if r.returncode != 0:
-            raise RuntimeError(f"prefect work-pool create {pool}: {r.stdout}{r.stderr}")
+    """Create the process pool if missing and deploy every loadable deployment of `prefect_file`,
+    through Prefect's Python API against the server `env` names."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate
+    from prefect.exceptions import ObjectAlreadyExists
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
     names = []
-    specs = deployments(prefect_file)
-    why = unloadable([d["entrypoint"] for d in specs])
-    for d in specs:
-        if d["entrypoint"] in why:
-            say(f"deployment {d['name']} left out: {d['entrypoint']}: {why[d['entrypoint']]}")
-        else:
-            names.append(d["name"])
-    if names:
-        args = ["--no-prompt", "deploy", "--prefect-file", str(prefect_file)]
-        for name in names:
-            args += ["--name", name]
-        r = prefect(*args, env=env, timeout=600)
-        if r.returncode != 0:
-            raise RuntimeError(f"prefect deploy: {r.stdout[-2000:]}{r.stderr[-2000:]}")
+    with temporary_settings({PREFECT_API_URL: env["PREFECT_API_URL"]}):
+        with get_client(sync_client=True) as client:
+            try:
+                client.create_work_pool(WorkPoolCreate(name=pool, type="process"))
+            except ObjectAlreadyExists:
+                pass
+        for spec in deployments(prefect_file):
+            flow, why = _loaded(spec["entrypoint"])
+            if flow is None:
+                say(f"deployment {spec['name']} left out: {spec['entrypoint']}: {why}")
+                continue
+            # The code is this checkout: each flow run's working folder is the repository.
+            sourced = flow.from_source(source=str(REPO), entrypoint=spec["entrypoint"])
+            work_pool = spec.get("work_pool") or {}
+            sourced.deploy(name=spec["name"], work_pool_name=work_pool.get("name", pool),
+                           work_queue_name=work_pool.get("work_queue_name"), parameters=spec.get("parameters") or {},
+                           description=spec.get("description"), schedules=_schedules(spec),
+                           build=False, push=False, print_next_steps=False)
+            names.append(spec["name"])
     return names
 
 

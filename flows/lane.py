@@ -70,9 +70,7 @@ def lane_flow(lane_name: str, lane: Lane, host: Host, base_dir: Path, run_dir: s
     def stage(name: str) -> None:
         if served is not None and (dead := served.server.dead_workers()):  # a lane across hosts lost a node
             raise NodeLost(f"{'; '.join(dead)} (a worker of this lane across hosts is gone)")
-        record.stage = name
-        run.save_manifest()
-        progress(lane_name, name)
+        run.stage(lane_name, name)
 
     def keep(rec) -> None:
         run.append_jsonl(lane_name, "requests.jsonl", rec)

@@ -69,13 +69,17 @@ def summary_row(lane: str, role: str, status: str, df: pd.DataFrame, expected: i
 
 def paired_bootstrap(a_sum: np.ndarray, b_sum: np.ndarray, n: np.ndarray, resamples: int,
                      seed: int) -> tuple[float, float, float]:
-    """(gap, 2.5th, 97.5th percentile) of sum(a)/sum(n) - sum(b)/sum(n), prompts resampled together."""
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, len(n), size=(resamples, len(n)))
-    tot = n[idx].sum(axis=1)
-    gaps = (a_sum[idx].sum(axis=1) - b_sum[idx].sum(axis=1)) / tot
-    low, high = np.percentile(gaps, [2.5, 97.5])
-    return float((a_sum.sum() - b_sum.sum()) / n.sum()), float(low), float(high)
+    """(gap, 2.5th, 97.5th percentile) of sum(a)/sum(n) - sum(b)/sum(n), prompts resampled together
+    (scipy's paired percentile bootstrap: prompts are the independent units)."""
+    from scipy.stats import bootstrap
+
+    gap = float((a_sum.sum() - b_sum.sum()) / n.sum())
+    if len(n) < 2:
+        return gap, gap, gap
+    result = bootstrap((a_sum, b_sum, n), lambda a, b, w, axis=-1: (a.sum(axis) - b.sum(axis)) / w.sum(axis),
+                       paired=True, vectorized=True, n_resamples=resamples, method="percentile",
+                       confidence_level=0.95, random_state=np.random.default_rng(seed))
+    return gap, float(result.confidence_interval.low), float(result.confidence_interval.high)
 
 
 def pair_row(a: str, b: str, da: pd.DataFrame, db: pd.DataFrame, resamples: int, seed: int) -> KlPairRow | None:

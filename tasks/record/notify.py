@@ -1,12 +1,18 @@
-"""Failure notification: a Prefect on-failure hook that POSTs JSON to `LANEBENCH_NOTIFY_URL`.
+"""Failure notification: a Prefect on-failure hook that sends through a Prefect notification block.
 
 Nobody reads a nightly that passed; someone must hear about one that failed, most of all a
 regression, before they start the day on the old numbers. A hook (rather than a Prefect
 automation) because it needs nothing configured on the server: it works the same on the
 ephemeral server, on `lanebench serve` and on a shared one, and it can read the run folder for
-the regression list. The URL is a setting (environment, or the deployment's `job_variables.env`)
-so no secret ever sits in prefect.yaml. Any webhook that accepts JSON works (Slack-compatible
-receivers read the `text` field).
+the regression list.
+
+Where it goes, both settings (environment, or the deployment's `job_variables.env`, so no secret
+sits in prefect.yaml):
+- `LANEBENCH_NOTIFY_BLOCK`: the name of a saved Prefect notification block, `<block-type>/<name>`
+  (Slack, Microsoft Teams, PagerDuty, Discord, a custom webhook: any `NotificationBlock`); it
+  gets the `text` lines as body and the flow and state as subject.
+- `LANEBENCH_NOTIFY_URL`: a webhook that takes JSON; Prefect's `CustomWebhookNotificationBlock`
+  POSTs the whole payload below (Slack-compatible receivers read its `text` field).
 
 The payload is built from the run folder (the source of truth), not from the flow's memory,
 and a notification that cannot be delivered is logged, never raised: the run's own state is
@@ -22,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 URL_ENV = "LANEBENCH_NOTIFY_URL"
-_TRIES = 3
+BLOCK_ENV = "LANEBENCH_NOTIFY_BLOCK"
 
 
 def run_folder(artifacts_root: str | None, flow_name: str, flow_run_id: str) -> Path | None:
@@ -59,33 +65,39 @@ def payload(flow_name: str, flow_run_id: str, flow_run_name: str, state_name: st
     }
 
 
-def post(url: str, body: dict[str, Any], timeout_s: float = 10.0) -> bool:
-    import httpx
+def send(body: dict[str, Any]) -> None:
+    """Deliver through the configured notification block; raises when delivery fails."""
+    from prefect.blocks.core import Block
+    from prefect.blocks.notifications import CustomWebhookNotificationBlock
 
-    for attempt in range(_TRIES):
-        try:
-            r = httpx.post(url, json=body, timeout=timeout_s)
-            if r.status_code < 500:
-                return r.is_success
-        except httpx.HTTPError:
-            pass
-        time.sleep(2**attempt)
-    return False
+    subject = f"lanebench {body['flow']}: {body['state']}"
+    if name := os.environ.get(BLOCK_ENV):
+        Block.load(name).notify(body=body["text"], subject=subject)
+    if url := os.environ.get(URL_ENV):
+        CustomWebhookNotificationBlock(name="lanebench", url=url, json_data=body, timeout=10).notify(
+            body=body["text"], subject=subject)
 
 
 def on_failure(flow: Any, flow_run: Any, state: Any) -> None:
     """Prefect hook (`@flow(on_failure=[on_failure], on_crashed=[on_failure])`)."""
     from prefect.logging import get_logger
 
-    url = os.environ.get(URL_ENV)
-    if not url:
+    if not (os.environ.get(URL_ENV) or os.environ.get(BLOCK_ENV)):
         return
     logger = get_logger("lanebench.notify")
     try:
         params = flow_run.parameters or {}
         folder = run_folder(params.get("artifacts_root"), flow.name, str(flow_run.id))
         body = payload(flow.name, str(flow_run.id), flow_run.name, state.name, state.message or "", folder)
-        if not post(url, body):
-            logger.error("could not deliver the failure notification to %s", url)
     except Exception:  # a broken notifier must never change the run's outcome
-        logger.exception("failure notification crashed")
+        logger.exception("failure notification could not be built")
+        return
+    for attempt in range(2):  # one retry: a receiver restarting is common, a long outage is not ours to wait out
+        try:
+            send(body)
+            return
+        except Exception as e:
+            if attempt == 1:
+                logger.error("could not deliver the failure notification: %s: %s", type(e).__name__, e)
+            else:
+                time.sleep(2)

@@ -85,46 +85,11 @@ class LaneComparison(BaseModel):
         return [r for r in self.rows if r.verdict == "regression"]
 
 
-# --- Student's t quantile (no SciPy: lanebench does not depend on it) ------------------------------
-
-def _betacf(a: float, b: float, x: float) -> float:
-    """Continued fraction of the regularized incomplete beta function (modified Lentz)."""
-    tiny = 1e-300
-    c, d = 1.0, 1.0 - (a + b) * x / (a + 1.0)
-    d = 1.0 / (d if abs(d) > tiny else tiny)
-    h = d
-    for m in range(1, 300):
-        for num in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
-                    -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
-            d = 1.0 + num * d
-            d = 1.0 / (d if abs(d) > tiny else tiny)
-            c = 1.0 + num / c
-            c = c if abs(c) > tiny else tiny
-            h *= d * c
-        if abs(d * c - 1.0) < 1e-14:
-            break
-    return h
-
-
-def _betainc(a: float, b: float, x: float) -> float:
-    if x <= 0.0 or x >= 1.0:
-        return 0.0 if x <= 0.0 else 1.0
-    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
-    if x < (a + 1.0) / (a + b + 2.0):
-        return front * _betacf(a, b, x) / a
-    return 1.0 - front * _betacf(b, a, 1.0 - x) / b
-
-
 def t_quantile(p: float, df: int) -> float:
-    """The p-quantile (p > 0.5) of Student's t with `df` degrees of freedom, by bisection on its CDF."""
-    def upper_tail(t: float) -> float:
-        return 0.5 * _betainc(df / 2.0, 0.5, df / (df + t * t))
+    """The p-quantile of Student's t with `df` degrees of freedom."""
+    from scipy.stats import t as student_t
 
-    lo, hi = 0.0, 1e4
-    for _ in range(200):
-        mid = (lo + hi) / 2.0
-        lo, hi = (mid, hi) if upper_tail(mid) > 1.0 - p else (lo, mid)
-    return (lo + hi) / 2.0
+    return float(student_t.ppf(p, df))
 
 
 # --- the test -------------------------------------------------------------------------------

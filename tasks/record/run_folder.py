@@ -14,6 +14,7 @@ import platform
 import socket
 import subprocess
 import threading
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -34,6 +35,14 @@ class ArtifactEntry(BaseModel):
     rows: int | None = None
     validation: Literal["passed", "failed", "not-validated"] = "not-validated"
     failed_expectations: list[str] = []
+    validation_seconds: float | None = None  # time spent in its GX suite (overhead, not measurement)
+
+
+class StageMark(BaseModel):
+    """A lane entered a stage at this moment (seconds since the epoch): the lane's timeline."""
+
+    stage: str
+    at: float
 
 
 class LaneRecord(BaseModel):
@@ -53,6 +62,7 @@ class LaneRecord(BaseModel):
     started_at: str | None = None  # when the lane got its hosts (UTC ISO); lanes of two hosts overlap
     finished_at: str | None = None
     host_lock: dict[str, Any] = {}  # the hold on `gpu:<host>`: asked, got, let go
+    timeline: list[StageMark] = []  # every stage entered, in order; "done" when teardown ended
 
 
 class Manifest(BaseModel):
@@ -116,6 +126,17 @@ class RunFolder:
     def lane(self, name: str) -> LaneRecord:
         return self.manifest.lanes.setdefault(name, LaneRecord())
 
+    def stage(self, lane: str, name: str) -> None:
+        """The lane enters a stage: recorded with its time (the overhead benchmark reads the
+        timeline), saved, and shown on the terminal."""
+        from tasks.record.progress import progress
+
+        record = self.lane(lane)
+        record.stage = name
+        record.timeline.append(StageMark(stage=name, at=time.time()))
+        self.save_manifest()
+        progress(lane, name)
+
     def lane_dir(self, lane: str) -> Path:
         d = self.path / lane
         d.mkdir(exist_ok=True)
@@ -150,7 +171,9 @@ class RunFolder:
     def write_table(self, lane: str, kind: str, records: list[BaseModel]) -> tuple[pd.DataFrame, ArtifactEntry]:
         """Validate a table against its GX suite, then write it as a result or into quarantine."""
         df = pd.DataFrame([r.model_dump() for r in records])
+        t0 = time.perf_counter()
         outcome = validate(kind, df)
+        seconds = time.perf_counter() - t0
         sub = "" if outcome.success else "quarantine/"
         (self.lane_dir(lane) / "validation").mkdir(exist_ok=True)
         if sub:
@@ -163,6 +186,7 @@ class RunFolder:
         entry = self.register(lane, rel, kind, rows=len(df))
         entry.validation = "passed" if outcome.success else "failed"
         entry.failed_expectations = outcome.failed
+        entry.validation_seconds = round(seconds, 3)
         self.save_manifest()
         return df, entry
 
@@ -172,7 +196,9 @@ class RunFolder:
         if not path.exists():
             return None
         df = pd.read_json(path, lines=True, convert_dates=False)
+        t0 = time.perf_counter()
         outcome = validate(kind, df)
+        seconds = time.perf_counter() - t0
         vrel = f"{lane}/validation/{kind}.json"
         (self.lane_dir(lane) / "validation").mkdir(exist_ok=True)
         (self.path / vrel).write_text(json.dumps(outcome.result, indent=2, default=str))
@@ -180,6 +206,7 @@ class RunFolder:
         entry = self.register(lane, f"{lane}/{name}", kind, rows=len(df))
         entry.validation = "passed" if outcome.success else "failed"
         entry.failed_expectations = outcome.failed
+        entry.validation_seconds = round(seconds, 3)
         self.save_manifest()
         return entry
 

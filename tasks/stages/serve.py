@@ -30,7 +30,6 @@ from tasks.engines.facts import BootFacts
 from tasks.hosts.containers import image_pull
 from tasks.inventory.load import shipped_or_local
 from tasks.inventory.models import CapacityGate, Host, Inventory, Lane
-from tasks.record.progress import progress
 from tasks.record.run_folder import LaneRecord, RunFolder
 from tasks.stages.boot import NodeLost, Placement, Server, Worker, boot, read_facts, stop
 from tasks.stages.gates import GateFailed, capacity_gate, counter_gate
@@ -123,9 +122,9 @@ def served_lane(run: RunFolder, name: str, lane: Lane, host: Host, base_dir: Pat
     record = run.lane(name)
 
     def stage(what: str) -> None:
-        record.stage = what
-        run.save_manifest()
-        (on_stage or (lambda s: progress(name, s)))(what)
+        run.stage(name, what)
+        if on_stage is not None:
+            on_stage(what)
 
     stage("preflight")
     reach = Reach.of(lane.host, lane, host, base_dir, inventory)
@@ -176,10 +175,13 @@ def served_lane(run: RunFolder, name: str, lane: Lane, host: Host, base_dir: Pat
             raise
     finally:
         if server is not None:
+            run.stage(name, "teardown")
             stop(server)
             run.register(name, f"{name}/boot.log", "boot-log")
             for worker in [*(lane.rpc.workers if lane.rpc else []), *(n for _, n in topology.worker_ranks(lane))]:
                 if (run.path / name / f"worker-{worker}.log").exists():
                     run.register(name, f"{name}/worker-{worker}.log", "boot-log")
         reach.close()
+        if server is not None:
+            run.stage(name, "done")
         run.save_manifest()
