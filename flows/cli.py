@@ -20,7 +20,7 @@ from tasks.engines.build import REPO
 DEFAULT_HOSTS = REPO / "hosts.yaml"
 # Flows that bring their own subcommand: each module has register_cli(subparsers), which
 # must stay cheap to import (no Prefect or GX at import time).
-_SUBCOMMANDS: list[str] = ["flows.kl", "flows.matrix", "flows.history", "flows.tools", "flows.lab"]
+_SUBCOMMANDS: list[str] = ["flows.kl", "flows.matrix", "flows.history", "flows.tools", "flows.lab", "flows.plan"]
 
 
 def _bad_input(message: str) -> int:
@@ -72,12 +72,17 @@ def cmd_nightly(args: argparse.Namespace) -> int:
     hosts = Path(args.hosts)
     try:
         inventory = load_inventory(hosts)
-        check_prompt_files(inventory, hosts)
     except ConfigError as e:
         return _bad_input(str(e))
     unknown = [name for name in args.lane or [] if name not in inventory.lanes]
     if unknown:
         return _bad_input(f"--lane {unknown[0]}: no such lane in {hosts}. Fix: use one of: {', '.join(inventory.lanes)}")
+    if (capped := _capped_by_config(inventory, args.lane or list(inventory.lanes))) is not None:
+        return _bad_input(f"{hosts}: {capped}")
+    try:
+        check_prompt_files(inventory, hosts)
+    except ConfigError as e:
+        return _bad_input(str(e))
 
     _quiet_prefect()
     from flows.nightly import nightly
@@ -89,6 +94,18 @@ def cmd_nightly(args: argparse.Namespace) -> int:
                     return_state=True)
     passed = f"nightly passed: {state.message or ''}".rstrip(": ")
     return 0 if closing(state, run_folder_of(state, artifacts, "nightly"), passed, "nightly failed") else 1
+
+
+def _capped_by_config(inventory, names: list[str]) -> str | None:
+    """A lane whose own config caps running requests below its bench (and gates on capacity) fails
+    for sure: said before anything is pulled or booted (`lanebench plan` shows the computation)."""
+    from tasks.engines import engine_for, planned
+
+    for name in names:
+        lane = inventory.lanes[name]
+        if (reason := planned.check(lane, engine_for(lane.engine).planned_cap(lane))) is not None:
+            return f"lanes.{name}.flags: {reason}"
+    return None
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
