@@ -11,6 +11,7 @@ import argparse
 import logging
 import os
 import sys
+import threading
 from importlib import import_module
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from tasks.engines.build import REPO
 DEFAULT_HOSTS = REPO / "hosts.yaml"
 # Flows that bring their own subcommand: each module has register_cli(subparsers), which
 # must stay cheap to import (no Prefect or GX at import time).
-_SUBCOMMANDS: list[str] = ["flows.kl", "flows.matrix", "flows.history", "flows.tools", "flows.lab"]
+_SUBCOMMANDS: list[str] = ["flows.kl", "flows.matrix", "flows.history", "flows.tools", "flows.lab", "flows.plan"]
 
 
 def _bad_input(message: str) -> int:
@@ -27,14 +28,41 @@ def _bad_input(message: str) -> int:
     return 2
 
 
-def _quiet_prefect() -> None:
-    """Telemetry off; Prefect's own logs at WARNING so the progress display stays readable."""
+_api_start: threading.Thread | None = None
+
+
+def _quiet_prefect(start_api: bool = True) -> None:
+    """Telemetry off; Prefect's own logs at WARNING so the progress display stays readable.
+
+    With no PREFECT_API_URL, Prefect's ephemeral API server is started now, in a thread, so its
+    start (seconds of a subprocess booting) overlaps the imports of the flow modules instead of
+    following them; `prefect_ready()` waits for it before the flow is called.
+    """
+    global _api_start
     os.environ.setdefault("DO_NOT_TRACK", "1")
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     # The ephemeral server takes 15-25 s on 2 idle cores; its default 20 s limit fails on a busy box.
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
     logging.getLogger("great_expectations").setLevel(logging.WARNING)
+    if start_api and _api_start is None and not os.environ.get("PREFECT_API_URL"):
+        def start() -> None:
+            import tasks.hosts.lock  # noqa: F401  # sets the lease storage before the server starts
+            from prefect.server.api.server import SubprocessASGIServer
+
+            try:
+                SubprocessASGIServer().start()
+            except Exception:  # the flow call starts it again and reports what is wrong
+                pass
+
+        _api_start = threading.Thread(target=start, name="prefect-api-start", daemon=True)
+        _api_start.start()
+
+
+def prefect_ready() -> None:
+    """Wait for the API server `_quiet_prefect` started (Prefect's own start is not thread-safe)."""
+    if _api_start is not None:
+        _api_start.join()
 
 
 def cmd_nightly(args: argparse.Namespace) -> int:
@@ -44,22 +72,40 @@ def cmd_nightly(args: argparse.Namespace) -> int:
     hosts = Path(args.hosts)
     try:
         inventory = load_inventory(hosts)
-        check_prompt_files(inventory, hosts)
     except ConfigError as e:
         return _bad_input(str(e))
     unknown = [name for name in args.lane or [] if name not in inventory.lanes]
     if unknown:
         return _bad_input(f"--lane {unknown[0]}: no such lane in {hosts}. Fix: use one of: {', '.join(inventory.lanes)}")
+    if (capped := _capped_by_config(inventory, args.lane or list(inventory.lanes))) is not None:
+        return _bad_input(f"{hosts}: {capped}")
+    try:
+        check_prompt_files(inventory, hosts)
+    except ConfigError as e:
+        return _bad_input(str(e))
 
     _quiet_prefect()
     from flows.nightly import nightly
     from tasks.record.progress import closing, run_folder_of
 
     artifacts = Path(args.artifacts)
+    prefect_ready()
     state = nightly(hosts=str(hosts.resolve()), lanes=args.lane, artifacts_root=str(artifacts),
                     return_state=True)
     passed = f"nightly passed: {state.message or ''}".rstrip(": ")
     return 0 if closing(state, run_folder_of(state, artifacts, "nightly"), passed, "nightly failed") else 1
+
+
+def _capped_by_config(inventory, names: list[str]) -> str | None:
+    """A lane whose own config caps running requests below its bench (and gates on capacity) fails
+    for sure: said before anything is pulled or booted (`lanebench plan` shows the computation)."""
+    from tasks.engines import engine_for, planned
+
+    for name in names:
+        lane = inventory.lanes[name]
+        if (reason := planned.check(lane, engine_for(lane.engine).planned_cap(lane))) is not None:
+            return f"lanes.{name}.flags: {reason}"
+    return None
 
 
 def cmd_verify(args: argparse.Namespace) -> int:

@@ -64,7 +64,7 @@ def __getattr__(name: str) -> Any:
 
 
 def cmd_kl(args: argparse.Namespace) -> int:
-    from flows.cli import _bad_input, _quiet_prefect
+    from flows.cli import _bad_input, _quiet_prefect, prefect_ready
     from tasks.inventory.models import ConfigError
     from tasks.kl.config import load_kl_file, resolve, resolve_lanes
     from tasks.client.prompts import load_prompts
@@ -92,6 +92,7 @@ def cmd_kl(args: argparse.Namespace) -> int:
     from tasks.record.progress import closing, run_folder_of
 
     artifacts = Path(args.artifacts)
+    prefect_ready()
     state = __getattr__("kl_gate")(kl_file=str(path.resolve()), artifacts_root=str(artifacts),
                                    prompt_count=args.prompt_count, return_state=True)
     return 0 if closing(state, run_folder_of(state, artifacts, "kl"), "kl gate passed", "kl gate failed") else 1

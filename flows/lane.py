@@ -33,7 +33,7 @@ from tasks.record.progress import progress
 from tasks.record.rows import GateResult
 from tasks.record.run_folder import LaneRecord, RunFolder
 from tasks.stages.acceptance import acceptance_probe
-from tasks.stages.boot import Server
+from tasks.stages.boot import NodeLost, Server
 from tasks.stages.decode_curve import decode_curve
 from tasks.stages.gates import GateFailed
 from tasks.stages.preflight import resolve
@@ -66,10 +66,12 @@ def lane_flow(lane_name: str, lane: Lane, host: Host, base_dir: Path, run_dir: s
     record = run.lane(lane_name)
     record.config = lane.model_dump(mode="json")
 
+    served = None
+
     def stage(name: str) -> None:
-        record.stage = name
-        run.save_manifest()
-        progress(lane_name, name)
+        if served is not None and (dead := served.server.dead_workers()):  # a lane across hosts lost a node
+            raise NodeLost(f"{'; '.join(dead)} (a worker of this lane across hosts is gone)")
+        run.stage(lane_name, name)
 
     def keep(rec) -> None:
         run.append_jsonl(lane_name, "requests.jsonl", rec)
@@ -128,6 +130,10 @@ def lane_flow(lane_name: str, lane: Lane, host: Host, base_dir: Path, run_dir: s
     except GateFailed as e:
         record.status, record.reason = "failed", str(e)
         return Failed(message=str(e))
+    except NodeLost as e:
+        record.status, record.reason = "failed", f"{record.stage}: {e}"
+        logger.error("lane %s failed in %s: %s", lane_name, record.stage, e)
+        return Failed(message=record.reason)
     except Exception as e:  # a crashed stage fails this lane, not the run
         record.status, record.reason = "failed", f"{record.stage}: {type(e).__name__}: {e}"
         logger.exception("lane %s failed in %s", lane_name, record.stage)

@@ -40,9 +40,10 @@ class LaneJob(BaseModel):
 
     @property
     def hosts(self) -> list[str]:
-        """Every host the lane occupies: its own and its RPC workers'."""
+        """Every host the lane occupies: its own, its RPC workers' and its nodes'."""
         workers = self.lane.rpc.workers if self.lane.rpc else []
-        return list(dict.fromkeys([self.lane.host, *workers]))
+        nodes = self.lane.nodes.hosts if self.lane.nodes else []
+        return list(dict.fromkeys([self.lane.host, *workers, *nodes]))
 
 
 def run_lane(run_dir: str, job: LaneJob, before: Callable[[LaneJob], LaneJob] | None = None) -> str:

@@ -293,7 +293,7 @@ def __getattr__(name: str) -> Any:
 
 
 def cmd_matrix(args: argparse.Namespace) -> int:
-    from flows.cli import _bad_input, _quiet_prefect
+    from flows.cli import _bad_input, _quiet_prefect, prefect_ready
     from tasks.inventory.models import ConfigError
     from tasks.matrix.config import load_matrix
 
@@ -307,6 +307,7 @@ def cmd_matrix(args: argparse.Namespace) -> int:
     from tasks.record.progress import closing, run_folder_of, say
 
     artifacts = Path(args.artifacts).resolve()
+    prefect_ready()
     state = __getattr__("matrix")(matrix_file=str(path.resolve()), artifacts_root=str(artifacts), return_state=True)
     folder = run_folder_of(state, artifacts, "matrix")
     verdict: dict = {}

@@ -25,6 +25,7 @@ from prefect.states import Completed, Failed, State
 from flows.lanes import LaneJob, run_lanes
 from tasks.record.run_folder import RunFolder
 from tasks.inventory.load import load_inventory
+from tasks.record.expectations import warm_up
 from tasks.record.notify import on_failure
 from tasks.record.progress import progress
 from tasks.record.regression import LaneComparison, RegressionPolicy, describe
@@ -129,6 +130,7 @@ def nightly(hosts: str = "hosts.yaml", lanes: list[str] | None = None, artifacts
     inventory_path = Path(hosts).resolve()
     inventory = load_inventory(inventory_path)
     names = lanes or list(inventory.lanes)
+    warm_up(["requests", "warmup", "decode", "acceptance", "regression", "tools", "needles"])  # while servers boot
     run = RunFolder(Path(artifacts_root), "nightly", str(flow_run.get_id()), inventory_path)
     run.manifest.flow["regression_policy"] = policy.model_dump()
     logger.info("run folder %s", run.path)

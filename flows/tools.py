@@ -97,7 +97,7 @@ def _selected(args: argparse.Namespace) -> tuple[Path, list[str]] | str:
 
 
 def cmd_tools(args: argparse.Namespace) -> int:
-    from flows.cli import _bad_input, _quiet_prefect
+    from flows.cli import _bad_input, _quiet_prefect, prefect_ready
 
     selected = _selected(args)
     if isinstance(selected, str):
@@ -107,6 +107,7 @@ def cmd_tools(args: argparse.Namespace) -> int:
     from tasks.record.progress import closing, run_folder_of, say
 
     artifacts = Path(args.artifacts).resolve()
+    prefect_ready()
     state = __getattr__("tools")(hosts=str(hosts.resolve()), lanes=names, artifacts_root=str(artifacts),
                                  held_out=args.held_out, return_state=True)
     folder = run_folder_of(state, artifacts, "tools")

@@ -243,8 +243,10 @@ def test_vllm_boot_facts():
     assert facts.context_per_slot == 4096
     assert facts.speculative_type == "dflash"
     assert facts.draft_model_loaded is True
-    assert facts.extra == {"max_num_seqs": 8, "kv_max_concurrency": 3.25, "kv_cache_tokens": 13312,
-                           "version": "0.26.1", "draft_model": "/models/DFlash2-drafter", "num_spec_tokens": 7}
+    assert facts.extra.items() >= {"max_num_seqs": 8, "kv_max_concurrency": 3.25, "kv_cache_tokens": 13312,
+                                   "version": "0.26.1", "draft_model": "/models/DFlash2-drafter",
+                                   "num_spec_tokens": 7, "log_format": "kv-line-gpu"}.items()
+    assert facts.version == "0.26.1" and facts.disagreements == []
 
 
 def test_vllm_boot_facts_other_shapes():

@@ -147,6 +147,68 @@ def test_a_registry_that_is_down_fails_the_container_lane_clearly(lab, tmp_path)
     assert _engines_left(lab) == []
 
 
+def _lab_rpc_servers() -> list[int]:
+    """The lab's spark2 rpc-server (bound to spark2's end of the direct link), nothing else's."""
+    out = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                argv = (proc / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if argv[0].endswith(b"rpc-server") and b"10.213.1.2" in argv and b"50052" in argv:
+                out.append(int(proc.name))
+    return out
+
+
+def test_killing_the_worker_node_mid_run_fails_the_lane_and_leaves_nothing(lab, tmp_path):
+    """The two-node lane (`nodes: [spark1, spark2]`: llama-server on node 0, rpc-server on node 1)
+    boots across the link; its worker node's process is killed once measuring has begun. The lane
+    fails naming the dead node, and no process is left on either host. One boot."""
+    import os
+    import signal
+    import sys
+
+    from conftest import REPO
+
+    artifacts = tmp_path / "art"
+    nightly = subprocess.Popen([sys.executable, "-m", "flows.cli", "nightly", "--hosts", str(lab.inventory_path),
+                                "--lane", "spark-pair", "--artifacts", str(artifacts)],
+                               cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    killed = None
+    try:
+        deadline = time.monotonic() + 420
+        while killed is None and time.monotonic() < deadline and nightly.poll() is None:
+            records = list(artifacts.glob("*/spark-pair/requests.jsonl"))
+            if records and records[0].read_text().strip() and (workers := _lab_rpc_servers()):
+                os.kill(workers[0], signal.SIGKILL)  # the worker host's process, mid-run
+                killed = workers[0]
+            time.sleep(0.2)
+        out, err = nightly.communicate(timeout=420)
+    finally:
+        if nightly.poll() is None:
+            nightly.kill()
+            nightly.wait()
+    assert killed is not None, "the lane never started measuring"
+    assert nightly.returncode == 1, out[-3000:] + err[-3000:]
+    m = manifest_of(Path(out.strip().splitlines()[-1].removeprefix("run folder: ")))
+    pair = m["lanes"]["spark-pair"]
+    assert pair["status"] == "failed" and pair["launch_command"], pair
+    assert "rpc-server on spark2 exited with code" in pair["reason"], pair["reason"]
+    assert pair["reason"].endswith("(a worker of this lane across hosts is gone)")
+    assert pair["config"]["nodes"]["hosts"] == ["spark1", "spark2"]
+    # Nothing of the lane on either host (only the lab's: this machine is shared with other runs).
+    left = [e for e in _engines_left(lab) if not e.startswith("pid ") or _on_the_lab(int(e.split()[1]))]
+    assert left == []
+
+
+def _on_the_lab(pid: int) -> bool:
+    try:
+        return b"10.213." in (Path("/proc") / str(pid) / "cmdline").read_bytes()
+    except OSError:
+        return False
+
+
 def test_the_kl_gate_serves_lab_lanes_over_ssh_like_the_nightly(lab, tmp_path):
     """`lanebench kl` on lab lanes: the reference across the Spark pair's link, the candidate in
     gb300's container, both reached over SSH; the same target bytes, so the candidate passes."""

@@ -18,7 +18,7 @@ from tasks.client.replies import ChatReply, parse_openai_chat
 from tasks.inventory.models import Agentic, Lane
 from tasks.kl.records import ForcedProbe, ForcedScore
 from tasks.client.records import RequestRecord, RequestSpec, StreamEvent
-from tasks.engines.facts import Acceptance, BootFacts, Metrics
+from tasks.engines.facts import Acceptance, BootFacts, Metrics, PlannedCap
 
 
 class Engine(ABC):
@@ -47,12 +47,17 @@ class Engine(ABC):
         return status_code == 200
 
     @abstractmethod
-    def boot_facts(self, log: str) -> BootFacts:
-        """Parse what the server resolved at boot (running-request cap, context, speculation)."""
+    def boot_facts(self, log: str, version: str | None = None) -> BootFacts:
+        """Parse what the server resolved at boot (running-request cap, context, speculation),
+        in the log format of `version` (None: unknown, every known format is tried)."""
 
     def info_facts(self, facts: BootFacts, info: dict | list) -> BootFacts:
         """Complete the log's boot facts from the info endpoint's JSON (default: nothing to add)."""
         return facts
+
+    def version_of(self, log: str, info: dict | list | None) -> str | None:
+        """The engine release that booted, from its log or its info endpoint (None: not stated)."""
+        return None
 
     def metrics(self, text: str) -> Metrics:
         """Parse Prometheus text exposition into {series: value}; labels sorted into the key."""
@@ -118,6 +123,20 @@ class Engine(ABC):
         agentic support serves plain text, and the smoke gate says so).
         """
         return []
+
+    # --- Capacity known before boot -----------------------------------------------------------
+
+    def planned_cap(self, lane: Lane) -> PlannedCap | None:
+        """The running-request cap the lane's config implies, where it can be computed (None: only
+        the boot log knows). Checked at config time against the bench's highest concurrency."""
+        return None
+
+    # --- Serving across hosts (a lane's `nodes`; llama.cpp: its `rpc` plan) -------------------
+
+    def node_flags(self, rank: int, nnodes: int, master: str, port: int) -> list[str]:
+        """Launch flags that make this process node `rank` of `nnodes`, meeting at master:port
+        (rank 0 is the head that serves HTTP; the others are its workers)."""
+        raise NotImplementedError(f"the {self.name} adapter spans hosts with its rpc plan, not node flags")
 
     # --- Serving across hosts (a lane's `rpc` plan) ------------------------------------------
 

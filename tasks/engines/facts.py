@@ -11,14 +11,70 @@ class _Record(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+Reading = str | int | float | bool | None
+
+
 class BootFacts(_Record):
-    """What the server itself says about how it booted, read from its log (never from our flags)."""
+    """What the server itself says about how it booted (log, info endpoint, counters; never our flags).
+
+    A fact that more than one source states is kept per source in `sources` (fact -> source ->
+    reading): one log line that changed shape between releases must not decide a gate alone.
+    When sources disagree `disagreements` says so, and `reconcile` keeps the most conservative
+    reading (the lowest running-request cap; a drafter counted as loaded only when no source
+    says it is not) with `cap_source` naming where the kept cap came from.
+    """
 
     max_running_requests: int | None = None
     context_per_slot: int | None = None
     speculative_type: str | None = None
     draft_model_loaded: bool = False
+    version: str | None = None  # the engine release that booted (log line, /server_info or /version)
+    # Deployment shape the cap was scaled by: data-parallel workers, tensor and pipeline widths.
+    parallel: dict[str, int] = {}
+    sources: dict[str, dict[str, Reading]] = {}
+    disagreements: list[str] = []
+    cap_source: str | None = None
     extra: dict[str, str | int | float | bool] = {}
+
+    def note(self, fact: str, source: str, value: Reading) -> None:
+        """Record one source's reading of a fact (None: the source was asked and did not say)."""
+        if value is not None:
+            self.sources.setdefault(fact, {})[source] = value
+
+    def reconcile(self) -> BootFacts:
+        """Fold the per-source readings into the headline facts, most conservative first."""
+        caps = {s: v for s, v in self.sources.get("max_running_requests", {}).items() if isinstance(v, int)}
+        if caps:
+            source = min(caps, key=lambda s: caps[s])
+            self.max_running_requests, self.cap_source = caps[source], source
+        specs = {s: str(v) for s, v in self.sources.get("speculative_type", {}).items()}
+        if specs:
+            self.speculative_type = next(iter(specs.values()))
+        drafts = {s: bool(v) for s, v in self.sources.get("draft_model_loaded", {}).items()}
+        if drafts:
+            self.draft_model_loaded = all(drafts.values())
+        own = ("running-request cap:", "speculation type:", "draft model loaded:")
+        self.disagreements = [d for d in self.disagreements if not d.startswith(own)]
+        if len(set(caps.values())) > 1:
+            shown = ", ".join(f"{s} {v}" for s, v in sorted(caps.items()))
+            self.disagreements.append(f"running-request cap: {shown}; kept the lowest ({self.cap_source})")
+        if len({v.lower() for v in specs.values()}) > 1:
+            shown = ", ".join(f"{s} {v}" for s, v in sorted(specs.items()))
+            self.disagreements.append(f"speculation type: {shown}")
+        if len(set(drafts.values())) > 1:
+            shown = ", ".join(f"{s} {'yes' if v else 'no'}" for s, v in sorted(drafts.items()))
+            self.disagreements.append(f"draft model loaded: {shown}; counted as not loaded")
+        return self
+
+
+class PlannedCap(_Record):
+    """A running-request cap computed from the lane's config before anything boots (slots, the
+    mamba state cache and the engine's per-request state ratio, data-parallel workers): the
+    boot facts still decide, this says early when a lane cannot pass its own capacity gate."""
+
+    cap: int  # an upper bound: the KV pool, known only at boot, may allow fewer
+    reason: str  # how it was computed, in the engine's words
+    fix: str  # what to change when it is below the bench's concurrency
 
 
 class Metrics(_Record):

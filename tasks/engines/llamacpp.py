@@ -80,7 +80,7 @@ class LlamaCpp(Engine):
         # all): the weights and the KV cache live across the link, so a cut link breaks the lane.
         return ["--rpc", ",".join(endpoints)]
 
-    def boot_facts(self, log: str) -> BootFacts:
+    def boot_facts(self, log: str, version: str | None = None) -> BootFacts:
         facts = BootFacts()
         if m := _SLOTS.search(log):
             facts.max_running_requests, facts.context_per_slot = int(m[1]), int(m[2])

@@ -50,7 +50,6 @@ inside the image): SGLang has no console entry point of its own.
 
 from __future__ import annotations
 
-import re
 import uuid
 from typing import Any
 
@@ -58,21 +57,8 @@ from tasks.inventory.models import Agentic, Lane
 from tasks.engines.base import Engine, per_position_from_counts, parser_flags
 from tasks.kl.records import ForcedProbe, ForcedScore
 from tasks.client.records import RequestRecord, RequestSpec, StreamEvent
-from tasks.engines.facts import Acceptance, BootFacts, Metrics
-
-_PREFIX = re.compile(r"\[[\d-]+ [\d:.]+((?: [A-Z]+\d+)*)\] ?")
-_MAMBA_CAP = re.compile(
-    r"max_running_requests is capped to (\d+) by the mamba state cache\s+"
-    r"\(max_mamba_cache_size=(\d+), (\d+) state slots per request\)"
-)
-_SCHED = re.compile(
-    r"max_total_num_tokens=(\d+), chunked_prefill_size=(-?\d+|None), max_prefill_tokens=(\d+), "
-    r"max_running_requests=(\d+), context_len=(\d+)"
-)
-_WEIGHT_END = re.compile(r"Load weight end\..*?type=(\w+)")
-_SPEC_ALGO = re.compile(r"server_args=ServerArgs\(.*?speculative_algorithm='([^']+)'")
-_DRAFT_PATH = re.compile(r"server_args=ServerArgs\(.*?speculative_draft_model_path='([^']+)'")
-_ASKED_CAP = re.compile(r"server_args=ServerArgs\(.*?max_running_requests=(\d+)")
+from tasks.engines.facts import Acceptance, BootFacts, Metrics, PlannedCap
+from tasks.engines import planned, sglang_boot
 
 _CHAIN = {"EAGLE", "EAGLE3", "NEXTN", "STANDALONE"}
 _ALIASES = {"SIMPLE": "STANDALONE", "DRAFT_MODEL": "STANDALONE", "MTP": "NEXTN"}
@@ -96,20 +82,6 @@ def _first(meta: dict, names: tuple[str, ...]) -> Any:
 def _num(spec: dict[str, float | list[float]], key: str) -> float:
     value = spec.get(key, 0.0)
     return float(value) if not isinstance(value, list) else 0.0
-
-
-def _dp(tag: str) -> str:
-    """The data-parallel part of a rank tag ("DP1 TP0" -> "DP1"): replicas whose caps add up."""
-    return " ".join(t for t in tag.split() if t.startswith("DP"))
-
-
-def _log_lines(log: str) -> list[tuple[str, str]]:
-    """(rank tag, message) per line; SGLang prefixes `[date time DP0 TP0]`, tag '' without ranks."""
-    out = []
-    for line in log.splitlines():
-        m = _PREFIX.search(line)
-        out.append(((m[1] or "").strip(), line[m.end():]) if m else ("", line))
-    return out
 
 
 class SGLang(Engine):
@@ -145,58 +117,25 @@ class SGLang(Engine):
                 argv += ["--speculative-num-draft-tokens", str(k + 1)]
         return argv + list(lane.flags)
 
-    def boot_facts(self, log: str) -> BootFacts:
-        facts = BootFacts()
-        caps: dict[str, list[int]] = {}  # per data-parallel group: every resolved cap seen
-        weights: dict[str, list[str]] = {}  # per rank: model classes loaded, target first
-        for tag, msg in _log_lines(log):
-            if m := _SCHED.search(msg):
-                caps.setdefault(_dp(tag), []).append(int(m[4]))
-                facts.context_per_slot = int(m[5])
-                facts.extra["max_total_num_tokens"] = int(m[1])
-            if m := _WEIGHT_END.search(msg):
-                weights.setdefault(tag, []).append(m[1])
-            if m := _SPEC_ALGO.search(msg):
-                facts.speculative_type = m[1]
-            if m := _DRAFT_PATH.search(msg):
-                facts.extra["draft_model_path"] = m[1]
-            if m := _ASKED_CAP.search(msg):
-                facts.extra["requested_max_running_requests"] = int(m[1])
-        # Searched over the whole text so a line wrapped by a report still counts.
-        for m in _MAMBA_CAP.finditer(log):
-            p = _PREFIX.search(log, log.rfind("\n", 0, m.start()) + 1, m.start())
-            tag = (p[1] or "").strip() if p else ""
-            caps.setdefault(_dp(tag), []).append(int(m[1]))
-            facts.extra["mamba_capped_to"] = int(m[1])
-            facts.extra["max_mamba_cache_size"] = int(m[2])
-            facts.extra["mamba_state_slots_per_request"] = int(m[3])
-        if caps:
-            # Within a replica the tightest resolved cap wins; data-parallel replicas add up.
-            facts.max_running_requests = sum(min(v) for v in caps.values())
-        drafts = [w[1] for w in weights.values() if len(w) >= 2]
-        if drafts:
-            facts.draft_model_loaded = True
-            facts.extra["draft_model_type"] = drafts[0]
-        return facts
+    def boot_facts(self, log: str, version: str | None = None) -> BootFacts:
+        """Per release (tasks/engines/sglang_boot.py): server args, per-worker caps x DP workers."""
+        return sglang_boot.boot_facts(log, version)
 
     def info_facts(self, facts: BootFacts, info: dict) -> BootFacts:
-        """/server_info: flat server args plus `internal_states[i].effective_max_running_requests_per_dp`.
+        """/server_info's cap, speculation type and version beside the log's (the lowest cap wins)."""
+        return sglang_boot.info_facts(facts, info)
 
-        That value is the scheduler's resolved cap (the same number as the log's scheduler line,
-        mamba cut included); it only fills what the log did not state.
-        """
-        states = [s for s in info.get("internal_states") or [] if isinstance(s, dict)]
-        per_dp = [s["effective_max_running_requests_per_dp"] for s in states
-                  if isinstance(s.get("effective_max_running_requests_per_dp"), int)]
-        if facts.max_running_requests is None and per_dp:
-            facts.max_running_requests = min(per_dp) * int(info.get("dp_size") or 1)
-        if facts.speculative_type is None and info.get("speculative_algorithm"):
-            facts.speculative_type = str(info["speculative_algorithm"])
-        if facts.context_per_slot is None and isinstance(info.get("context_length"), int):
-            facts.context_per_slot = info["context_length"]
-        if isinstance(info.get("version"), str):
-            facts.extra["version"] = info["version"]
-        return facts
+    def planned_cap(self, lane: Lane) -> PlannedCap | None:
+        return planned.sglang_cap(lane, self.launch_command(lane, "python3", "0.0.0.0"))
+
+    def node_flags(self, rank: int, nnodes: int, master: str, port: int) -> list[str]:
+        # srt/arg_groups/fields/parallel.py: --nnodes, --node-rank, --dist-init-addr HOST:PORT.
+        address = f"[{master}]:{port}" if ":" in master else f"{master}:{port}"
+        return ["--nnodes", str(nnodes), "--node-rank", str(rank), "--dist-init-addr", address]
+
+    def version_of(self, log: str, info: dict | list | None) -> str | None:
+        # SGLang logs no version line; /server_info carries `version`.
+        return info.get("version") if isinstance(info, dict) and isinstance(info.get("version"), str) else None
 
     def acceptance(self, before: Metrics, after: Metrics, requests: list[RequestRecord], k: int) -> Acceptance | None:
         # /metrics has no accepted-draft counter (module docstring): sum the requests' own counts.

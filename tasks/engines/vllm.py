@@ -41,7 +41,6 @@ used: the counters are exact over the window.
 from __future__ import annotations
 
 import json
-import math
 import re
 import uuid
 
@@ -49,17 +48,8 @@ from tasks.inventory.models import Agentic, Lane
 from tasks.engines.base import Engine, per_position_from_counts, parser_flags
 from tasks.kl.records import ForcedProbe, ForcedScore
 from tasks.client.records import RequestRecord, RequestSpec, StreamEvent
-from tasks.engines.facts import Acceptance, BootFacts, Metrics
-
-_CONCURRENCY = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x")
-_KV_TOKENS = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
-_MAX_NUM_SEQS = re.compile(r"non-default args: .*'max_num_seqs': (\d+)")
-_MAX_MODEL_LEN = re.compile(r"Using max model len (\d+)")
-_ENGINE = re.compile(r"Initializing a V1 LLM engine \(v([^)]+)\)")
-_SPEC = re.compile(
-    r"speculative_config=SpeculativeConfig\(method='([^']+)'(?:, model='([^']*)')?(?:, num_spec_tokens=(\d+))?"
-)
-_DRAFTER = re.compile(r"Loading drafter model")
+from tasks.engines.facts import Acceptance, BootFacts, Metrics, PlannedCap
+from tasks.engines import planned, vllm_boot
 
 _P = "vllm:spec_decode_"
 _KEY = re.compile(r"^([^{]+)(?:\{(.*)\})?$")
@@ -92,6 +82,7 @@ class VLLM(Engine):
     name = "vllm"
     draft_counter = "vllm:spec_decode_num_drafts_total"
     draft_tokens_counter = "vllm:spec_decode_num_draft_tokens_total"
+    info_path = "/version"  # {"version": "0.33.0"}
 
     def launch_command(self, lane: Lane, binary: str, host: str) -> list[str]:
         argv = [
@@ -109,33 +100,26 @@ class VLLM(Engine):
             argv += ["--speculative-config", json.dumps(config)]
         return argv + list(lane.flags)
 
-    def boot_facts(self, log: str) -> BootFacts:
-        facts = BootFacts()
-        seqs = concurrency = None
-        if m := _MAX_NUM_SEQS.search(log):
-            seqs = facts.extra["max_num_seqs"] = int(m[1])
-        if ms := _CONCURRENCY.findall(log):
-            length, factor = ms[-1]
-            facts.context_per_slot = int(length.replace(",", ""))
-            concurrency = math.floor(float(factor))
-            facts.extra["kv_max_concurrency"] = float(factor)
-        elif m := _MAX_MODEL_LEN.search(log):
-            facts.context_per_slot = int(m[1])
-        if m := _KV_TOKENS.search(log):
-            facts.extra["kv_cache_tokens"] = int(m[1].replace(",", ""))
-        if m := _ENGINE.search(log):
-            facts.extra["version"] = m[1]
-        known = [c for c in (seqs, concurrency) if c is not None]
-        if known:
-            facts.max_running_requests = min(known)
-        if m := _SPEC.search(log):
-            facts.speculative_type = m[1]
-            if m[2]:
-                facts.extra["draft_model"] = m[2]
-            if m[3]:
-                facts.extra["num_spec_tokens"] = int(m[3])
-        facts.draft_model_loaded = bool(_DRAFTER.search(log))
-        return facts
+    def boot_facts(self, log: str, version: str | None = None) -> BootFacts:
+        """Per release (tasks/engines/vllm_boot.py): cap per engine x data-parallel engines."""
+        return vllm_boot.boot_facts(log, version)
+
+    def info_facts(self, facts: BootFacts, info: dict | list) -> BootFacts:
+        return vllm_boot.info_facts(facts, info) if isinstance(info, dict) else facts
+
+    def planned_cap(self, lane: Lane) -> PlannedCap | None:
+        return planned.vllm_cap(lane, self.launch_command(lane, "vllm", "0.0.0.0"))
+
+    def node_flags(self, rank: int, nnodes: int, master: str, port: int) -> list[str]:
+        # vllm/engine/arg_utils.py --nnodes/--node-rank/--master-addr/--master-port; every node but
+        # the head runs --headless (entrypoints/cli/serve.py run_headless: workers, no API server).
+        flags = ["--nnodes", str(nnodes), "--node-rank", str(rank), "--master-addr", master, "--master-port", str(port)]
+        return flags + (["--headless"] if rank > 0 else [])
+
+    def version_of(self, log: str, info: dict | list | None) -> str | None:
+        if isinstance(info, dict) and isinstance(info.get("version"), str):
+            return info["version"]
+        return vllm_boot.version_in(log)
 
     def acceptance(self, before: Metrics, after: Metrics, requests: list[RequestRecord], k: int) -> Acceptance | None:
         def delta(name: str) -> dict[str, float]:

@@ -225,9 +225,10 @@ class ContainerHandle(Spawned):
 
 def run_container(transport: Transport, docker_host: str | None, name: str, image_ref: str, argv: list[str],
                   settings: ContainerSettings, gpus: int, mounts: list[str], env: dict[str, str],
-                  log_path: Path, *, deadline_s: float = 120.0) -> ContainerHandle:
+                  log_path: Path, *, deadline_s: float = 120.0, entrypoint: str | None = None) -> ContainerHandle:
     """Start the engine container for lane `name` (`argv`: the engine's arguments after the
-    image's entrypoint) and stream its logs into `log_path`. The image must already be on the
+    image's entrypoint, or after `entrypoint` when given: engine images differ, vLLM's runs
+    `vllm serve`, SGLang's none) and stream its logs into `log_path`. The image must already be on the
     host (`pull_by_digest`); a leftover under the lane's name must be gone (`remove_leftover`)."""
     container = container_name(name)
     if PINNED.fullmatch(image_ref) is None:
@@ -248,6 +249,7 @@ def run_container(transport: Transport, docker_host: str | None, name: str, imag
     run_argv = ["run", "-d", "--name", container, "--pull", "never", "--network", "host",
                 "--ipc", settings.ipc, "--shm-size", settings.shm_size,
                 *(["--gpus", "all"] if gpus > 0 else []), *volumes, *env_args,
+                *(["--entrypoint", entrypoint] if entrypoint else []),
                 "--label", f"{LANE_LABEL}={name}", image_ref, *argv]
     try:
         r = _docker(transport, docker_host, *run_argv, deadline_s=deadline_s, idempotent=False)

@@ -68,6 +68,8 @@ def lane_links(lane: Lane) -> list[str]:
     names = list(lane.links)
     if lane.rpc is not None and lane.rpc.link not in names:
         names.append(lane.rpc.link)
+    if lane.nodes is not None and lane.nodes.link is not None and lane.nodes.link not in names:
+        names.append(lane.nodes.link)
     return names
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 from tasks.inventory.base import _NAME, _SAFE_FLAG, ConfigError, _RefError, _Strict  # noqa: F401  (re-exported)
 from tasks.inventory.correctness import (  # noqa: F401  (re-exported)
@@ -89,7 +89,8 @@ class ContainerSettings(_Strict):
     ipc: Literal["host", "private", "shareable"] = "host"
     shm_size: Annotated[str, Field(pattern=r"^[0-9]+[bkmg]?$")] = "1g"
     mounts: list[Annotated[str, Field(pattern=r"^/[A-Za-z0-9_./-]*:/[A-Za-z0-9_./-]*(:ro|:rw)?$")]] = []
-    entrypoint_binary: str = "/llama-server"  # the engine's executable inside the image
+    # The engine's executable inside the image (`docker run --entrypoint`): python3 for SGLang, vllm for vLLM.
+    entrypoint_binary: Annotated[str, Field(pattern=r"^[A-Za-z0-9_./-]+$")] = "/llama-server"
 
 
 class RpcPlan(_Strict):
@@ -100,6 +101,18 @@ class RpcPlan(_Strict):
     link: str
     port: Annotated[int, Field(ge=1024, le=65535)] = 50052
     binary: str | None = None  # rpc-server on the workers; default: the pinned build's
+
+
+class NodesPlan(_Strict):
+    """One lane across hosts, node rank r on `hosts[r]`: rank 0 is the head (the lane's host,
+    which serves HTTP), every other rank runs the engine's worker process on its host (vLLM
+    `--headless`, SGLang `--node-rank r`, llama.cpp `rpc-server`). The group rendezvous at the
+    head's end of `link` (its preflight runs first) on `port`."""
+
+    hosts: Annotated[list[str], Field(min_length=2, max_length=64)]
+    link: str | None = None
+    # vLLM --master-port and SGLang's --dist-init-addr port (default 29501); llama.cpp's rpc-server port (50052).
+    port: Annotated[int, Field(ge=1024, le=65535)] | None = None
 
 
 class FileRef(_Strict):
@@ -195,6 +208,7 @@ class Lane(_Strict):
     image: Annotated[str, Field(pattern=r"^[a-z0-9._/:-]+@sha256:[0-9a-f]{64}$")] | None = None
     container: ContainerSettings = ContainerSettings()
     rpc: RpcPlan | None = None
+    nodes: NodesPlan | None = None  # the lane across hosts (all engines; llama.cpp: its rpc plan)
     links: list[str] = []  # links this lane needs (rpc.link is added); a failed link skips the lane
     model: FileRef
     drafter: FileRef | None = None
@@ -215,8 +229,9 @@ class Lane(_Strict):
     @model_validator(mode="after")
     def _rpc_engine(self) -> Lane:
         if self.rpc is not None and self.engine != "llamacpp":
-            raise ValueError(f"rpc is llama.cpp's RPC backend; engine {self.engine} spans hosts with its own flags "
-                             "(e.g. --tensor-parallel-size) and declares the link it needs under 'links'")
+            raise ValueError(f"rpc is llama.cpp's RPC backend; engine {self.engine} spans hosts with 'nodes' "
+                             "(nodes: {hosts: [head, worker], link: LINK}) plus its parallel flags "
+                             "(e.g. --tensor-parallel-size)")
         return self
 
     @model_validator(mode="after")
@@ -227,6 +242,36 @@ class Lane(_Strict):
             field, problem, fix = found[0]
             raise _RefError("." + field, problem, fix)
         return self
+
+    def _nodes(self) -> Lane:
+        if self.nodes is None:
+            return self
+        if self.nodes.hosts[0] != self.host:
+            raise ValueError(f"nodes.hosts[0] is the head node and must be the lane's host {self.host!r}, "
+                             f"not {self.nodes.hosts[0]!r}")
+        if len(set(self.nodes.hosts)) != len(self.nodes.hosts):
+            raise ValueError("nodes.hosts names a host twice; one node per host")
+        if self.engine == "llamacpp" and self.nodes.link is None:
+            raise ValueError("a llama.cpp lane across nodes needs nodes.link (rpc-server listens on its end)")
+        return self
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nodes_as_rpc(cls, data: object) -> object:
+        """llama.cpp spans hosts with its RPC backend: its worker nodes are the rpc plan's workers."""
+        if not isinstance(data, dict) or data.get("engine") != "llamacpp" or not isinstance(data.get("nodes"), dict):
+            return data
+        nodes = data["nodes"]
+        hosts = nodes.get("hosts")
+        if not (isinstance(hosts, list) and len(hosts) >= 2 and nodes.get("link")):
+            return data
+        rpc = {"workers": hosts[1:], "link": nodes["link"], "port": nodes.get("port") or 50052}
+        given = data.get("rpc")
+        if given is not None:  # a lane dumped and read back carries the rpc plan it derived
+            given = given.model_dump() if isinstance(given, BaseModel) else given
+            if not isinstance(given, dict) or {k: given.get(k, rpc[k]) for k in rpc} != rpc:
+                raise ValueError("give either 'nodes' or 'rpc', not both (nodes is the rpc plan's general form)")
+        return {**data, "rpc": {**(given or {}), **rpc}}
 
     @model_validator(mode="after")
     def _needles_fit(self) -> Lane:
@@ -276,13 +321,19 @@ class Inventory(_Strict):
         links = {link.name for link in self.links}
         for lane_name, lane in self.lanes.items():
             needed = [*lane.links, *([lane.rpc.link] if lane.rpc else [])]
+            needed += [lane.nodes.link] if lane.nodes and lane.nodes.link and lane.engine != "llamacpp" else []
             for i, name in enumerate(needed):
                 if name not in links:
-                    field = f"lanes.{lane_name}.links[{i}]" if i < len(lane.links) else f"lanes.{lane_name}.rpc.link"
+                    field = f"lanes.{lane_name}.links[{i}]" if i < len(lane.links) else \
+                        f"lanes.{lane_name}.{'nodes' if lane.nodes else 'rpc'}.link"
                     raise _RefError(field, f"names link {name!r}, which is not under 'links'",
                                     f"use one of: {', '.join(links)}" if links else
                                     "declare the link under 'links' (name, a and b ends, mtu) or remove it")
-            for i, worker in enumerate(lane.rpc.workers if lane.rpc else []):
+            for i, node in enumerate(lane.nodes.hosts if lane.nodes else []):
+                if node not in self.hosts:
+                    raise _RefError(f"lanes.{lane_name}.nodes.hosts[{i}]", f"names host {node!r}, which is not under 'hosts'",
+                                    f"use one of: {', '.join(self.hosts)}")
+            for i, worker in enumerate(lane.rpc.workers if lane.rpc and not lane.nodes else []):
                 if worker not in self.hosts:
                     raise _RefError(f"lanes.{lane_name}.rpc.workers[{i}]", f"names host {worker!r}, which is not under 'hosts'",
                                     f"use one of: {', '.join(self.hosts)}")

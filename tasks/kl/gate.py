@@ -58,9 +58,7 @@ class Gate:
     # --- steps --------------------------------------------------------------------------------
 
     def _stage(self, name: str, stage: str) -> None:
-        self.run.lane(name).stage = stage
-        self.run.save_manifest()
-        progress(name, stage)
+        self.run.stage(name, stage)
 
     def prepare_models(self) -> None:
         """Quantize where a lane asks for it; a lane whose model cannot be made is skipped with the reason."""

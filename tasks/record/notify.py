@@ -21,7 +21,6 @@ what matters.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from pathlib import Path
@@ -46,12 +45,13 @@ def payload(flow_name: str, flow_run_id: str, flow_run_name: str, state_name: st
     failed_lanes: dict[str, str] = {}
     regressions: list[dict[str, Any]] = []
     if folder is not None and (folder / "manifest.json").is_file():
-        manifest = json.loads((folder / "manifest.json").read_text())
-        failed_lanes = {n: lane.get("reason", "") for n, lane in manifest.get("lanes", {}).items()
-                        if lane.get("status") == "failed"}
-        for a in manifest.get("artifacts", []):
-            if a.get("kind") == "regression" and a.get("validation") == "passed":
-                df = pd.read_parquet(folder / a["path"])
+        from tasks.record.run_folder import Manifest
+
+        manifest = Manifest.model_validate_json((folder / "manifest.json").read_text())
+        failed_lanes = {n: lane.reason for n, lane in manifest.lanes.items() if lane.status == "failed"}
+        for a in manifest.artifacts:
+            if a.kind == "regression" and a.validation == "passed":
+                df = pd.read_parquet(folder / a.path)
                 for r in df[df.verdict == "regression"].to_dict(orient="records"):
                     regressions.append({k: r[k] for k in ("lane", "metric", "current", "baseline", "change_pct",
                                                           "ci_low_pct", "ci_high_pct", "baseline_runs")})

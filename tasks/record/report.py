@@ -230,7 +230,7 @@ def render(run: RunFolder) -> str:
         out += _preflight_lines(lane.preflight, lane.image)
         if lane.launch_command:
             out += [f"- launch: `{lane.launch_command}`", f"- boot: {lane.boot_seconds:.1f} s; facts: "
-                    + ", ".join(f"{k}={v}" for k, v in lane.boot_facts.items() if v not in (None, {}, ""))]
+                    + ", ".join(f"{k}={v}" for k, v in lane.boot_facts.items() if v not in (None, {}, "", []))]
         for gate in lane.gates:
             out.append(f"- gate **{gate['gate']}** ({gate['kind']}): {gate['detail']}")
         for waiver in lane.waivers:

@@ -14,12 +14,13 @@ import platform
 import socket
 import subprocess
 import threading
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
 import pandas as pd
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 
 from tasks.engines.build import REPO
 from tasks.hosts.files import file_sha256
@@ -34,6 +35,14 @@ class ArtifactEntry(BaseModel):
     rows: int | None = None
     validation: Literal["passed", "failed", "not-validated"] = "not-validated"
     failed_expectations: list[str] = []
+    validation_seconds: float | None = None  # time spent in its GX suite (overhead, not measurement)
+
+
+class StageMark(BaseModel):
+    """A lane entered a stage at this moment (seconds since the epoch): the lane's timeline."""
+
+    stage: str
+    at: float
 
 
 class LaneRecord(BaseModel):
@@ -58,11 +67,54 @@ class LaneRecord(BaseModel):
     started_at: str | None = None  # when the lane got its hosts (UTC ISO); lanes of two hosts overlap
     finished_at: str | None = None
     host_lock: dict[str, Any] = {}  # the hold on `gpu:<host>`: asked, got, let go
+    timeline: list[StageMark] = []  # every stage entered, in order; "done" when teardown ended
+
+
+class FlowRecord(BaseModel):
+    """What ran: the flow and its run, when, and the sections a flow adds (typed where every flow
+    writes them; a flow's own section, such as `matrix` or `kl`, is kept as it writes it).
+
+    Mapping-style access (`flow["kl"] = ...`, `.get`, `.setdefault`) reads and writes the same
+    fields, so a section is one line to add wherever a flow builds it."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: str
+    flow_run_id: str
+    started_at: str
+    finished_at: str | None = None
+    status: Literal["running", "finished", "interrupted"] = "running"
+    regression_policy: dict[str, Any] | None = None
+    regression_error: str | None = None
+    held_out_requested: bool | None = None
+    correctness: dict[str, Any] = {}  # per lane: agentic, tool-gate and needle verdicts, protocol, ledger
+    matrix: dict[str, Any] | None = None
+    kl: dict[str, Any] | None = None
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in self.model_fields and key not in (self.model_extra or {}):
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        setattr(self, key, value)
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and getattr(self, key, None) is not None
+
+    def get(self, key: str, default: Any = None) -> Any:
+        value = getattr(self, key, None)
+        return default if value is None else value
+
+    def setdefault(self, key: str, default: Any) -> Any:
+        if getattr(self, key, None) is None or (key == "correctness" and not self.correctness):
+            setattr(self, key, default)
+        return getattr(self, key)
 
 
 class Manifest(BaseModel):
     lanebench: dict[str, Any]
-    flow: dict[str, Any]
+    flow: FlowRecord
     host: dict[str, Any]
     inventory: dict[str, Any]
     lanes: dict[str, LaneRecord] = {}
@@ -111,7 +163,7 @@ class RunFolder:
         self._lock = threading.RLock()
         self.manifest = Manifest(
             lanebench=git_identity(),
-            flow={"name": flow_name, "flow_run_id": flow_run_id, "started_at": now.isoformat(), "finished_at": None},
+            flow=FlowRecord(name=flow_name, flow_run_id=flow_run_id, started_at=now.isoformat()),
             host=host_facts(),
             inventory={"path": str(inventory_path), "sha256": file_sha256(inventory_path)},
         )
@@ -120,6 +172,17 @@ class RunFolder:
 
     def lane(self, name: str) -> LaneRecord:
         return self.manifest.lanes.setdefault(name, LaneRecord())
+
+    def stage(self, lane: str, name: str) -> None:
+        """The lane enters a stage: recorded with its time (the overhead benchmark reads the
+        timeline), saved, and shown on the terminal."""
+        from tasks.record.progress import progress
+
+        record = self.lane(lane)
+        record.stage = name
+        record.timeline.append(StageMark(stage=name, at=time.time()))
+        self.save_manifest()
+        progress(lane, name)
 
     def lane_dir(self, lane: str) -> Path:
         d = self.path / lane
@@ -155,7 +218,9 @@ class RunFolder:
     def write_table(self, lane: str, kind: str, records: list[BaseModel]) -> tuple[pd.DataFrame, ArtifactEntry]:
         """Validate a table against its GX suite, then write it as a result or into quarantine."""
         df = pd.DataFrame([r.model_dump() for r in records])
+        t0 = time.perf_counter()
         outcome = validate(kind, df)
+        seconds = time.perf_counter() - t0
         sub = "" if outcome.success else "quarantine/"
         (self.lane_dir(lane) / "validation").mkdir(exist_ok=True)
         if sub:
@@ -168,6 +233,7 @@ class RunFolder:
         entry = self.register(lane, rel, kind, rows=len(df))
         entry.validation = "passed" if outcome.success else "failed"
         entry.failed_expectations = outcome.failed
+        entry.validation_seconds = round(seconds, 3)
         self.save_manifest()
         return df, entry
 
@@ -177,7 +243,9 @@ class RunFolder:
         if not path.exists():
             return None
         df = pd.read_json(path, lines=True, convert_dates=False)
+        t0 = time.perf_counter()
         outcome = validate(kind, df)
+        seconds = time.perf_counter() - t0
         vrel = f"{lane}/validation/{kind}.json"
         (self.lane_dir(lane) / "validation").mkdir(exist_ok=True)
         (self.path / vrel).write_text(json.dumps(outcome.result, indent=2, default=str))
@@ -185,9 +253,11 @@ class RunFolder:
         entry = self.register(lane, f"{lane}/{name}", kind, rows=len(df))
         entry.validation = "passed" if outcome.success else "failed"
         entry.failed_expectations = outcome.failed
+        entry.validation_seconds = round(seconds, 3)
         self.save_manifest()
         return entry
 
     def finish(self) -> None:
-        self.manifest.flow["finished_at"] = datetime.now(UTC).isoformat()
+        self.manifest.flow.finished_at = datetime.now(UTC).isoformat()
+        self.manifest.flow.status = "finished"
         self.save_manifest()

@@ -23,11 +23,15 @@ from tasks.hosts.transport import LocalTransport, Spawned, Transport
 
 @dataclass
 class Worker:
-    """A process the lane's server depends on, on another host (an RPC worker over a link)."""
+    """A process the lane's server depends on, on another host: an RPC worker over a link, or
+    node `rank` of a multi-node lane (bare, or in the lane's image on that host's docker)."""
 
     host_name: str
     transport: Transport
     argv: list[str]
+    rank: int | None = None
+    image: str | None = None
+    host: Host = field(default_factory=Host)
 
 
 @dataclass
@@ -51,6 +55,12 @@ class Server:
     process: Spawned
     workers: list[Spawned] = field(default_factory=list)
     image: str | None = None
+    worker_names: list[str] = field(default_factory=list)  # "node 1 on spark2", per entry of `workers`
+
+    def dead_workers(self) -> list[str]:
+        """Workers that exited: the reason a lane across hosts stopped serving, in words."""
+        return [f"{name} exited with code {code}" for name, w in zip(self.worker_names, self.workers)
+                if (code := w.poll()) is not None]
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
@@ -62,6 +72,10 @@ class Server:
 
 class BootError(RuntimeError):
     pass
+
+
+class NodeLost(RuntimeError):
+    """A worker of a lane across hosts exited while the lane was serving: the lane's reason."""
 
 
 def _log_tail(path: Path, lines: int = 15) -> str:
@@ -80,19 +94,27 @@ def start(lane_name: str, lane: Lane, binary: str, address: str, log_path: Path,
     argv = engine.launch_command(lane, binary, address)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     workers: list[Spawned] = []
+    mounts = sorted({f"{d}:{d}:ro" for d in {str(Path(f.path).parent) for f in (lane.model, lane.drafter) if f}}
+                    | set(lane.container.mounts))
     try:
         for i, worker in enumerate(where.workers):
-            name = f"{lane_name}-rpc{i}.{lane.port}"
+            worker_log = log_path.with_name(f"worker-{worker.host_name}.log")
+            if worker.image is not None:  # a node of a container lane: the same image, on its host's docker
+                node = f"{lane_name}-node{worker.rank}"
+                containers.remove_leftover(worker.transport, worker.host.docker_host, node)
+                workers.append(containers.run_container(
+                    worker.transport, worker.host.docker_host, node, worker.image, worker.argv[1:], lane.container,
+                    worker.host.gpus, mounts, lane.env, worker_log, entrypoint=worker.argv[0]))
+                continue
+            name = f"{lane_name}-rpc{i}.{lane.port}" if worker.rank is None else f"{lane_name}-node{worker.rank}.{lane.port}"
             worker.transport.stop_leftover(name)
-            workers.append(worker.transport.spawn(worker.argv, log_path.with_name(f"worker-{worker.host_name}.log"),
-                                                  name=name))
+            workers.append(worker.transport.spawn(worker.argv, worker_log, name=name,
+                                                  env=lane.env if worker.rank is not None else None))
         if where.image is not None:
             containers.remove_leftover(where.transport, where.host.docker_host, lane_name)
-            mounts = sorted({f"{d}:{d}:ro" for d in {str(Path(f.path).parent) for f in (lane.model, lane.drafter) if f}}
-                            | set(lane.container.mounts))
             process: Spawned = containers.run_container(
                 where.transport, where.host.docker_host, lane_name, where.image, argv[1:], lane.container,
-                where.host.gpus, mounts, lane.env, log_path)
+                where.host.gpus, mounts, lane.env, log_path, entrypoint=argv[0])
         else:
             # Named by lane and port: a crashed run's server on this port is what would block this boot.
             name = f"{lane_name}.{lane.port}"
@@ -102,8 +124,9 @@ def start(lane_name: str, lane: Lane, binary: str, address: str, log_path: Path,
         for w in workers:
             w.stop()
         raise
+    names = [f"{'rpc-server' if w.rank is None else f'node {w.rank}'} on {w.host_name}" for w in where.workers]
     return Server(lane=lane_name, base_url=f"http://{address}:{lane.port}", argv=argv, log_path=log_path,
-                  process=process, workers=workers, image=where.image)
+                  process=process, workers=workers, image=where.image, worker_names=names)
 
 
 def wait_healthy(server: Server, lane: Lane, deadline_s: float) -> float:
@@ -116,6 +139,8 @@ def wait_healthy(server: Server, lane: Lane, deadline_s: float) -> float:
         if (code := server.process.poll()) is not None:
             raise BootError(f"server exited with code {code} while booting; "
                             f"last log lines:\n{_log_tail(server.log_path)}")
+        if dead := server.dead_workers():  # the group cannot form without every node
+            raise BootError(f"{'; '.join(dead)} while the lane was booting")
         try:
             r = httpx.get(server.base_url + engine.health_path, timeout=5.0)
             if engine.healthy(r.status_code, r.text):
@@ -151,13 +176,20 @@ def boot(lane_name: str, lane: Lane, binary: str, address: str, log_path: Path,
     return server, read_facts(server, lane.engine), seconds
 
 
-def read_facts(server: Server, engine_name: str) -> BootFacts:
+def read_facts(server: Server, engine_name: str, carry: BootFacts | None = None) -> BootFacts:
     """Boot facts from the log, completed from the info endpoint. Read again after the first
-    requests: some servers (llama.cpp) name the speculation type only once a slot has run."""
+    requests: some servers (llama.cpp) name the speculation type only once a slot has run.
+    `carry`: an earlier reading whose counter sources (the boot gates') are kept."""
     engine = engine_for(engine_name)
-    facts = engine.boot_facts(server.log())
+    log, info = server.log(), None
     if engine.info_path:
         r = httpx.get(server.base_url + engine.info_path, timeout=10.0)
         if r.status_code == 200:
-            facts = engine.info_facts(facts, r.json())
-    return facts
+            info = r.json()
+    # The release decides which log format is read (tasks/engines/releases.py).
+    facts = engine.boot_facts(log, engine.version_of(log, info))
+    facts = engine.info_facts(facts, info) if info is not None else facts
+    for fact, readings in (carry.sources if carry else {}).items():
+        if "counters" in readings:
+            facts.note(fact, "counters", readings["counters"])
+    return facts.reconcile() if carry and any("counters" in r for r in carry.sources.values()) else facts

@@ -85,8 +85,13 @@ def judge(name: str, kind: str, value: float | None, op: str, threshold: float |
 
 
 @task(name="counter-gate", cache_policy=NO_CACHE)
-def counter_gate(gate: CounterGate, server: Server, lane_name: str, lane: Lane, probe: Prompt) -> GateResult:
-    """Send a probe request, then read the counter: a metric's increase over the probe, or a log value."""
+def counter_gate(gate: CounterGate, server: Server, lane_name: str, lane: Lane, probe: Prompt,
+                 facts: BootFacts | None = None) -> GateResult:
+    """Send a probe request, then read the counter: a metric's increase over the probe, or a log value.
+
+    With the boot facts at hand the counters become one more source: a drafter the log or
+    config says loaded whose counter never moved is named in the detail (and in the facts'
+    disagreements), so a "loaded" that hangs on one log line cannot pass unseen."""
     before = scrape_metrics(server, lane.engine)
     probe_request(server, lane_name, lane.engine, probe)
     after = scrape_metrics(server, lane.engine)
@@ -97,16 +102,45 @@ def counter_gate(gate: CounterGate, server: Server, lane_name: str, lane: Lane, 
         matches = list(re.finditer(gate.log_pattern or "", server.log()))
         value = float(matches[-1]["value"]) if matches else None
         what = f"log counter /{gate.log_pattern}/ (last match)"
-    return judge(gate.name, "counter", value, gate.op, gate.threshold, what)
+    result = judge(gate.name, "counter", value, gate.op, gate.threshold, what)
+    if facts is not None and lane.speculative is not None and gate.metric is not None and "spec" in gate.metric:
+        return cross_check_drafts(result, facts, drafted=bool(value and value > 0))
+    return result
+
+
+def cross_check_drafts(result: GateResult, facts: BootFacts, drafted: bool) -> GateResult:
+    """Counters as a source of "the drafter is there": noted in the facts, disagreement in the detail."""
+    facts.note("draft_model_loaded", "counters", drafted)
+    facts.reconcile()
+    said = {s: v for s, v in facts.sources.get("draft_model_loaded", {}).items() if s != "counters"}
+    if said and any(said.values()) and not drafted:
+        shown = ", ".join(f"{s} says loaded" for s, v in sorted(said.items()) if v)
+        return result.model_copy(update={"detail": f"{result.detail} ({shown}; the counters say it never drafted)"})
+    return result
+
+
+def conservative_cap(facts: BootFacts) -> tuple[int | None, str]:
+    """The lowest running-request cap any source stated, and why that one."""
+    readings = {s: v for s, v in facts.sources.get("max_running_requests", {}).items() if isinstance(v, int)}
+    if not readings:
+        return facts.max_running_requests, "boot log"
+    source = min(readings, key=lambda s: readings[s])
+    if len(set(readings.values())) > 1:
+        shown = ", ".join(f"{s} {v}" for s, v in sorted(readings.items()))
+        return readings[source], f"{source}, the lowest of {shown}"
+    return readings[source], " and ".join(sorted(readings))
 
 
 @task(name="capacity-gate", cache_policy=NO_CACHE)
 def capacity_gate(gate: CapacityGate, lane: Lane, facts: BootFacts) -> GateResult:
-    """The bench's highest concurrency must fit the running-request cap the server resolved."""
+    """The bench's highest concurrency must fit the deployment's running-request cap (per worker x
+    data-parallel workers), the most conservative reading when the server's sources disagree."""
     wanted = max(lane.bench.decode.concurrency)
-    cap = facts.max_running_requests
+    cap, why = conservative_cap(facts)
     if cap is None:
         return GateResult(gate=gate.name, kind="capacity", passed=False, value=None, op=">=", threshold=float(wanted),
                           detail=f"the boot log states no running-request cap; bench concurrency {wanted} cannot be checked")
+    workers = facts.parallel.get("dp_workers", 1)
+    shape = f", {workers} data-parallel workers" if workers > 1 else ""
     return judge(gate.name, "capacity", float(cap), ">=", float(wanted),
-                 f"running-request cap from the boot log (bench concurrency up to {wanted})")
+                 f"running-request cap from {why}{shape} (bench concurrency up to {wanted})")

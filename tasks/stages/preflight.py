@@ -25,6 +25,7 @@ from tasks.hosts.checks import HostCheck, check_host, host_path
 from tasks.hosts.links import LinkCheck, check_link, lane_links
 from tasks.hosts.connect import transport_for
 from tasks.hosts.transport import Transport, TransportError
+from tasks.stages import topology
 
 
 class ModelFacts(BaseModel):
@@ -44,6 +45,8 @@ class Preflight(BaseModel):
     hosts: list[HostCheck] = []
     rpc_endpoints: list[str] = []  # "address:port" of each RPC worker, on its end of the link
     rpc_binaries: dict[str, str] = {}  # worker host -> its rpc-server path
+    master: str = ""  # a multi-node lane's rendezvous address (the head's end of its link)
+    node_binaries: dict[str, str] = {}  # worker node host -> its engine executable (bare lanes)
 
 
 @dataclass
@@ -61,7 +64,7 @@ class Reach:
     def of(cls, host_name: str, lane: Lane, host: Host, base_dir: Path, inventory: Inventory | None) -> Reach:
         hosts = {host_name: host}
         if inventory is not None:
-            for name in lane.rpc.workers if lane.rpc else []:
+            for name in [*(lane.rpc.workers if lane.rpc else []), *(lane.nodes.hosts if lane.nodes else [])]:
                 hosts[name] = inventory.hosts[name]
             for link in inventory.links:
                 if link.name in lane_links(lane):
@@ -181,6 +184,11 @@ def _remote(lane_name: str, lane: Lane, host: Host, base_dir: Path, inventory: I
             pre.engine_identity[f"rpc_worker_{worker}"] = found[1]["sha256"]
             pre.rpc_binaries[worker] = found[0]
             pre.rpc_endpoints.append(f"{end.address}:{lane.rpc.port}")
+    if topology.spans_nodes(lane):
+        failed = _check_nodes(lane, base_dir, inventory, reach, pre)  # type: ignore[arg-type]
+        if failed:
+            pre.reason = failed
+            return pre
     if lane.image is not None:
         pre.binary, pre.engine_identity = lane.container.entrypoint_binary, {**pre.engine_identity, "image": lane.image}
     else:
@@ -202,8 +210,31 @@ def _remote(lane_name: str, lane: Lane, host: Host, base_dir: Path, inventory: I
     return pre
 
 
+def _check_nodes(lane: Lane, base_dir: Path, inventory: Inventory, reach: Reach, pre: Preflight) -> str | None:
+    """Every worker node of a multi-node lane: reachable, docker (container lanes) or the engine
+    binary (bare ones), the model files at their path there. The link was checked first."""
+    pre.master = topology.master_address(lane, inventory)
+    files = [f for f in (lane.model, lane.drafter) if f is not None]
+    for _, name in topology.worker_ranks(lane):
+        check = check_host(name, inventory.hosts[name], reach.transports[name], files,
+                           needs_docker=lane.image is not None, base_dir=base_dir)
+        pre.hosts.append(check)
+        if not check.ok:
+            return f"node {check.reason}"
+        if lane.image is None:
+            if lane.binary is None:
+                return f"lane declares no binary for engine {lane.engine} (set 'binary', or run it from a pinned 'image')"
+            found = _remote_binary(reach.transports[name], name, lane.binary)
+            if isinstance(found, str):
+                return f"node: {found}"
+            pre.node_binaries[name] = found[0]
+            pre.engine_identity[f"node_{name}"] = found[1]["sha256"]
+    return None
+
+
 def _needs_reach(lane: Lane, host: Host) -> bool:
-    return host.transport != "local" or lane.image is not None or lane.rpc is not None or bool(lane.links)
+    return (host.transport != "local" or lane.image is not None or lane.rpc is not None or bool(lane.links)
+            or lane.nodes is not None)
 
 
 @task(name="preflight", cache_policy=NO_CACHE)

@@ -30,13 +30,13 @@ from tasks.engines.facts import BootFacts
 from tasks.hosts.containers import image_pull
 from tasks.inventory.load import shipped_or_local
 from tasks.inventory.models import CapacityGate, Host, Inventory, Lane
-from tasks.record.progress import progress
 from tasks.record.run_folder import LaneRecord, RunFolder
-from tasks.stages.boot import Placement, Server, Worker, boot, read_facts, stop
+from tasks.stages.boot import NodeLost, Placement, Server, Worker, boot, read_facts, stop
 from tasks.stages.gates import GateFailed, capacity_gate, counter_gate, scrape_metrics
 from tasks.stages.preflight import Preflight, Reach, model_paths, preflight
 from tasks.stages.safety import (as_gate, effective_findings, explain, implied_gates, pinned_identity,
                                  speculation_gates)
+from tasks.stages import topology
 
 
 @dataclass
@@ -69,10 +69,16 @@ def resolved(lane: Lane, host: Host, base_dir: Path, pre: Preflight) -> Lane:
     return lane.model_copy(update={**update, "flags": flags})
 
 
-def placement(lane: Lane, host: Host, reach: Reach, pre: Preflight) -> Placement:
-    """Where the server and its workers run, and through which transports."""
+def placement(lane: Lane, host: Host, reach: Reach, pre: Preflight, inventory: Inventory | None = None) -> Placement:
+    """Where the server and its workers run, and through which transports: llama.cpp's RPC
+    workers, or node ranks 1.. of a vLLM/SGLang lane across hosts (tasks/stages/topology.py)."""
     engine = engine_for(lane.engine)
     workers = []
+    for rank, name in topology.worker_ranks(lane):
+        node = inventory.hosts[name] if inventory is not None else Host()
+        binary = lane.container.entrypoint_binary if lane.image else pre.node_binaries[name]
+        argv = engine.launch_command(topology.at_rank(lane, engine, rank, pre.master), binary, node.address)
+        workers.append(Worker(name, reach.transports[name], argv, rank=rank, image=lane.image, host=node))
     for worker, endpoint in zip(lane.rpc.workers if lane.rpc else [], pre.rpc_endpoints):
         address, port = endpoint.rsplit(":", 1)
         workers.append(Worker(worker, reach.transports[worker],
@@ -96,12 +102,12 @@ def boot_gates(run: RunFolder, served: Served, probe: Prompt | None) -> None:
         else:
             if probe is None:
                 raise ValueError("a counter gate needs a probe prompt")
-            results.append(counter_gate(gate, served.server, served.name, lane, probe))
+            results.append(counter_gate(gate, served.server, served.name, lane, probe, served.facts))
     results += speculation_gates(lane, engine, before, scrape_metrics(served.server, lane.engine), served.server.log())
     results = [explain(r, lane) for r in results]
     record.gates += [r.model_dump() for r in results]
     # Some servers name their speculation type only once a slot has run: read the facts again.
-    served.facts = read_facts(served.server, lane.engine)
+    served.facts = read_facts(served.server, lane.engine, served.facts)  # the counters' readings kept
     record.boot_facts = served.facts.model_dump()
     findings = effective_findings(lane, served.facts, record.models, record.engine_identity, pinned_identity(lane))
     record.flags += [f.model_dump(mode="json") for f in findings]
@@ -129,9 +135,9 @@ def served_lane(run: RunFolder, name: str, lane: Lane, host: Host, base_dir: Pat
     record = run.lane(name)
 
     def stage(what: str) -> None:
-        record.stage = what
-        run.save_manifest()
-        (on_stage or (lambda s: progress(name, s)))(what)
+        run.stage(name, what)
+        if on_stage is not None:
+            on_stage(what)
 
     stage("preflight")
     reach = Reach.of(lane.host, lane, host, base_dir, inventory)
@@ -139,7 +145,8 @@ def served_lane(run: RunFolder, name: str, lane: Lane, host: Host, base_dir: Pat
     try:
         pre = preflight(name, lane, host, base_dir, inventory, reach)
         record.engine_identity, record.models = pre.engine_identity, [m.model_dump() for m in pre.models]
-        record.preflight = pre.model_dump(include={"links", "hosts", "rpc_endpoints", "rpc_binaries"})
+        record.preflight = pre.model_dump(include={"links", "hosts", "rpc_endpoints", "rpc_binaries", "master",
+                                                   "node_binaries"})
         if not pre.ok:
             record.status, record.reason = "skipped", pre.reason
             run.save_manifest()
@@ -150,6 +157,10 @@ def served_lane(run: RunFolder, name: str, lane: Lane, host: Host, base_dir: Pat
         if served_as.image is not None:  # container lanes: pulled by digest, verified either way
             stage("image pull")
             pulled = image_pull(reach.transport, host.docker_host, served_as.image)
+            for _, node in topology.worker_ranks(served_as):  # every node runs the same pinned image
+                if pulled.ok and inventory is not None:
+                    there = image_pull(reach.transports[node], inventory.hosts[node].docker_host, served_as.image)
+                    pulled = pulled if there.ok else there.model_copy(update={"reason": f"{node}: {there.reason}"})
             if not pulled.ok:  # the pinned image cannot be had: nothing to measure, and it must be seen
                 record.status, record.reason = "failed", f"image pull: {pulled.reason}"
                 run.save_manifest()
@@ -159,8 +170,9 @@ def served_lane(run: RunFolder, name: str, lane: Lane, host: Host, base_dir: Pat
             run.save_manifest()
 
         stage("boot")
-        server, facts, seconds = boot(name, served_as, pre.binary, host.address, run.lane_dir(name) / "boot.log",
-                                      placement(served_as, host, reach, pre))
+        head = topology.at_rank(served_as, engine_for(lane.engine), 0, pre.master)  # node 0 of a lane across hosts
+        server, facts, seconds = boot(name, head, pre.binary, host.address, run.lane_dir(name) / "boot.log",
+                                      placement(served_as, host, reach, pre, inventory))
         record.launch_command, record.boot_seconds = server.command, seconds
         record.boot_facts = facts.model_dump()
         run.save_manifest()
@@ -168,13 +180,21 @@ def served_lane(run: RunFolder, name: str, lane: Lane, host: Host, base_dir: Pat
         if gates:
             stage("boot gates")
             boot_gates(run, served, probe)
-        yield served
+        try:
+            yield served
+        except Exception as e:  # read before teardown stops them: a dead node is the reason, not its echo
+            if dead := server.dead_workers():
+                raise NodeLost(f"{'; '.join(dead)} (a worker of this lane across hosts is gone)") from e
+            raise
     finally:
         if server is not None:
+            run.stage(name, "teardown")
             stop(server)
             run.register(name, f"{name}/boot.log", "boot-log")
-            for worker in lane.rpc.workers if lane.rpc else []:
+            for worker in [*(lane.rpc.workers if lane.rpc else []), *(n for _, n in topology.worker_ranks(lane))]:
                 if (run.path / name / f"worker-{worker}.log").exists():
                     run.register(name, f"{name}/worker-{worker}.log", "boot-log")
         reach.close()
+        if server is not None:
+            run.stage(name, "done")
         run.save_manifest()

@@ -1,0 +1,153 @@
+"""Where a rehearsal nightly's wall time goes: measuring, or lanebench's own overhead.
+
+Target (issue 11): at least 80% of `lanebench nightly`'s wall time is spent booting the server
+or with requests in flight. Measured from outside, the same way for any lanebench checkout:
+
+- wall: the command, from launch to exit (imports, Prefect's server, the flow, the exit);
+- measuring: the server's boot (`boot_seconds` in the manifest) plus the union of every
+  request's in-flight interval (`requests.jsonl`: started_at .. started_at + e2el_s) plus the
+  correctness gates' requests (`tool_cases.jsonl`, needles: sent one at a time, so their
+  seconds add up);
+- where the checkout records a timeline (stage marks, GX seconds per artifact), a
+  stage-by-stage breakdown.
+
+`--baseline REF` also runs the nightly from a git worktree of REF (e.g. the commit before the
+restructuring), alternating the two so both see the same machine. Run it on an idle machine;
+it records the 1-minute load and the CPU steal before and after each run, and refuses to call
+a result from a busy machine a result.
+
+    uv run python benchmarks/nightly_overhead.py [--runs 2] [--baseline 7bee0d8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+MEASURING = {"boot", "boot gates", "warmup", "decode curve", "acceptance probe", "tool gate", "needle ladder",
+             "prefill ladder", "accuracy eval"}
+BUSY_LOAD = 0.5  # 1-minute load above which a row is marked busy (2 cores, nothing else should run)
+
+
+def steal() -> tuple[int, int]:
+    """(steal ticks, total ticks) from /proc/stat's cpu line."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    return fields[7] if len(fields) > 7 else 0, sum(fields)
+
+
+def union(intervals: list[tuple[float, float]]) -> float:
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(intervals):
+        if b <= end:
+            continue
+        total += b - max(a, end)
+        end = b
+    return total
+
+
+def measured(folder: Path) -> dict:
+    """Measuring seconds of a run folder, and its stage breakdown where the timeline exists."""
+    m = json.loads((folder / "manifest.json").read_text())
+    out = {"boot_s": 0.0, "in_flight_s": 0.0, "stages": {}, "gx_s": 0.0}
+    for lane, record in m["lanes"].items():
+        out["boot_s"] += record.get("boot_seconds") or 0.0
+        spans = []
+        raw = folder / lane / "requests.jsonl"
+        if raw.is_file():
+            for line in raw.read_text().splitlines():
+                r = json.loads(line)
+                if r.get("started_at") and r.get("e2el_s"):
+                    spans.append((r["started_at"], r["started_at"] + r["e2el_s"]))
+        serial = 0.0
+        for name in ("tool_cases.jsonl", "needles.jsonl"):
+            if (folder / lane / name).is_file():
+                serial += sum(json.loads(x).get("seconds") or 0.0 for x in (folder / lane / name).read_text().splitlines())
+        out["in_flight_s"] += union(spans) + serial
+        marks = record.get("timeline") or []
+        for a, b in zip(marks, marks[1:]):
+            out["stages"][a["stage"]] = out["stages"].get(a["stage"], 0.0) + b["at"] - a["at"]
+    out["gx_s"] = sum(a.get("validation_seconds") or 0.0 for a in m["artifacts"])
+    out["flow_started_at"] = m["flow"]["started_at"]
+    out["status"] = {n: r["status"] for n, r in m["lanes"].items()}
+    return out
+
+
+def one_run(checkout: Path, artifacts: Path) -> dict:
+    load = os.getloadavg()[0]
+    s0, t0 = steal()
+    start = time.time()
+    r = subprocess.run(["uv", "run", "--frozen", "--project", str(checkout), "lanebench", "nightly", "--artifacts",
+                        str(artifacts)], cwd=checkout, capture_output=True, text=True,
+                       env={**os.environ, "DO_NOT_TRACK": "1"})
+    wall = time.time() - start
+    s1, t1 = steal()
+    folder = Path(r.stdout.strip().splitlines()[-1].removeprefix("run folder: ")) if r.stdout.strip() else None
+    if folder is None or not (folder / "manifest.json").is_file():
+        raise SystemExit(f"no run folder from {checkout}: {r.stdout[-1500:]}{r.stderr[-1500:]}")
+    got = measured(folder)
+    if set(got["status"].values()) != {"passed"}:
+        raise SystemExit(f"{checkout}: the nightly did not pass ({got['status']}); no share to report:\n"
+                         f"{r.stdout[-1500:]}{r.stderr[-2500:]}")
+    share = (got["boot_s"] + got["in_flight_s"]) / wall
+    return {"wall_s": wall, "share": share, "exit": r.returncode, "load": load,
+            "steal_pct": 100.0 * (s1 - s0) / max(1, t1 - t0), **got}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=2, help="runs per checkout (alternating)")
+    ap.add_argument("--baseline", help="git ref to compare against, run from a temporary worktree")
+    args = ap.parse_args()
+    subprocess.run(["bash", str(REPO / "scripts/build-llama-cpp.sh")], check=True, stdout=subprocess.DEVNULL)
+    with tempfile.TemporaryDirectory() as tmp:
+        checkouts = {"this checkout": REPO}
+        if args.baseline:
+            wt = Path(tmp) / "baseline"
+            subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(wt), args.baseline],
+                           check=True, capture_output=True)
+            subprocess.run(["uv", "sync", "--frozen", "--quiet"], cwd=wt, check=True)
+            checkouts = {f"{args.baseline} (before)": wt, **checkouts}
+        rows = []
+        try:
+            for i in range(args.runs):
+                for name, checkout in checkouts.items():
+                    row = one_run(checkout, Path(tmp) / f"art-{i}-{len(rows)}")
+                    rows.append((name, row))
+                    print(f"{name}: wall {row['wall_s']:.1f} s, measuring {100 * row['share']:.0f}%, "
+                          f"load {row['load']:.2f}", file=sys.stderr)
+        finally:
+            if args.baseline:
+                subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(Path(tmp) / "baseline")],
+                               capture_output=True)
+    cpu = next((x.split(":", 1)[1].strip() for x in Path("/proc/cpuinfo").read_text().splitlines()
+                if x.startswith("model name")), "?")
+    print(f"machine: {cpu}, {os.cpu_count()} cores; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n")
+    print("| checkout | wall s | boot s | requests in flight s | measuring share | GX s | load at start | steal % | exit |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for name, r in rows:
+        busy = " (busy)" if r["load"] > BUSY_LOAD or r["steal_pct"] > 5 else ""
+        print(f"| {name} | {r['wall_s']:.1f} | {r['boot_s']:.1f} | {r['in_flight_s']:.1f} | {100 * r['share']:.0f}%{busy} "
+              f"| {r['gx_s']:.1f} | {r['load']:.2f} | {r['steal_pct']:.1f} | {r['exit']} |")
+    last = rows[-1][1]
+    if last["stages"]:
+        total = last["wall_s"]
+        print("\nStage breakdown of the last run of this checkout (from the manifest's timeline):\n")
+        print("| stage | seconds | share of wall | counts as |")
+        print("|---|---|---|---|")
+        for stage, s in last["stages"].items():
+            print(f"| {stage} | {s:.1f} | {100 * s / total:.0f}% | {'measuring' if stage in MEASURING else 'overhead'} |")
+        inside = sum(last["stages"].values())
+        print(f"| outside the lane (imports, Prefect server, flow set-up, baseline, report, exit) | {total - inside:.1f} "
+              f"| {100 * (total - inside) / total:.0f}% | overhead |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,54 @@
+"""Engine releases: which version booted, and which log format a version range prints.
+
+Adapters parse per version range because released engines change their log lines between
+releases (SGLang 0.5.23 prints `server_args={...}` where older builds printed
+`server_args=ServerArgs(...)`; vLLM 0.33.0 prints `GPU + host KV cache size` under host
+offload and, with Model Runner V2 the default, no "Loading drafter model"). The version is
+read at boot from the log or the info endpoint; an unknown version tries every known format.
+"""
+
+from __future__ import annotations
+
+import re
+
+from pydantic import BaseModel, ConfigDict
+
+# The releases whose source the adapters and their launch flags were checked against
+# (scripts/engine-flags.py extracts each one's flags into tests/fixtures/engines/flags/).
+PINNED = {"sglang": "0.5.23", "vllm": "0.33.0"}
+
+
+def version_key(version: str) -> tuple[int, ...]:
+    """'0.5.23rc1' -> (0, 5, 23): the numeric release parts, enough to order releases."""
+    parts = []
+    for piece in version.lstrip("v").split("."):
+        m = re.match(r"\d+", piece)
+        if m is None:
+            break
+        parts.append(int(m[0]))
+    return tuple(parts)
+
+
+class Format(BaseModel):
+    """One log format and the releases that print it: `since` inclusive, `until` exclusive."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    since: str | None = None
+    until: str | None = None
+
+    def covers(self, version: str | None) -> bool:
+        if version is None:
+            return True
+        key = version_key(version)
+        if self.since is not None and key < version_key(self.since):
+            return False
+        return self.until is None or key < version_key(self.until)
+
+
+def formats_for(formats: list[Format], version: str | None) -> list[Format]:
+    """The formats a version prints, newest first; every format when the version is unknown
+    (or newer than any range names, so a release we have not read still parses)."""
+    chosen = [f for f in formats if f.covers(version)]
+    return chosen or list(formats)

@@ -1,0 +1,112 @@
+"""vLLM's boot log and /version, read per release (checked against the 0.33.0 wheel).
+
+Format strings, by file of the released wheel (tests/fixtures/engines/README.md gives lines):
+- `Initializing a V1 LLM engine (v%s) with config: %s` (`vllm/v1/engine/core.py`, DP rank 0
+  only); the config repr (`vllm/config/vllm.py`) carries `speculative_config=SpeculativeConfig(
+  method='m', model='p'|None, num_spec_tokens=K)` (`vllm/config/speculative.py`: model=None for
+  ngram, suffix, ...) and `tensor_parallel_size=`, `pipeline_parallel_size=`, `data_parallel_size=`.
+  A headless worker node prints `Launching vLLM (v%s) headless multiproc executor`.
+- `non-default args: {...}` (`vllm/entrypoints/common/startup.py`): `max_num_seqs` when set.
+- `%s KV cache size: %s tokens, Maximum concurrency for %s tokens per request: %.2fx`
+  (`vllm/v1/core/kv_cache_utils.py` `update_kv_cache_capacity`): the pool is "GPU", or
+  "GPU + host" with host-offloaded (HiSparse) KV, from 0.33.0 on one line; older releases
+  printed `GPU KV cache size: N tokens` and the concurrency on two lines.
+- `Loading drafter model...` (`vllm/v1/worker/gpu_model_runner.py`): Model Runner V1 only.
+  0.33.0 defaults to Model Runner V2 (`VllmConfig.use_v2_model_runner`), which prints no such
+  line, so its absence proves nothing there: the drafter is then known from the config line
+  and from the spec-decode counters the counter gate reads.
+- `GET /version` -> `{"version": "..."}` (`vllm/entrypoints/serve/instrumentator/basic.py`).
+
+Running cap per engine = min(max_num_seqs, floor(max concurrency)); `max_num_seqs` applies per
+data-parallel rank (`vllm/config/scheduler.py`), so the deployment's cap is that times
+`data_parallel_size`; tensor and pipeline parallel ranks serve one engine.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from tasks.engines.facts import BootFacts
+from tasks.engines.releases import Format, formats_for
+
+FORMATS = [Format(name="kv-line-pool", since="0.33.0"), Format(name="kv-line-gpu", until="0.33.0")]
+# Model Runner V2 became the default (and stopped logging "Loading drafter model") in this range.
+RUNNER_V2_SINCE = "0.33.0"
+
+_VERSION = re.compile(r"(?:Initializing a V1 LLM engine|Launching vLLM) \(v([^)\s]+)\)")
+_KV = {
+    "kv-line-pool": re.compile(r"(\w+(?: \+ host)?) KV cache size: ([\d,]+) tokens"),
+    "kv-line-gpu": re.compile(r"(GPU) KV cache size: ([\d,]+) tokens"),
+}
+_CONCURRENCY = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x")
+_MAX_NUM_SEQS = re.compile(r"non-default args: .*'max_num_seqs': (\d+)")
+_MAX_MODEL_LEN = re.compile(r"Using max model len (\d+)")
+_SPEC = re.compile(r"speculative_config=SpeculativeConfig\(method='([^']+)'"
+                   r"(?:, model=(?:'([^']*)'|None))?(?:, num_spec_tokens=(\d+))?")
+_SIZES = re.compile(r"\b(tensor_parallel_size|pipeline_parallel_size|data_parallel_size)=(\d+)")
+_DRAFTER = re.compile(r"Loading drafter model")
+
+
+def version_in(log: str) -> str | None:
+    m = _VERSION.search(log)
+    return m[1] if m else None
+
+
+def boot_facts(log: str, version: str | None = None) -> BootFacts:
+    version = version or version_in(log)
+    facts = BootFacts(version=version)
+    if version:
+        facts.extra["version"] = version
+    seqs = concurrency = None
+    if m := _MAX_NUM_SEQS.search(log):
+        seqs = facts.extra["max_num_seqs"] = int(m[1])
+    if ms := _CONCURRENCY.findall(log):
+        length, factor = ms[-1]
+        facts.context_per_slot = int(length.replace(",", ""))
+        concurrency = math.floor(float(factor))
+        facts.extra["kv_max_concurrency"] = float(factor)
+    elif m := _MAX_MODEL_LEN.search(log):
+        facts.context_per_slot = int(m[1])
+    for fmt in formats_for(FORMATS, version):
+        if m := _KV[fmt.name].search(log):
+            facts.extra["kv_cache_tokens"] = int(m[2].replace(",", ""))
+            facts.extra["kv_pool"] = m[1]
+            facts.extra["log_format"] = fmt.name
+            break
+    sizes = {k: int(v) for k, v in _SIZES.findall(log)}
+    dp = sizes.get("data_parallel_size", 1)
+    facts.parallel = {"dp_workers": dp, "tp_size": sizes.get("tensor_parallel_size", 1),
+                      "pp_size": sizes.get("pipeline_parallel_size", 1)}
+    known = [c for c in (seqs, concurrency) if c is not None]
+    if known:
+        facts.extra["cap_per_worker"] = min(known)
+        facts.note("max_running_requests", "log", min(known) * dp)
+    spec = _SPEC.search(log)
+    if spec:
+        facts.note("speculative_type", "log", spec[1])
+        if spec[2]:
+            facts.extra["draft_model"] = spec[2]
+        if spec[3]:
+            facts.extra["num_spec_tokens"] = int(spec[3])
+    if _DRAFTER.search(log):
+        facts.note("draft_model_loaded", "log", True)
+    elif spec and spec[2] and version and not RunnerV2.covers(version):
+        # Model Runner V1 logs the drafter's load; a draft model configured and not loaded is a fact.
+        facts.note("draft_model_loaded", "log", False)
+    if spec and spec[2]:
+        # The engine took a draft model into its config; under V2 that is the only boot-time word.
+        facts.note("draft_model_loaded", "config", True)
+    return facts.reconcile()
+
+
+RunnerV2 = Format(name="model-runner-v2", since=RUNNER_V2_SINCE)
+
+
+def info_facts(facts: BootFacts, info: dict) -> BootFacts:
+    """/version beside the log's version line."""
+    if isinstance(info, dict) and isinstance(info.get("version"), str):
+        if facts.version is not None and facts.version != info["version"]:
+            facts.disagreements.append(f"version: log {facts.version}, /version {info['version']}")
+        facts.version = facts.extra["version"] = info["version"]
+    return facts

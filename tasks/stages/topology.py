@@ -1,0 +1,63 @@
+"""Who runs what where: a lane's processes across its nodes, decided from the inventory alone.
+
+Shared by the lane flow (which starts them) and `lanebench plan` (which prints them), so the
+plan a user reads before a night is the command line the night runs. Node rank 0 is the head
+on the lane's host and serves HTTP; ranks 1.. run the engine's worker process on their hosts
+(vLLM `--headless`, SGLang `--node-rank r`, llama.cpp `rpc-server` through the lane's rpc plan).
+The group meets at the head's end of the nodes' link (else the head host's address).
+"""
+
+from __future__ import annotations
+
+from tasks.engines.base import Engine
+from tasks.inventory.models import Inventory, Lane
+
+
+def master_address(lane: Lane, inventory: Inventory) -> str:
+    """Where the node group rendezvous: the head's end of `nodes.link`, else the head's address."""
+    head = lane.host
+    if lane.nodes is not None and lane.nodes.link is not None:
+        link = next((lk for lk in inventory.links if lk.name == lane.nodes.link), None)
+        if link is not None:
+            end = link.a if link.a.host == head else link.b if link.b.host == head else None
+            if end is not None:
+                return end.address
+    return inventory.hosts[head].address
+
+
+RENDEZVOUS_PORT = 29501  # vLLM's --master-port default (vllm/config/parallel.py); SGLang takes it too
+
+
+def rendezvous_port(lane: Lane) -> int:
+    return (lane.nodes.port if lane.nodes else None) or RENDEZVOUS_PORT
+
+
+def spans_nodes(lane: Lane) -> bool:
+    """A multi-node lane whose engine takes node flags (llama.cpp spans nodes with rpc-server)."""
+    return lane.nodes is not None and lane.engine != "llamacpp"
+
+
+def at_rank(lane: Lane, engine: Engine, rank: int, master: str) -> Lane:
+    """The lane as node `rank` launches it: its flags plus the engine's node flags (last, so they win)."""
+    if not spans_nodes(lane):
+        return lane
+    assert lane.nodes is not None
+    flags = [*lane.flags, *engine.node_flags(rank, len(lane.nodes.hosts), master, rendezvous_port(lane))]
+    return lane.model_copy(update={"flags": flags})
+
+
+def worker_ranks(lane: Lane) -> list[tuple[int, str]]:
+    """(rank, host) of every node but the head."""
+    return list(enumerate(lane.nodes.hosts))[1:] if spans_nodes(lane) and lane.nodes else []
+
+
+def rpc_endpoints(lane: Lane, inventory: Inventory) -> list[str]:
+    """llama.cpp: each rpc worker's "address:port" on its end of the rpc link (what `--rpc` lists)."""
+    if lane.rpc is None:
+        return []
+    link = next((lk for lk in inventory.links if lk.name == lane.rpc.link), None)
+    out = []
+    for worker in lane.rpc.workers:
+        end = None if link is None else link.a if link.a.host == worker else link.b if link.b.host == worker else None
+        out.append(f"{end.address if end else inventory.hosts[worker].address}:{lane.rpc.port}")
+    return out
