@@ -173,3 +173,26 @@ def test_kl_flags_a_quantized_reference_an_identical_candidate_and_a_shorter_ref
     assert "itself quantized" in flags[0] and "exact bytes" in flags[1] and "256 tokens of context" in flags[2]
     assert kl_flags("ref", {"ref": {"path": "target-f16.gguf", "sha256": "a" * 64, "context": 512},
                             "q8": {"path": "q.gguf", "sha256": "b" * 64, "quantize": "Q8_0", "context": 512}}) == []
+
+
+def test_lowered_bars_under_a_new_matrix_name_are_compared_with_the_same_target_and_drafters(tmp_path):
+    import json
+
+    from tasks.matrix.bars import Registration, earlier_run
+
+    def reg(name: str, bars_sha: str, text: str) -> Registration:
+        return Registration(matrix=name, matrix_file=f"{name}.yaml", registered_at="2026-12-01T00:00:00+00:00",
+                            baseline="good", bars=({"metric": "acceptance_length"},), bars_text=(text,),
+                            prompt_sets={}, prompts_per_class=8, bars_sha256=bars_sha, prompt_sets_sha256="p",
+                            sha256="x")
+    old = tmp_path / "20261130T000000Z_matrix_aaaaaaaa"
+    old.mkdir()
+    old_reg = reg("october", "a" * 64, "weak: prose acceptance length at K=4 >= 2.6")
+    (old / "manifest.json").write_text(json.dumps({"flow": {"started_at": "2026-11-30", "matrix": {
+        "subject": "same-bytes", "registration": old_reg.model_dump(mode="json")}}}))
+    now = reg("october-v2", "b" * 64, "weak: prose acceptance length at K=4 >= 1.2")
+    assert earlier_run(tmp_path, now, tmp_path / "new") is None  # by name alone: "first registered run"
+    found = earlier_run(tmp_path, now, tmp_path / "new", subject="same-bytes")
+    assert found is not None and not found.same_bars and found.matrix == "october"
+    assert "BARS CHANGED" in found.lines()[0] and "of matrix october, same target and drafter bytes" in found.lines()[0]
+    assert found.removed == ["weak: prose acceptance length at K=4 >= 2.6"]
