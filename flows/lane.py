@@ -36,6 +36,7 @@ from tasks.stages.acceptance import acceptance_probe
 from tasks.stages.boot import NodeLost, Server
 from tasks.stages.decode_curve import decode_curve
 from tasks.stages.gates import GateFailed
+from tasks.stages.limits import with_bandwidth_share
 from tasks.stages.preflight import resolve
 from tasks.stages.serve import served_lane
 from tasks.stages.warmup import warmup
@@ -103,6 +104,8 @@ def lane_flow(lane_name: str, lane: Lane, host: Host, base_dir: Path, run_dir: s
             stage("decode curve")
             rows = decode_curve(server, lane_name, lane.engine, lane.bench.decode, lane.bench.repeats, decode_prompts,
                                 keep, on_progress=lambda s: progress(lane_name, s))
+            model_bytes = next((m["bytes"] for m in record.models if m["role"] == "model"), None)
+            rows = with_bandwidth_share(rows, model_bytes, host.memory_gbps)
             run.write_table(lane_name, "decode", rows)
 
             # 7. Acceptance probe: per prompt class, counter deltas over the probe window only.

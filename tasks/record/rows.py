@@ -47,6 +47,9 @@ class DecodeRow(_Record):
     itl_p50_s: float
     requests: int
     failed_requests: int
+    # Concurrency 1 on a host with `memory_gbps`: model bytes read per second over the memory
+    # bandwidth (tasks/stages/limits.py); None elsewhere.
+    bandwidth_share: float | None = None
 
 
 class AcceptanceRow(_Record):

@@ -63,6 +63,7 @@ class LaneRecord(BaseModel):
     finished_at: str | None = None
     host_lock: dict[str, Any] = {}  # the hold on `gpu:<host>`: asked, got, let go
     timeline: list[StageMark] = []  # every stage entered, in order; "done" when teardown ended
+    gpu: dict[str, Any] = {}  # GPU hosts: nvidia-smi facts "before" boot and "after" teardown
 
 
 class FlowRecord(BaseModel):

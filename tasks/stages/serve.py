@@ -28,6 +28,7 @@ from tasks.correctness.thinking import thinking_check
 from tasks.engines import engine_for
 from tasks.engines.facts import BootFacts
 from tasks.hosts.containers import image_pull
+from tasks.hosts.gpu import gpu_facts, idle_gpu_gate, server_gpu_memory
 from tasks.inventory.load import shipped_or_local
 from tasks.inventory.models import CapacityGate, Host, Inventory, Lane
 from tasks.record.run_folder import LaneRecord, RunFolder
@@ -134,6 +135,11 @@ def served_lane(run: RunFolder, name: str, lane: Lane, host: Host, base_dir: Pat
         record.engine_identity, record.models = pre.engine_identity, [m.model_dump() for m in pre.models]
         record.preflight = pre.model_dump(include={"links", "hosts", "rpc_endpoints", "rpc_binaries", "master",
                                                    "node_binaries"})
+        if pre.ok and host.gpus > 0:  # a GPU host: its facts, and no boot on a GPU others are using
+            gpu = gpu_facts(reach.transport)
+            record.gpu["before"] = gpu.model_dump()
+            if busy := idle_gpu_gate(gpu, host.gpus, host.gpu_max_busy_share):
+                pre = pre.model_copy(update={"ok": False, "reason": busy})
         if not pre.ok:
             record.status, record.reason = "skipped", pre.reason
             run.save_manifest()
@@ -162,6 +168,10 @@ def served_lane(run: RunFolder, name: str, lane: Lane, host: Host, base_dir: Pat
                                       placement(served_as, host, reach, pre, inventory))
         record.launch_command, record.boot_seconds = server.command, seconds
         record.boot_facts = facts.model_dump()
+        if host.gpus > 0:  # what the booted server holds on the GPU: the offload that happened
+            booted = gpu_facts(reach.transport)
+            record.gpu["booted"] = booted.model_dump()
+            record.gpu["server_memory_mib"] = server_gpu_memory(booted, pre.binary)
         run.save_manifest()
         served = Served(name, served_as, host, server, facts, record)
         if gates:
@@ -181,6 +191,8 @@ def served_lane(run: RunFolder, name: str, lane: Lane, host: Host, base_dir: Pat
             for worker in [*(lane.rpc.workers if lane.rpc else []), *(n for _, n in topology.worker_ranks(lane))]:
                 if (run.path / name / f"worker-{worker}.log").exists():
                     run.register(name, f"{name}/worker-{worker}.log", "boot-log")
+        if host.gpus > 0 and record.gpu:
+            record.gpu["after"] = gpu_facts(reach.transport).model_dump()
         reach.close()
         if server is not None:
             run.stage(name, "done")
