@@ -213,6 +213,9 @@ class Lane(_Strict):
     threads: Annotated[int, Field(ge=1)] | None = None
     flags: list[str] = []
     env: dict[str, str] = {}
+    # Env names and flags whose values are secrets (redacted wherever lanebench writes;
+    # names like *_TOKEN, *_KEY, --api-key are secret without being listed): tasks/inventory/secrets.py
+    secrets: list[Annotated[str, Field(pattern=r"^(--?[A-Za-z0-9][A-Za-z0-9-]*|[A-Z_][A-Z0-9_]*)$")]] = []
     boot_timeout_s: Annotated[float, Field(gt=0)] = 180.0
     bench: BenchPlan
     gates: list[Gate] = []
