@@ -1,8 +1,9 @@
 """The `lanebench` command.
 
-Exit codes: 0 every lane passed or was skipped with a reason; 1 a gate or an expectation
-failed; 2 bad input (one line naming file, field and fix; nothing is run). The last line
-printed names the run folder.
+Exit codes: 0 every lane that ran passed (skipped lanes named); 1 a gate, a bar, an
+expectation or a regression failed; 2 bad input (one line naming file, field and fix; nothing
+is run); 3 nothing was measured (every lane skipped by a precondition); 130 interrupted
+(Ctrl-C or SIGTERM). The last line printed names the run folder.
 """
 
 from __future__ import annotations
@@ -84,16 +85,24 @@ def cmd_nightly(args: argparse.Namespace) -> int:
     except ConfigError as e:
         return _bad_input(str(e))
 
-    _quiet_prefect()
+    # Prefect's API server in a session of its own, so a terminal's Ctrl-C spares it
+    # (flows/api_server.py); launched now, it boots while the flow modules import.
+    _quiet_prefect(start_api=False)
+    import tasks.hosts.lock  # noqa: F401  # sets the lease storage before the server starts
+    from flows.api_server import api_server, launch
+
+    launched = launch()
+    from tasks.record.interrupted import install_stop_handlers
+
+    install_stop_handlers()
     from flows.nightly import nightly
-    from tasks.record.progress import closing, run_folder_of
+    from tasks.record.progress import closing_verdict, run_folder_of
 
     artifacts = Path(args.artifacts)
-    prefect_ready()
-    state = nightly(hosts=str(hosts.resolve()), lanes=args.lane, artifacts_root=str(artifacts),
-                    return_state=True)
-    passed = f"nightly passed: {state.message or ''}".rstrip(": ")
-    return 0 if closing(state, run_folder_of(state, artifacts, "nightly"), passed, "nightly failed") else 1
+    with api_server(launched):
+        state = nightly(hosts=str(hosts.resolve()), lanes=args.lane, artifacts_root=str(artifacts),
+                        return_state=True)
+    return closing_verdict(state, run_folder_of(state, artifacts, "nightly"), "nightly")
 
 
 def _capped_by_config(inventory, names: list[str]) -> str | None:

@@ -61,6 +61,9 @@ def cmd_history(args: argparse.Namespace) -> int:
         print(f"index written: {history.reindex(root)}")
         return 0
     con = history.open_index(root)
+    for run, path, reason in con.execute("SELECT run, path, reason FROM refused").fetchall():
+        print(f"history: refused {run}/{path}: {reason}; its numbers are not served "
+              f"(lanebench verify {root / run})", file=sys.stderr)
     if what == "runs":
         _print(history.list_runs(con, args.flow, args.last), args.csv, f"runs under {root}")
     elif what == "metric":

@@ -29,13 +29,17 @@ from tasks.correctness import record as correctness
 from tasks.correctness.needles import needle_ladder
 from tasks.correctness.tool_gate import tool_gate
 from tasks.inventory.models import Host, Inventory, Lane
+from tasks.inventory import secrets
+from tasks.record.interrupted import stop_requested
 from tasks.record.progress import progress
 from tasks.record.rows import GateResult
-from tasks.record.run_folder import LaneRecord, RunFolder
+from tasks.record.run_folder import LaneRecord, RunFolder, RunFolderWriteError
 from tasks.stages.acceptance import acceptance_probe
 from tasks.stages.boot import NodeLost, Server
+from tasks.stages.deadlines import ServerDied, check_alive
 from tasks.stages.decode_curve import decode_curve
 from tasks.stages.gates import GateFailed
+from tasks.stages.limits import with_bandwidth_share
 from tasks.stages.preflight import resolve
 from tasks.stages.safety import acceptance_findings, noise_findings
 from tasks.stages.serve import served_lane
@@ -64,7 +68,8 @@ def lane_flow(lane_name: str, lane: Lane, host: Host, base_dir: Path, run_dir: s
     logger = get_run_logger()
     run = RunFolder.opened(run_dir)
     record = run.lane(lane_name)
-    record.config = lane.model_dump(mode="json")
+    lane = secrets.reveal(lane_name, lane)  # the real values: this process only, never a parameter
+    record.config = secrets.redact(lane).model_dump(mode="json")
 
     served = None
 
@@ -102,9 +107,12 @@ def lane_flow(lane_name: str, lane: Lane, host: Host, base_dir: Path, run_dir: s
 
             # 6. Decode curve: repeats at each concurrency level, median and spread.
             stage("decode curve")
+            check_alive(server)
             rows = decode_curve(server, lane_name, lane.engine, lane.bench.decode, lane.bench.repeats, decode_prompts,
-                                keep, on_progress=lambda s: progress(lane_name, s),
+                                keep, on_progress=lambda s: (check_alive(server), progress(lane_name, s)),
                                 unstable_spread_pct=lane.bench.unstable_spread_pct)
+            model_bytes = next((m["bytes"] for m in record.models if m["role"] == "model"), None)
+            rows = with_bandwidth_share(rows, model_bytes, host.memory_gbps)
             run.write_table(lane_name, "decode", rows)
             # Noise made visible: unstable levels and warmup faster than steady (tasks/stages/safety.py).
             record.flags += [f.model_dump(mode="json") for f in noise_findings(lane, rows, warm)]
@@ -114,7 +122,7 @@ def lane_flow(lane_name: str, lane: Lane, host: Host, base_dir: Path, run_dir: s
                 stage("acceptance probe")
                 acc_rows, silent = acceptance_probe(server, lane_name, lane.engine, lane.speculative.k, class_prompts,
                                                     lane.bench.acceptance.max_tokens, lane.bench.repeats, keep,
-                                                    on_progress=lambda s: progress(lane_name, s))
+                                                    on_progress=lambda s: (check_alive(server), progress(lane_name, s)))
                 for prompt_class in silent:
                     record.warnings.append(f"acceptance probe: class {prompt_class} had no verification step")
                 record.flags += [f.model_dump(mode="json") for f in acceptance_findings(lane, acc_rows)]
@@ -131,12 +139,21 @@ def lane_flow(lane_name: str, lane: Lane, host: Host, base_dir: Path, run_dir: s
         record.status, record.reason = "failed", str(e)
         return Failed(message=str(e))
     except NodeLost as e:
-        record.status, record.reason = "failed", f"{record.stage}: {e}"
-        logger.error("lane %s failed in %s: %s", lane_name, record.stage, e)
+        record.status, record.reason = "failed", f"{_failed_in(record)}: {e}"
+        logger.error("lane %s failed in %s: %s", lane_name, _failed_in(record), e)
+        return Failed(message=record.reason)
+    except ServerDied as e:  # named as what it is, with the stage it happened in
+        record.status, record.reason = "failed", f"{_failed_in(record)}: {e}"
+        return Failed(message=record.reason)
+    except RunFolderWriteError as e:  # disk full: one line, the records so far kept
+        record.status, record.reason = "failed", f"{_failed_in(record)}: {e.strerror}"
         return Failed(message=record.reason)
     except Exception as e:  # a crashed stage fails this lane, not the run
-        record.status, record.reason = "failed", f"{record.stage}: {type(e).__name__}: {e}"
-        logger.exception("lane %s failed in %s", lane_name, record.stage)
+        if stop_requested():  # Ctrl-C/SIGTERM, whatever Prefect turned it into on its way here
+            record.status, record.reason = "interrupted", f"{_failed_in(record)}: interrupted by {stop_requested()}"
+            return Failed(name="Interrupted", message=record.reason)
+        record.status, record.reason = "failed", secrets.scrub(f"{_failed_in(record)}: {type(e).__name__}: {e}")
+        logger.error("lane %s failed in %s: %s", lane_name, _failed_in(record), record.reason)
         return Failed(message=record.reason)
     finally:
         try:
@@ -144,6 +161,12 @@ def lane_flow(lane_name: str, lane: Lane, host: Host, base_dir: Path, run_dir: s
         except Exception as e:  # a view of the verdicts and tables; losing it must not lose the lane
             record.warnings.append(f"correctness.md: {type(e).__name__}: {e}")
         run.save_manifest()
+
+
+def _failed_in(record: LaneRecord) -> str:
+    """The stage a failure happened in: teardown has run by the time the error reaches the flow."""
+    stages = [m.stage for m in record.timeline if m.stage not in ("teardown", "done")]
+    return stages[-1] if stages else record.stage
 
 
 def _correctness(run: RunFolder, record: LaneRecord, lane_name: str, lane: Lane, host: Host, base_dir: Path,

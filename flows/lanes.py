@@ -22,6 +22,8 @@ from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel
 
 from tasks.hosts.lock import Hold, host_lock
+from tasks.inventory import secrets
+from tasks.record.interrupted import interrupts, mark_lanes, signal_name, stop_requested
 from tasks.inventory.models import Host, Inventory, Lane
 from tasks.record.progress import progress
 from tasks.record.run_folder import RunFolder
@@ -58,23 +60,32 @@ def run_lane(run_dir: str, job: LaneJob, before: Callable[[LaneJob], LaneJob] | 
     record = run.lane(job.name)
     hold: Hold | None = None
     message = "did not finish"
+    stopped: BaseException | None = None
     try:
         with host_lock(job.hosts, on_wait=lambda m: progress(job.name, m)) as hold:
             record.started_at = datetime.now(UTC).isoformat()
             if before is not None:
                 job = before(job)
-            state = lane_flow(job.name, job.lane, job.host, Path(job.base_dir), run_dir, stages=job.stages,
-                              held_out=job.held_out, inventory=job.inventory, return_state=True)
+            # Parameters Prefect stores: secret values redacted (the lane flow takes the real ones back).
+            state = lane_flow(job.name, secrets.keep(job.name, job.lane), job.host, Path(job.base_dir), run_dir,
+                              stages=job.stages, held_out=job.held_out,
+                              inventory=secrets.keep_inventory(job.inventory) if job.inventory else None,
+                              return_state=True)
             message = str(state.message)
+    except interrupts() as e:
+        stopped = e
+        raise
     except Exception as e:  # the lock itself failed (timeout, lease lost, server gone)
         message = f"host lock {', '.join(job.hosts)}: {type(e).__name__}: {e}"
     finally:
         record.finished_at = datetime.now(UTC).isoformat()
         if hold is not None:
             record.host_lock = hold.model_dump()
-        if record.status == "running":  # the lane flow died outside its own error handling
+        if stopped is not None or stop_requested():
+            mark_lanes({job.name: record}, f"interrupted by {signal_name(stopped)}")
+        elif record.status == "running":  # the lane flow died outside its own error handling
             record.status, record.reason = "failed", f"{record.stage}: {message}" if record.stage else message
-        run.save_manifest()
+        run.save_manifest(quiet=True)
         progress(job.name, f"{record.status}{': ' + record.reason if record.reason else ''}")
     return message
 
@@ -93,6 +104,8 @@ def run_lanes(run: RunFolder, jobs: list[LaneJob]) -> None:
     if len(queues) <= 1:  # one host: no thread needed, lanes in the order given
         for job in jobs:
             run_lane(str(run.path), job)
+            if stop_requested():
+                raise KeyboardInterrupt(stop_requested())
         return
     futures = [host_queue.submit(str(run.path), host, queue) for host, queue in queues.items()]
     for future in futures:

@@ -27,9 +27,11 @@ from tasks.record.run_folder import RunFolder
 from tasks.inventory.load import load_inventory
 from tasks.record.expectations import warm_up
 from tasks.record.notify import on_failure
-from tasks.record.progress import progress
+from tasks.record.interrupted import interrupts, mark_lanes, reclaim_dead_runs, refresh_marked, signal_name, stop_requested
+from tasks.record.progress import progress, say
 from tasks.record.regression import LaneComparison, RegressionPolicy, describe
 from tasks.record.report import embed_images, render
+from tasks.record.verdict import STATE_NAMES, night_verdict
 
 TREND_RUNS = 30  # runs shown in a trend plot
 POLICY_ENV = "LANEBENCH_REGRESSION"  # JSON of RegressionPolicy fields, for runs started from the CLI
@@ -132,14 +134,29 @@ def nightly(hosts: str = "hosts.yaml", lanes: list[str] | None = None, artifacts
     names = lanes or list(inventory.lanes)
     warm_up(["requests", "warmup", "decode", "acceptance", "regression", "tools", "needles"])  # while servers boot
     run = RunFolder(Path(artifacts_root), "nightly", str(flow_run.get_id()), inventory_path)
+    for line in reclaim_dead_runs(Path(artifacts_root), by=run.path.name):
+        say(line)
+        run.manifest.flow.setdefault("reclaimed", []).append(line)
     run.manifest.flow["regression_policy"] = policy.model_dump()
     logger.info("run folder %s", run.path)
     comparisons: dict[str, LaneComparison] = {}
     problems: list[str] = []
+    stopped: BaseException | None = None
     try:
         # Lanes on different hosts measure side by side; each host's lanes one at a time.
         run_lanes(run, [LaneJob(name=name, lane=inventory.lanes[name], host=inventory.hosts[inventory.lanes[name].host],
                                 base_dir=str(inventory_path.parent), inventory=inventory) for name in names])
+        if stop_requested():
+            raise KeyboardInterrupt(stop_requested())
+    except interrupts() as e:
+        stopped = e
+        run.manifest.flow["status"] = "interrupted"
+        run.manifest.flow["interrupted_by"] = signal_name(e)
+        mark_lanes(run.manifest.lanes, f"interrupted by {signal_name(e)}")
+        for name in names:  # lanes never started are recorded as such, not left out
+            if name not in run.manifest.lanes:
+                run.lane(name).status, run.lane(name).reason = "interrupted", "not started: the run was interrupted"
+        raise
     finally:
         try:
             comparisons = _against_baseline(run, artifacts_root, policy)
@@ -148,6 +165,9 @@ def nightly(hosts: str = "hosts.yaml", lanes: list[str] | None = None, artifacts
             problems.append(f"regression check could not run: {type(e).__name__}: {e}")
             run.manifest.flow["regression_error"] = problems[-1]
         run.finish()
+        refresh_marked(Path(artifacts_root), by=run.path.name)
+        if stopped is not None:  # stop within seconds: the tables and manifest are the record
+            return Failed(name="Interrupted", message=f"nightly interrupted by {signal_name(stopped)}")
         try:
             report = render(run)
         except Exception as e:  # the tables and the manifest are the record; a report bug must not hide them
@@ -157,11 +177,13 @@ def nightly(hosts: str = "hosts.yaml", lanes: list[str] | None = None, artifacts
         (run.path / "report.md").write_text(report)
         run.register("", "report.md", "report")
         _publish(run, report)
-    problems = [f"{n}: {r.reason}" for n, r in run.manifest.lanes.items() if r.status == "failed"] + problems
     problems += [f"regression {describe(r)}" for c in comparisons.values() for r in c.regressions]
-    if problems:
-        return Failed(message="; ".join(problems))
+    verdict = night_verdict("nightly", run.manifest.lanes, problems)
+    run.manifest.flow["verdict"] = {"outcome": verdict.outcome, "exit_code": verdict.exit_code, "line": verdict.line}
+    run.save_manifest()
+    if verdict.outcome == "failed":
+        return Failed(message=verdict.line)
+    # Passed, but not silently: each flag names declared value, effective value and fix (safety.py).
     flagged = [f"{n}: {f['message']}" for n, r in run.manifest.lanes.items() for f in r.flags]
-    if flagged:  # passed, but not silently: each flag names declared value, effective value and fix
-        return Completed(message=f"{run.path}; FLAGGED: " + " | ".join(flagged))
-    return Completed(message=str(run.path))
+    line = verdict.line + ("; FLAGGED: " + " | ".join(flagged) if flagged else "")
+    return Completed(name=STATE_NAMES[verdict.outcome], message=line)

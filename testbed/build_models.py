@@ -424,7 +424,17 @@ def main() -> None:
     ap.add_argument("--reuse-target", type=Path,
                     help="load the target from this GGUF instead of training it (for tuning "
                          "the drafters; the shipped build trains everything)")
+    ap.add_argument("--random-params", type=float, metavar="N",
+                    help="instead of training: write a random-weight F16 llama model of about N "
+                         "parameters (1e9-3e9) to OUT/random-f16.gguf, for GPU decode curves "
+                         "(testbed/random_model.py)")
     args = ap.parse_args()
+    if args.random_params:
+        import random_model
+
+        args.out.mkdir(parents=True, exist_ok=True)
+        random_model.main(["--params", str(args.random_params), "--out", str(args.out / "random-f16.gguf")])
+        return
     if "OMP_WAIT_POLICY" not in os.environ:
         # Re-exec so OpenMP starts with waiting threads that sleep instead of spinning:
         # with anything else on the 2 cores, spinning made training 5-10x slower.

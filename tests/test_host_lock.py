@@ -72,9 +72,9 @@ def test_two_flows_on_one_host_run_one_after_the_other(stack):
 
 
 def test_a_killed_holder_does_not_keep_the_host_on_the_ephemeral_server(tmp_path):
-    """SIGKILL skips every finally: the slot stays taken until its lease expires. A full server's
-    repossessor frees it then; the ephemeral server (`lanebench nightly` without a server) runs no
-    repossessor, so the next job hands it back through the lease files and runs."""
+    """SIGKILL skips every finally: the slot stays taken until its lease expires, and the ephemeral
+    server runs no repossessor. The lease names its holder, whose process is written beside the
+    lease files: the next job sees that process is gone and hands the slot back at once."""
     host = f"box-{uuid.uuid4().hex[:6]}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     env |= {"PREFECT_HOME": str(tmp_path / "home"), "LANEBENCH_HOST_LEASE_S": "60", "DO_NOT_TRACK": "1",
@@ -91,5 +91,5 @@ def test_a_killed_holder_does_not_keep_the_host_on_the_ephemeral_server(tmp_path
     started = time.monotonic()
     hold = _hold_of(_holder(env, host, 0.5), 300)
     assert hold["reclaimed"] == 1, hold
-    assert hold["waited_s"] > 20  # it did wait for the dead holder's lease to run out
-    assert time.monotonic() - started < 200
+    assert hold["waited_s"] < 15  # released at once: no wait for the dead holder's lease to run out
+    assert time.monotonic() - started < 120

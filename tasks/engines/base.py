@@ -124,6 +124,13 @@ class Engine(ABC):
         """
         return []
 
+    # --- Offload from the inventory ----------------------------------------------------------
+
+    def offload_flags(self, gpus: int, has_drafter: bool, lane_flags: list[str]) -> list[str]:
+        """Flags that put target and drafter where the host's `gpus` says (none: the engine
+        decides; SGLang and vLLM run on the GPUs they are given). A lane's own flags win."""
+        return []
+
     # --- Capacity known before boot -----------------------------------------------------------
 
     def planned_cap(self, lane: Lane) -> PlannedCap | None:

@@ -23,6 +23,15 @@ _SLOTS = re.compile(r"initializing, n_slots = (\d+), n_ctx_slot = (\d+)")
 _DRAFT_LOADED = re.compile(r"loading draft model '([^']*)'")
 _SPEC_IMPL = re.compile(r"adding speculative implementation '([^']+)'")
 _SPEC_TYPE = re.compile(r"speculative decoding.*type[ =:]+'?([a-z0-9-]+)")
+# llama-model.cpp `load_tensors`: one line per model loaded (target first, then the drafter),
+# printed by a CUDA build at verbosity 4 (`-lv 4`) only; at the default verbosity the manifest
+# has the server's GPU memory from nvidia-smi instead (flows/lane.py, tasks/hosts/gpu.py).
+_OFFLOADED = re.compile(r"offloaded (\d+)/(\d+) layers to GPU")
+_GPU_BUFFER = re.compile(r"(CUDA\d+) model buffer size =\s*([0-9.]+) MiB")
+_GPU_DEVICE = re.compile(r"using device (CUDA\d+) \(([^)]+)\)")
+# Every spelling of the offload flags in common/arg.cpp of the pinned tree.
+_NGL = {"-ngl", "--gpu-layers", "--n-gpu-layers"}
+_NGLD = {"-ngld", "--spec-draft-ngl", "--gpu-layers-draft", "--n-gpu-layers-draft"}
 
 _P = "llamacpp:"
 
@@ -70,6 +79,16 @@ class LlamaCpp(Engine):
             argv += ["--spec-type", lane.speculative.method, "--spec-draft-n-max", str(lane.speculative.k)]
         return argv + list(lane.flags)
 
+    def offload_flags(self, gpus: int, has_drafter: bool, lane_flags: list[str]) -> list[str]:
+        """`gpus: 0` keeps every layer on the CPU (a CUDA build would otherwise offload them all);
+        a GPU host offloads every layer of target and drafter ('all' in this pin's arg.cpp).
+        A lane that spells either flag itself keeps its own."""
+        layers = "all" if gpus > 0 else "0"
+        flags = [] if _NGL & set(lane_flags) else ["--n-gpu-layers", layers]
+        if has_drafter and not _NGLD & set(lane_flags):
+            flags += ["--n-gpu-layers-draft", layers]
+        return flags
+
     def rpc_worker_command(self, binary: str, address: str, port: int, threads: int | None) -> list[str]:
         """ggml's `rpc-server`: a backend device for another host's llama-server. It has no
         authentication, so it binds to the link address only, never to every interface."""
@@ -89,6 +108,14 @@ class LlamaCpp(Engine):
             facts.extra["draft_model"] = m[1]
         if m := _SPEC_IMPL.search(log) or _SPEC_TYPE.search(log):
             facts.speculative_type = m[1]
+        # What the server actually offloaded, as it says it (target, then drafter).
+        for role, m in zip(("offloaded_layers", "draft_offloaded_layers"), _OFFLOADED.finditer(log)):
+            facts.extra[role] = f"{m[1]}/{m[2]}"
+        buffers = _GPU_BUFFER.findall(log)
+        for role, (_, mib) in zip(("gpu_model_buffer_mib", "draft_gpu_model_buffer_mib"), buffers):
+            facts.extra[role] = float(mib)
+        if m := _GPU_DEVICE.search(log):
+            facts.extra["gpu_device"] = f"{m[1]} {m[2]}"
         return facts
 
     def info_facts(self, facts: BootFacts, info: dict | list) -> BootFacts:

@@ -19,6 +19,11 @@ leases are kept on disk (`PREFECT_SERVER_CONCURRENCY_LEASE_STORAGE`, defaulted b
 server starts), and a waiting lane hands back, through Prefect's own release-with-lease call,
 the slots of leases on this host's PREFECT_HOME that expired: what the repossessor would do.
 
+A holder that died on this host is not waited for at all: each lease names its holder (the
+flow run), and the holder's process (host, boot id, pid and start time) is written beside the
+lease files; a waiting lane whose holder's process is gone releases that lease at once, with a
+line saying so (`reclaim_expired`).
+
 An operator may raise a host's limit (a box whose GPUs run independent lanes); an existing limit
 is respected as it is, never reset.
 """
@@ -60,6 +65,25 @@ class Hold(BaseModel):
     reclaimed: int = 0  # expired leases of dead holders handed back while waiting
 
 
+def _register_holder():  # type: ignore[no-untyped-def]
+    """The lease holder (this flow run, or a fresh id outside one), its process written beside the leases."""
+    from uuid import uuid4
+
+    from prefect.client.schemas.objects import ConcurrencyLeaseHolder
+    from prefect.runtime import flow_run
+
+    from tasks.record.interrupted import owner
+
+    run_id = flow_run.get_id() or str(uuid4())
+    folder = _holders()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{run_id}.json").write_text(json.dumps(owner()))
+    except OSError:
+        pass
+    return ConcurrencyLeaseHolder(type="flow_run", id=run_id)
+
+
 def limit_name(host: str) -> str:
     return f"gpu:{host}"
 
@@ -86,8 +110,27 @@ def ensure_limit(name: str, slots: int = 1) -> bool:
         return limit.active_slots >= limit.limit
 
 
-def reclaim_expired(names: list[str], grace_s: float = 5.0) -> int:
-    """Hand back the slots of expired leases on `names` found in this PREFECT_HOME's lease files.
+def _holders() -> Path:
+    from prefect.settings import get_current_settings
+
+    return Path(get_current_settings().home) / "lanebench_holders"
+
+
+def _holder_dead(lease: dict) -> bool:
+    """The lease's holder (a flow run of this host) has no process any more."""
+    from tasks.record.interrupted import owner_alive
+
+    holder = (lease.get("metadata") or {}).get("holder") or {}
+    try:
+        owner = json.loads((_holders() / f"{holder.get('id')}.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return owner_alive(owner) is False
+
+
+def reclaim_expired(names: list[str], grace_s: float = 5.0, on_line: Callable[[str], None] | None = None) -> int:
+    """Hand back the slots of expired leases on `names` found in this PREFECT_HOME's lease files,
+    and at once those whose holder's process died on this host.
 
     Only leases stored on disk under the local PREFECT_HOME are visible (the ephemeral server's,
     or a server started by `lanebench serve` with this home); others are the server's business.
@@ -113,11 +156,18 @@ def reclaim_expired(names: list[str], grace_s: float = 5.0) -> int:
                 expired = datetime.fromisoformat(lease["expiration"]).timestamp() < now - grace_s
             except (OSError, ValueError, KeyError):
                 continue
-            if expired and ids & set(lease.get("resource_ids", [])):
+            if not ids & set(lease.get("resource_ids", [])):
+                continue
+            dead = not expired and _holder_dead(lease)
+            if expired or dead:
                 from uuid import UUID
 
                 client.release_concurrency_slots_with_lease(UUID(lease["id"]))
                 reclaimed += 1
+                if on_line is not None:
+                    holder = (lease.get("metadata") or {}).get("holder") or {}
+                    on_line(f"reclaimed: {', '.join(names)} lease of "
+                            + (f"dead flow run {holder.get('id')} released at once" if dead else "an expired holder released"))
     return reclaimed
 
 
@@ -142,7 +192,11 @@ def host_lock(host: str | list[str], timeout_s: float | None = None,
 
     names = [limit_name(h) for h in ([host] if isinstance(host, str) else host)]
     hold = Hold(limit=",".join(names), requested_at=_now())
+    holder = _register_holder()
     busy = [name for name in names if ensure_limit(name)]
+    if busy:  # a holder that died here is released now, not after its lease runs out
+        hold.reclaimed += reclaim_expired(names, on_line=on_wait)
+        busy = [name for name in names if ensure_limit(name)]
     if busy and on_wait is not None:
         on_wait(f"waiting for {', '.join(busy)}: another job holds this host")
     t0 = time.monotonic()
@@ -152,12 +206,12 @@ def host_lock(host: str | list[str], timeout_s: float | None = None,
             try:
                 stack.enter_context(concurrency(names, occupy=1, timeout_seconds=POLL_S if left is None else
                                                 max(1.0, min(POLL_S, left)), lease_duration=lease_seconds(),
-                                                strict=True))
+                                                strict=True, holder=holder))
                 break
             except TimeoutError:
                 if left is not None and left <= POLL_S:
                     raise TimeoutError(f"{hold.limit} not free after {timeout_s:.0f} s") from None
-                hold.reclaimed += reclaim_expired(names)
+                hold.reclaimed += reclaim_expired(names, on_line=on_wait)
         hold.acquired_at, hold.waited_s = _now(), round(time.monotonic() - t0, 3)
         try:
             yield hold

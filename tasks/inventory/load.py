@@ -3,13 +3,15 @@ mistake in it becomes one line naming file, field and fix."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
-import yaml
 from pydantic import ValidationError
 
 from tasks.inventory.base import ConfigError, _RefError
 from tasks.inventory.models import Inventory, Lane, load_protocol
+from tasks.inventory.safe_yaml import load_yaml
+from tasks.client.prompts import load_prompts
 
 
 _FIXES = {
@@ -26,6 +28,9 @@ _FIXES = {
     "too_short": "give at least one entry",
     "dict_type": "write a mapping (key: value lines)",
     "list_type": "write a list (- item lines)",
+    "bool_not_number": "write a number, not true/false",
+    "string_type": "write text (quote it if YAML reads it as a number or true/false)",
+    "float_type": "use a number",
     "union_tag_invalid": "use kind: counter or kind: capacity",
     "union_tag_not_found": "add 'kind: counter' or 'kind: capacity'",
 }
@@ -46,14 +51,7 @@ def _field_path(loc: tuple) -> str:
 def read_yaml_mapping(path: Path, missing_fix: str, keys: str, example: str) -> dict:
     """A YAML file that must hold a mapping: a missing file, a syntax error (with its line and
     column) or another top-level shape is one ConfigError, for every lanebench input file."""
-    if not path.is_file():
-        raise ConfigError(path, "(file)", "no such file", missing_fix)
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "(syntax)"
-        raise ConfigError(path, where, f"not valid YAML ({getattr(e, 'problem', e)})", "fix the YAML syntax at that place") from None
+    raw = load_yaml(path, missing_fix)
     if not isinstance(raw, dict):
         raise ConfigError(path, "(top level)", f"must be a mapping with {keys}", f"start from {example}")
     return raw
@@ -75,6 +73,9 @@ def load_inventory(path: str | Path) -> Inventory:
             raise ConfigError(path, where, ctx_err.problem, ctx_err.fix) from None
         field = _field_path(tuple(err["loc"]))
         problem = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "bool_not_number":
+            field = f"{field}.{err['ctx']['field']}" if field != "(top level)" else err["ctx"]["field"]
+            problem = "a boolean (true/false) where a value belongs"
         if err["type"] == "literal_error":
             fix = f"use {err['ctx']['expected']}"
         else:
@@ -114,11 +115,61 @@ def check_prompt_files(inventory: Inventory, path: str | Path) -> None:
             files |= {f"lanes.{name}.bench.acceptance.classes.{c}": p for c, p in lane.bench.acceptance.classes.items()}
         for field, rel in files.items():
             target = Path(rel) if Path(rel).is_absolute() else base / rel
+            fix = "point it at a JSONL file of {id, class, prompt} lines (paths are relative to this file)"
             if not target.is_file():
-                raise ConfigError(path, field, f"prompt file {target} does not exist",
-                                  "point it at a JSONL file of {id, class, prompt} lines (paths are relative to this file)")
+                raise ConfigError(path, field, f"prompt file {target} does not exist" if not target.exists() else
+                                  f"prompt file {target} is not a regular file", fix)
+            try:
+                prompts = load_prompts(target)
+            except (ValueError, KeyError, TypeError) as e:
+                raise ConfigError(path, field, f"prompt file {target} has a line that is not "
+                                  f"{{id, class, prompt}} JSON ({type(e).__name__}: {e})", fix) from None
+            if not prompts:
+                raise ConfigError(path, field, f"prompt file {target} holds no prompt", fix)
     for name, lane in inventory.lanes.items():
         _check_correctness_files(name, lane, base, path)
+        check_model_files(name, lane, inventory, base, path)
+
+
+GGUF_MAGIC = b"GGUF"
+
+
+def _escapes(rel: str) -> bool:
+    """A relative path whose `..` climbs above the folder it is relative to."""
+    return not Path(rel).is_absolute() and os.path.normpath(rel).split(os.sep)[0] == ".."
+
+
+def check_model_files(name: str, lane: Lane, inventory: Inventory, base: Path, path: str | Path) -> None:
+    """Model and drafter paths: no relative path out of the inventory's folder (an absolute path
+    says where the file is on purpose); on this machine, a file that exists must be a regular
+    file, and a llama.cpp lane's must start with GGUF's magic bytes, before anything boots. A
+    missing file stays a precondition (the lane is skipped with its reason)."""
+    host = inventory.hosts[lane.host]
+    for role, ref in (("model", lane.model), ("drafter", lane.drafter)):
+        if ref is None:
+            continue
+        field = f"lanes.{name}.{role}.path"
+        if _escapes(ref.path):
+            raise ConfigError(path, field, f"{ref.path} climbs out of the inventory's folder",
+                              "give the file's absolute path, or a path under the inventory's folder")
+        if host.transport != "local" or lane.image is not None:
+            continue  # on another host or inside a container: preflight checks it there
+        target = Path(ref.path) if Path(ref.path).is_absolute() else base / ref.path
+        if not target.exists():
+            continue
+        if not target.is_file():
+            raise ConfigError(path, field, f"{target} is not a regular file (a directory, FIFO or device)",
+                              "point it at the model file itself")
+        if lane.engine == "llamacpp":
+            try:
+                with target.open("rb") as f:
+                    magic = f.read(4)
+            except OSError as e:
+                raise ConfigError(path, field, f"{target} cannot be read ({e.strerror})",
+                                  "make the file readable") from None
+            if magic != GGUF_MAGIC:
+                raise ConfigError(path, field, f"{target} is not a GGUF file (it starts with {magic!r}, not b'GGUF')",
+                                  "point it at a .gguf model file")
 
 
 def _check_correctness_files(name: str, lane: Lane, base: Path, path: str | Path) -> None:

@@ -51,6 +51,11 @@ class Host(_Strict):
     # (default: the docker CLI's own default on that host).
     docker_host: Annotated[str, Field(pattern=r"^(unix|tcp)://[A-Za-z0-9_./:-]+$")] | None = None
     gpus: Annotated[int, Field(ge=0)] = 0
+    # GPU hosts (gpus > 0): preflight refuses to boot while other processes hold more than this
+    # share of any GPU's memory (tasks/hosts/gpu.py); the GPU's memory bandwidth in GB/s (datasheet
+    # or a copy benchmark) prices each decode-curve row as a share of the bandwidth limit.
+    gpu_max_busy_share: Annotated[float, Field(ge=0, le=1)] = 0.1
+    memory_gbps: Annotated[float, Field(gt=0)] | None = None
     paths: HostPaths = HostPaths()
     # What an hour of this box costs (amortized hardware, rent or cloud price): prices the
     # tool gate as dollars per 1,000 solved cases, the seeds' "$0.20 per 1,000 solved".
@@ -219,6 +224,9 @@ class Lane(_Strict):
     threads: Annotated[int, Field(ge=1)] | None = None
     flags: list[str] = []
     env: dict[str, str] = {}
+    # Env names and flags whose values are secrets (redacted wherever lanebench writes;
+    # names like *_TOKEN, *_KEY, --api-key are secret without being listed): tasks/inventory/secrets.py
+    secrets: list[Annotated[str, Field(pattern=r"^(--?[A-Za-z0-9][A-Za-z0-9-]*|[A-Z_][A-Z0-9_]*)$")]] = []
     boot_timeout_s: Annotated[float, Field(gt=0)] = 180.0
     bench: BenchPlan
     gates: list[Gate] = []

@@ -9,7 +9,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 # Files the manifest cannot list by hash: itself.
-_UNLISTED = {"manifest.json"}
+_UNLISTED = {"manifest.json", ".reserve"}  # the reserve: freed space for a last manifest (tasks/record/run_folder.py)
 
 
 class Audit(BaseModel):

@@ -135,13 +135,42 @@ def _metrics_view(con: Any) -> None:
              LEFT JOIN regressed g ON g.run = m.run AND g.lane = m.lane""")
 
 
+def _file_sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def refuse_tampered(artifacts: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Tables whose bytes no longer match their manifest's sha256 are refused (never served), and
+    said so: (kept artifacts, refused rows with run, path and reason)."""
+    refused = []
+    keep = []
+    for i, a in artifacts.iterrows():
+        if a.kind in {k.name for k in history_kinds()} and a.validation == "passed":
+            try:
+                ok = _file_sha256(a.path) == a.sha256
+                why = "its sha256 differs from the manifest (changed after the run)"
+            except OSError as e:
+                ok, why = False, f"cannot be read ({e.strerror})"
+            if not ok:
+                refused.append({"run": a.run, "path": a.rel, "reason": why})
+                continue
+        keep.append(i)
+    return artifacts.loc[keep], pd.DataFrame(refused, columns=["run", "path", "reason"])
+
+
 def open_index(root: str | Path, database: str = ":memory:") -> Any:
-    """A DuckDB connection holding the index of every run folder under `root`, freshly built."""
+    """A DuckDB connection holding the index of every run folder under `root`, freshly built.
+    A table whose hash does not match its manifest is left out and listed in `refused`."""
     import duckdb
 
     runs, lanes, artifacts = scan(Path(root))
+    artifacts, refused = refuse_tampered(artifacts)
     con = duckdb.connect(database)
-    for name, df in (("runs", runs), ("lanes", lanes), ("artifacts", artifacts)):
+    for name, df in (("runs", runs), ("lanes", lanes), ("artifacts", artifacts), ("refused", refused)):
         con.register(f"_{name}", df)
         con.execute(f"CREATE OR REPLACE TABLE {name} AS SELECT * FROM _{name}")
         con.unregister(f"_{name}")

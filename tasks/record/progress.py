@@ -34,3 +34,17 @@ def closing(state: Any, folder: Path | None, passed: str, failed: str) -> bool:
     say(f"[green]{passed}[/green]" if ok else f"[red]{failed}[/red]: {state.message}")
     print(f"run folder: {folder if folder else '(none was created)'}")
     return ok
+
+
+def closing_verdict(state: Any, folder: Path | None, flow: str) -> int:
+    """Like `closing`, for flows whose final state carries a verdict (tasks/record/verdict.py):
+    the verdict's own line, then the run folder; returns the exit code."""
+    from tasks.record.verdict import exit_code_of
+
+    code = exit_code_of(state)
+    message = str(state.message or "")
+    line = message if message.startswith(f"{flow} ") else f"{flow} failed: {message}"
+    colour = {0: "green", 3: "yellow", 130: "yellow"}.get(code, "red")
+    say(f"[{colour}]{line}[/{colour}]")
+    print(f"run folder: {folder if folder else '(none was created)'}")
+    return code

@@ -54,6 +54,9 @@ class DecodeRow(_Record):
     steal_pct: float | None = None  # highest over the repeats' waves
     unstable: bool = False  # spread above the lane's bench.unstable_spread_pct: noise, not a number
     context_truncated_share: float = 0.0  # measured requests cut or shifted by the context
+    # Concurrency 1 on a host with `memory_gbps`: model bytes read per second over the memory
+    # bandwidth (tasks/stages/limits.py); None elsewhere.
+    bandwidth_share: float | None = None
 
 
 class AcceptanceRow(_Record):

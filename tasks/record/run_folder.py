@@ -4,10 +4,19 @@
 boot log, tables as Parquet, GX validation results and report.md. Raw records are appended
 as they arrive, so an interrupted run keeps everything measured up to that point. A table
 that fails its expectations is written under `quarantine/` and never counts as a result.
+
+Consistent at every moment: raw records (`<lane>/*.jsonl`) and logs (`<lane>/*.log`) enter the
+manifest as soon as they exist and their hashes are refreshed on every save (and after every
+appended record), so `lanebench verify` passes on a failed or interrupted run. A write that
+fails (disk full) frees a reserve kept beside the manifest, so the manifest can still be
+written once more, consistent with what is on disk; the lane ends with one line
+(`RunFolderWriteError`) and no `manifest.json.tmp` is left.
 """
 
 from __future__ import annotations
 
+import errno
+import shutil
 import json
 import os
 import platform
@@ -46,7 +55,7 @@ class StageMark(BaseModel):
 
 
 class LaneRecord(BaseModel):
-    status: Literal["passed", "failed", "skipped", "running"] = "running"
+    status: Literal["passed", "failed", "skipped", "running", "interrupted"] = "running"
     reason: str = ""
     stage: str = ""
     config: dict[str, Any] = {}
@@ -68,6 +77,7 @@ class LaneRecord(BaseModel):
     finished_at: str | None = None
     host_lock: dict[str, Any] = {}  # the hold on `gpu:<host>`: asked, got, let go
     timeline: list[StageMark] = []  # every stage entered, in order; "done" when teardown ended
+    gpu: dict[str, Any] = {}  # GPU hosts: nvidia-smi facts "before" boot and "after" teardown
 
 
 class FlowRecord(BaseModel):
@@ -143,6 +153,15 @@ def host_facts() -> dict[str, Any]:
             "cpu": cpu, "cores": os.cpu_count(), "memory_gib": round(mem, 1), "python": platform.python_version()}
 
 
+RESERVE = ".reserve"  # freed when a write fails, so the manifest can still be written
+RESERVE_BYTES = 4 << 20
+LIVE_GLOBS = ("*/*.jsonl", "*/*.log")  # raw records and logs: listed as soon as they exist
+
+
+class RunFolderWriteError(OSError):
+    """A write into the run folder failed (disk full, read-only): the lane ends with this one line."""
+
+
 class RunFolder:
     """Owns one run folder and its manifest; every write goes through here.
 
@@ -161,12 +180,16 @@ class RunFolder:
         self.path = root / f"{now:%Y%m%dT%H%M%SZ}_{flow_name}_{flow_run_id[:8]}"
         self.path.mkdir(parents=True, exist_ok=False)
         self._lock = threading.RLock()
+        self.write_error: str | None = None
+        from tasks.record.interrupted import owner
+
         self.manifest = Manifest(
             lanebench=git_identity(),
-            flow=FlowRecord(name=flow_name, flow_run_id=flow_run_id, started_at=now.isoformat()),
+            flow=FlowRecord(name=flow_name, flow_run_id=flow_run_id, started_at=now.isoformat(), owner=owner()),
             host=host_facts(),
             inventory={"path": str(inventory_path), "sha256": file_sha256(inventory_path)},
         )
+        (self.path / RESERVE).write_bytes(b"\0" * RESERVE_BYTES)
         self.save_manifest()
         RunFolder._open[str(self.path)] = self
 
@@ -190,23 +213,90 @@ class RunFolder:
         return d
 
     def append_jsonl(self, lane: str, name: str, record: BaseModel) -> None:
-        with self._lock, (self.lane_dir(lane) / name).open("a") as f:
-            f.write(record.model_dump_json() + "\n")
-
-    def save_manifest(self) -> None:
-        """Write the manifest atomically. Lanes of different hosts run in threads and update their
-        own records while another thread saves: a dump that met a record mid-change is retried."""
+        """Append one raw record and list it in the manifest at once. On a failed write the file is
+        cut back to its last whole line (every earlier record kept) and RunFolderWriteError raised."""
+        rel = f"{lane}/{name}"
+        path = self.lane_dir(lane) / name
+        line = record.model_dump_json() + "\n"
         with self._lock:
-            for attempt in range(5):
+            size = path.stat().st_size if path.exists() else 0
+            try:
+                with path.open("a") as f:
+                    f.write(line)
+            except OSError as e:
                 try:
-                    text = self.manifest.model_dump_json(indent=2)
-                    break
-                except RuntimeError:  # "dictionary changed size during iteration"
-                    if attempt == 4:
-                        raise
-            tmp = self.path / "manifest.json.tmp"
+                    os.truncate(path, size)
+                except OSError:
+                    pass
+                self._failed_write(rel, e)
+            self._refresh(rel)
+            self.save_manifest()
+
+    def _refresh(self, rel: str, kind: str | None = None) -> None:
+        """List a live file (or refresh its hash); its kind is kept once a stage has named it."""
+        path = self.path / rel
+        if not path.is_file():
+            return
+        digest = file_sha256(path)
+        for entry in self.manifest.artifacts:
+            if entry.path == rel:
+                entry.sha256 = digest
+                return
+        kind = kind or ("boot-log" if rel.endswith(".log") else "raw")
+        self.manifest.artifacts.append(ArtifactEntry(path=rel, kind=kind, lane=rel.split("/", 1)[0], sha256=digest))
+
+    def _write_manifest(self) -> None:
+        """Lanes of different hosts run in threads and update their own records while another
+        thread saves: a dump that met a record mid-change is retried."""
+        for attempt in range(5):
+            try:
+                text = self.manifest.model_dump_json(indent=2)
+                break
+            except RuntimeError:  # "dictionary changed size during iteration"
+                if attempt == 4:
+                    raise
+        tmp = self.path / "manifest.json.tmp"
+        try:
             tmp.write_text(text)
             tmp.replace(self.path / "manifest.json")
+        except OSError:
+            tmp.unlink(missing_ok=True)
+            raise
+
+    def _failed_write(self, what: str, e: OSError, *partial: Path) -> None:
+        """A write failed: drop its partial file, free the reserve, write the manifest consistent
+        with what is on disk, and end the caller with one line."""
+        for path in partial:
+            path.unlink(missing_ok=True)
+        (self.path / RESERVE).unlink(missing_ok=True)
+        reason = "disk full" if e.errno == errno.ENOSPC else (e.strerror or type(e).__name__)
+        line = f"run folder write failed ({reason}) at {what}; every record written before it is kept"
+        if self.write_error is None:
+            self.write_error = line
+            self.manifest.flow["write_error"] = line
+        self.manifest.artifacts = [a for a in self.manifest.artifacts if (self.path / a.path).is_file()]
+        self.save_manifest(quiet=True)
+        raise RunFolderWriteError(e.errno or errno.EIO, line) from None
+
+    def save_manifest(self, quiet: bool = False) -> None:
+        """Write the manifest atomically, every live file's hash refreshed. Never leaves the .tmp
+        behind; when the disk is full the reserve is freed for it (`quiet`: never raise)."""
+        with self._lock:
+            for pattern in LIVE_GLOBS:
+                for path in sorted(self.path.glob(pattern)):
+                    self._refresh(str(path.relative_to(self.path)))
+            try:
+                self._write_manifest()
+                return
+            except OSError as e:
+                error = e
+            (self.path / RESERVE).unlink(missing_ok=True)
+            try:
+                self._write_manifest()
+            except OSError:
+                pass  # the last manifest written stays; the next save may fit
+            if not quiet and self.write_error is None:
+                self._failed_write("manifest.json", error)
 
     def register(self, lane: str, rel: str, kind: str, rows: int | None = None) -> ArtifactEntry:
         entry = ArtifactEntry(path=rel, kind=kind, lane=lane, sha256=file_sha256(self.path / rel), rows=rows)
@@ -226,9 +316,12 @@ class RunFolder:
         if sub:
             (self.lane_dir(lane) / "quarantine").mkdir(exist_ok=True)
         rel = f"{lane}/{sub}{kind}.parquet"
-        df.to_parquet(self.path / rel, index=False)
         vrel = f"{lane}/validation/{kind}.json"
-        (self.path / vrel).write_text(json.dumps(outcome.result, indent=2, default=str))
+        try:
+            df.to_parquet(self.path / rel, index=False)
+            (self.path / vrel).write_text(json.dumps(outcome.result, indent=2, default=str))
+        except OSError as e:
+            self._failed_write(rel, e, self.path / rel, self.path / vrel)
         self.register(lane, vrel, "validation")
         entry = self.register(lane, rel, kind, rows=len(df))
         entry.validation = "passed" if outcome.success else "failed"
@@ -248,7 +341,10 @@ class RunFolder:
         seconds = time.perf_counter() - t0
         vrel = f"{lane}/validation/{kind}.json"
         (self.lane_dir(lane) / "validation").mkdir(exist_ok=True)
-        (self.path / vrel).write_text(json.dumps(outcome.result, indent=2, default=str))
+        try:
+            (self.path / vrel).write_text(json.dumps(outcome.result, indent=2, default=str))
+        except OSError as e:
+            self._failed_write(vrel, e, self.path / vrel)
         self.register(lane, vrel, "validation")
         entry = self.register(lane, f"{lane}/{name}", kind, rows=len(df))
         entry.validation = "passed" if outcome.success else "failed"
@@ -257,7 +353,19 @@ class RunFolder:
         self.save_manifest()
         return entry
 
-    def finish(self) -> None:
-        self.manifest.flow.finished_at = datetime.now(UTC).isoformat()
-        self.manifest.flow.status = "finished"
+    def free_space_problem(self) -> str | None:
+        """Preflight for the run folder: a lane writes records, logs and tables (a few MiB for the
+        rehearsal lane); below LANEBENCH_MIN_FREE_MB (default 64) free, the lane is skipped."""
+        need = int(float(os.environ.get("LANEBENCH_MIN_FREE_MB", "64")) * (1 << 20))
+        free = shutil.disk_usage(self.path).free
+        if free < need:
+            return (f"the run folder's disk has {free / (1 << 20):.0f} MiB free, less than the "
+                    f"{need / (1 << 20):.0f} MiB a lane may write (LANEBENCH_MIN_FREE_MB)")
+        return None
+
+    def finish(self, status: str = "finished") -> None:
+        self.manifest.flow["finished_at"] = datetime.now(UTC).isoformat()
+        if self.manifest.flow.get("status") in (None, "running"):
+            self.manifest.flow["status"] = status
+        (self.path / RESERVE).unlink(missing_ok=True)
         self.save_manifest()

@@ -83,6 +83,16 @@ def _log_tail(path: Path, lines: int = 15) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
+def launch_argv(lane: Lane, binary: str, address: str, host: Host) -> list[str]:
+    """The engine's launch command, with the offload the host's `gpus` implies (`gpus: 0` keeps
+    a CUDA build on the CPU). With RPC workers the layers go to them (rpc_flags) instead."""
+    engine = engine_for(lane.engine)
+    argv = engine.launch_command(lane, binary, address)
+    if lane.rpc is None:
+        argv += engine.offload_flags(host.gpus, lane.drafter is not None, lane.flags)
+    return argv
+
+
 def start(lane_name: str, lane: Lane, binary: str, address: str, log_path: Path,
           placement: Placement | None = None) -> Server:
     """Start the workers, then the server (a process on the host, or the lane's container).
@@ -90,8 +100,7 @@ def start(lane_name: str, lane: Lane, binary: str, address: str, log_path: Path,
     from tasks.hosts import containers
 
     where = placement or Placement()
-    engine = engine_for(lane.engine)
-    argv = engine.launch_command(lane, binary, address)
+    argv = launch_argv(lane, binary, address, where.host)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     workers: list[Spawned] = []
     mounts = sorted({f"{d}:{d}:ro" for d in {str(Path(f.path).parent) for f in (lane.model, lane.drafter) if f}}

@@ -28,11 +28,15 @@ from tasks.correctness.thinking import thinking_check
 from tasks.engines import engine_for
 from tasks.engines.facts import BootFacts
 from tasks.hosts.containers import image_pull
+from tasks.hosts.gpu import gpu_facts, idle_gpu_gate, server_gpu_memory
+from tasks.hosts.reclaim import reclaim_leftovers
+from tasks.inventory import secrets
 from tasks.inventory.load import shipped_or_local
 from tasks.inventory.models import CapacityGate, Host, Inventory, Lane
 from tasks.record.run_folder import LaneRecord, RunFolder
 from tasks.stages.boot import NodeLost, Placement, Server, Worker, boot, read_facts, stop
 from tasks.stages.gates import GateFailed, capacity_gate, counter_gate, scrape_metrics
+from tasks.record.progress import progress
 from tasks.stages.preflight import Preflight, Reach, model_paths, preflight
 from tasks.stages.safety import (as_gate, effective_findings, explain, implied_gates, pinned_identity,
                                  speculation_gates)
@@ -143,10 +147,20 @@ def served_lane(run: RunFolder, name: str, lane: Lane, host: Host, base_dir: Pat
     reach = Reach.of(lane.host, lane, host, base_dir, inventory)
     server: Server | None = None
     try:
+        for line in reclaim_leftovers(name, lane, host, reach.transports, reach.host_name):
+            record.warnings.append(line)
+            progress(name, line)
         pre = preflight(name, lane, host, base_dir, inventory, reach)
+        if pre.ok and (disk := run.free_space_problem()):
+            pre = pre.model_copy(update={"ok": False, "reason": disk})
         record.engine_identity, record.models = pre.engine_identity, [m.model_dump() for m in pre.models]
         record.preflight = pre.model_dump(include={"links", "hosts", "rpc_endpoints", "rpc_binaries", "master",
                                                    "node_binaries"})
+        if pre.ok and host.gpus > 0:  # a GPU host: its facts, and no boot on a GPU others are using
+            gpu = gpu_facts(reach.transport)
+            record.gpu["before"] = gpu.model_dump()
+            if busy := idle_gpu_gate(gpu, host.gpus, host.gpu_max_busy_share):
+                pre = pre.model_copy(update={"ok": False, "reason": busy})
         if not pre.ok:
             record.status, record.reason = "skipped", pre.reason
             run.save_manifest()
@@ -173,8 +187,12 @@ def served_lane(run: RunFolder, name: str, lane: Lane, host: Host, base_dir: Pat
         head = topology.at_rank(served_as, engine_for(lane.engine), 0, pre.master)  # node 0 of a lane across hosts
         server, facts, seconds = boot(name, head, pre.binary, host.address, run.lane_dir(name) / "boot.log",
                                       placement(served_as, host, reach, pre, inventory))
-        record.launch_command, record.boot_seconds = server.command, seconds
+        record.launch_command, record.boot_seconds = secrets.scrub(server.command), seconds
         record.boot_facts = facts.model_dump()
+        if host.gpus > 0:  # what the booted server holds on the GPU: the offload that happened
+            booted = gpu_facts(reach.transport)
+            record.gpu["booted"] = booted.model_dump()
+            record.gpu["server_memory_mib"] = server_gpu_memory(booted, pre.binary)
         run.save_manifest()
         served = Served(name, served_as, host, server, facts, record)
         if gates:
@@ -190,10 +208,13 @@ def served_lane(run: RunFolder, name: str, lane: Lane, host: Host, base_dir: Pat
         if server is not None:
             run.stage(name, "teardown")
             stop(server)
+            secrets.scrub_file(run.lane_dir(name) / "boot.log")
             run.register(name, f"{name}/boot.log", "boot-log")
             for worker in [*(lane.rpc.workers if lane.rpc else []), *(n for _, n in topology.worker_ranks(lane))]:
                 if (run.path / name / f"worker-{worker}.log").exists():
                     run.register(name, f"{name}/worker-{worker}.log", "boot-log")
+        if host.gpus > 0 and record.gpu:
+            record.gpu["after"] = gpu_facts(reach.transport).model_dump()
         reach.close()
         if server is not None:
             run.stage(name, "done")

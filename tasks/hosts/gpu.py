@@ -1,0 +1,144 @@
+"""GPU host facts, read from `nvidia-smi` on the host, and the idle-GPU gate.
+
+The seeds measured lanes on GPUs that other jobs were using and only found out from the
+numbers. So a GPU host's facts (model, memory total and in use, driver and CUDA versions,
+clocks, power) go into the manifest before and after each lane, and preflight refuses to boot
+while other processes hold more than the host's declared share of a GPU's memory.
+
+The query is `nvidia-smi --query-gpu=... --format=csv,noheader,nounits` (one CSV row per GPU);
+the CUDA version is only in the plain `nvidia-smi` banner ("CUDA Version: 13.0"); the
+processes holding memory come from `--query-compute-apps`.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import re
+
+from pydantic import BaseModel
+
+from tasks.hosts.transport import Transport, TransportError
+
+QUERY = ("index,name,uuid,memory.total,memory.used,driver_version,pstate,clocks.sm,clocks.mem,"
+         "clocks.max.sm,clocks.max.mem,power.draw,power.limit,utilization.gpu,temperature.gpu")
+APPS = "gpu_uuid,pid,process_name,used_memory"
+_CUDA = re.compile(r"CUDA Version:\s*([0-9.]+)")
+
+
+class GpuApp(BaseModel):
+    pid: int
+    name: str
+    used_mib: float | None = None
+
+
+class Gpu(BaseModel):
+    index: int
+    name: str
+    uuid: str
+    memory_total_mib: float
+    memory_used_mib: float
+    driver_version: str
+    pstate: str | None = None
+    clock_sm_mhz: float | None = None
+    clock_mem_mhz: float | None = None
+    clock_max_sm_mhz: float | None = None
+    clock_max_mem_mhz: float | None = None
+    power_draw_w: float | None = None
+    power_limit_w: float | None = None
+    utilization_pct: float | None = None
+    temperature_c: float | None = None
+    apps: list[GpuApp] = []
+
+    @property
+    def used_share(self) -> float:
+        return self.memory_used_mib / self.memory_total_mib if self.memory_total_mib else 0.0
+
+
+class GpuHostFacts(BaseModel):
+    ok: bool
+    reason: str = ""
+    cuda_version: str | None = None
+    gpus: list[Gpu] = []
+
+
+def _num(value: str) -> float | None:
+    value = value.strip()
+    try:
+        return float(value)
+    except ValueError:  # "[N/A]", "[Not Supported]"
+        return None
+
+
+def parse_query(text: str) -> list[Gpu]:
+    """The rows of `nvidia-smi --query-gpu=QUERY --format=csv,noheader,nounits`."""
+    gpus = []
+    for row in csv.reader(io.StringIO(text)):
+        if not row or not row[0].strip():
+            continue
+        f = [c.strip() for c in row]
+        if len(f) != len(QUERY.split(",")):
+            raise ValueError(f"nvidia-smi gave {len(f)} fields, expected {len(QUERY.split(','))}: {row}")
+        gpus.append(Gpu(
+            index=int(f[0]), name=f[1], uuid=f[2], memory_total_mib=float(f[3]), memory_used_mib=float(f[4]),
+            driver_version=f[5], pstate=f[6] or None, clock_sm_mhz=_num(f[7]), clock_mem_mhz=_num(f[8]),
+            clock_max_sm_mhz=_num(f[9]), clock_max_mem_mhz=_num(f[10]), power_draw_w=_num(f[11]),
+            power_limit_w=_num(f[12]), utilization_pct=_num(f[13]), temperature_c=_num(f[14]),
+        ))
+    return gpus
+
+
+def parse_apps(text: str, gpus: list[Gpu]) -> None:
+    """Attach `--query-compute-apps=APPS` rows to their GPU (by uuid)."""
+    by_uuid = {g.uuid: g for g in gpus}
+    for row in csv.reader(io.StringIO(text)):
+        f = [c.strip() for c in row]
+        if len(f) == 4 and f[0] in by_uuid and f[1].isdigit():
+            by_uuid[f[0]].apps.append(GpuApp(pid=int(f[1]), name=f[2], used_mib=_num(f[3])))
+
+
+def gpu_facts(t: Transport) -> GpuHostFacts:
+    """The host's GPUs as nvidia-smi reports them now; ok=False (with the reason) when it cannot."""
+    try:
+        q = t.run(["nvidia-smi", f"--query-gpu={QUERY}", "--format=csv,noheader,nounits"], deadline_s=30, idempotent=True)
+        if q.exit_code != 0:
+            return GpuHostFacts(ok=False, reason=f"nvidia-smi failed (exit {q.exit_code}): {(q.stderr or q.stdout).strip()[:200]}")
+        gpus = parse_query(q.stdout)
+        apps = t.run(["nvidia-smi", f"--query-compute-apps={APPS}", "--format=csv,noheader,nounits"],
+                     deadline_s=30, idempotent=True)
+        if apps.exit_code == 0:
+            parse_apps(apps.stdout, gpus)
+        banner = t.run(["nvidia-smi"], deadline_s=30, idempotent=True)
+    except (TransportError, OSError) as e:  # OSError: no nvidia-smi on a local host
+        return GpuHostFacts(ok=False, reason=f"nvidia-smi could not run: {e}")
+    except ValueError as e:
+        return GpuHostFacts(ok=False, reason=str(e))
+    cuda = _CUDA.search(banner.stdout or "")
+    if not gpus:
+        return GpuHostFacts(ok=False, reason="nvidia-smi lists no GPU", cuda_version=cuda[1] if cuda else None)
+    return GpuHostFacts(ok=True, cuda_version=cuda[1] if cuda else None, gpus=gpus)
+
+
+def idle_gpu_gate(facts: GpuHostFacts, declared_gpus: int, max_busy_share: float) -> str | None:
+    """Why the lane must not boot on this host, or None. Checked before our server starts, so
+    every byte in use belongs to someone else."""
+    if not facts.ok:
+        return f"GPU host: {facts.reason}"
+    if len(facts.gpus) < declared_gpus:
+        return f"the host declares {declared_gpus} GPUs, nvidia-smi lists {len(facts.gpus)}"
+    for g in facts.gpus:
+        if g.used_share > max_busy_share:
+            holders = ", ".join(f"{a.name} (pid {a.pid}, {a.used_mib:.0f} MiB)" for a in g.apps) or "processes nvidia-smi cannot name"
+            return (f"GPU {g.index} ({g.name}) has {g.memory_used_mib:.0f} of {g.memory_total_mib:.0f} MiB in use "
+                    f"({100 * g.used_share:.1f}% > the host's gpu_max_busy_share {100 * max_busy_share:.0f}%) by "
+                    f"{holders}: measuring on a shared GPU gives numbers that are not the lane's")
+    return None
+
+
+def server_gpu_memory(facts: GpuHostFacts, binary: str) -> float | None:
+    """MiB the lane's server holds on the host's GPUs, as nvidia-smi names its process (by the
+    binary's path): what was actually offloaded, whatever the flags asked. None when no
+    process of that binary holds GPU memory (a CPU lane, or nvidia-smi cannot see processes)."""
+    name = binary.rsplit("/", 1)[-1]
+    held = [a.used_mib or 0.0 for g in facts.gpus for a in g.apps if a.name == binary or a.name.rsplit("/", 1)[-1] == name]
+    return sum(held) if held else None

@@ -1,0 +1,105 @@
+"""Secrets never written: redacted everywhere lanebench writes, real only where a process needs them.
+
+A lane's secrets are the environment values and flag values it declares under `secrets`
+(an environment name like `HF_TOKEN`, or a flag like `--api-key`), plus those matched by name:
+environment names ending in _TOKEN, _KEY, _SECRET, _PASSWORD, and flags named --api-key,
+--*-token, --*-key, --*-secret, --password. What lanebench records (the manifest's lane config
+and launch command, report.md, Prefect flow-run parameters, logs, boot logs after teardown) sees
+`REDACTED` in their place. The real lane stays in this process (`keep`), and the lane flow takes
+it back (`reveal`) to start the server: only that process gets the values.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+REDACTED = "REDACTED"
+_ENV_NAME = re.compile(r"(^|_)(TOKEN|KEY|SECRET|PASSWORD|PASSWD)$")
+_FLAG_NAME = re.compile(r"^--(api-key|password|[a-z0-9-]*-(token|key|secret|password))$")
+
+_REAL: dict[str, Any] = {}  # lane name -> the real Lane, this process only
+_VALUES: set[str] = set()  # every secret value seen, for scrubbing text
+
+
+def _declared(lane: Any) -> set[str]:
+    return set(getattr(lane, "secrets", None) or [])
+
+
+def is_secret_env(lane: Any, key: str) -> bool:
+    return key in _declared(lane) or bool(_ENV_NAME.search(key))
+
+
+def is_secret_flag(lane: Any, flag: str) -> bool:
+    return flag in _declared(lane) or bool(_FLAG_NAME.match(flag))
+
+
+def _redact_flags(lane: Any, flags: list[str]) -> tuple[list[str], list[str]]:
+    out, values = [], []
+    hide_next = False
+    for flag in flags:
+        if hide_next:
+            out.append(REDACTED)
+            values.append(flag)
+            hide_next = False
+            continue
+        name, eq, value = flag.partition("=")
+        if eq and is_secret_flag(lane, name):
+            out.append(f"{name}={REDACTED}")
+            values.append(value)
+            continue
+        hide_next = is_secret_flag(lane, flag)
+        out.append(flag)
+    return out, values
+
+
+def secret_values(lane: Any) -> list[str]:
+    values = [v for k, v in (lane.env or {}).items() if is_secret_env(lane, k)]
+    values += _redact_flags(lane, list(lane.flags))[1]
+    return [v for v in values if v and v != REDACTED]
+
+
+def redact(lane: Any) -> Any:
+    """The lane as it may be written: secret env and flag values replaced by REDACTED."""
+    env = {k: (REDACTED if is_secret_env(lane, k) else v) for k, v in (lane.env or {}).items()}
+    flags, _ = _redact_flags(lane, list(lane.flags))
+    return lane.model_copy(update={"env": env, "flags": flags})
+
+
+def keep(name: str, lane: Any) -> Any:
+    """Remember the real lane in this process; returns the redacted one to pass on."""
+    _REAL[name] = lane
+    _VALUES.update(secret_values(lane))
+    return redact(lane)
+
+
+def keep_inventory(inventory: Any) -> Any:
+    lanes = {name: keep(name, lane) for name, lane in inventory.lanes.items()}
+    return inventory.model_copy(update={"lanes": lanes})
+
+
+def reveal(name: str, lane: Any) -> Any:
+    """The real lane behind a redacted one (the same lane, kept by this process), else `lane` itself."""
+    real = _REAL.get(name)
+    if real is not None and redact(real) == lane:
+        return real
+    _VALUES.update(secret_values(lane))
+    return lane
+
+
+def scrub(text: str) -> str:
+    for value in sorted(_VALUES, key=len, reverse=True):
+        if len(value) >= 4:
+            text = text.replace(value, REDACTED)
+    return text
+
+
+def scrub_file(path: Path) -> None:
+    """Rewrite a log the server wrote, with every secret value replaced."""
+    if not _VALUES or not path.is_file():
+        return
+    text = path.read_text(errors="replace")
+    clean = scrub(text)
+    if clean != text:
+        path.write_text(clean)

@@ -1,0 +1,200 @@
+"""Runs that did not finish: marked interrupted, by themselves on a signal or by the next run.
+
+A run folder names its owner (host, boot id, pid and the pid's start time): a later run on the
+same host whose owner process is gone marks the folder `interrupted`, lists the raw records and
+logs it left (hashes refreshed, so `lanebench verify` passes), removes a half-written
+`manifest.json.tmp` and the disk reserve, and says so in one line. `history` and the regression
+baseline count only passed lanes, so an interrupted lane never becomes a baseline.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import signal
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+LIVE_GLOBS = ("*/*.jsonl", "*/*.log")
+
+
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _start_time(pid: int) -> str:
+    """The process's start time in clock ticks since boot (a recycled pid has another)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return ""
+
+
+def owner() -> dict[str, Any]:
+    pid = os.getpid()
+    return {"hostname": socket.gethostname(), "boot_id": _boot_id(), "pid": pid, "start": _start_time(pid)}
+
+
+def owner_alive(o: dict[str, Any]) -> bool | None:
+    """True/False for an owner on this host (this boot); None when it cannot be judged from here."""
+    if not o or o.get("hostname") != socket.gethostname():
+        return None
+    if o.get("boot_id") != _boot_id():
+        return False  # the machine rebooted since: nothing of that run survives
+    return bool(o.get("pid")) and _start_time(int(o["pid"])) == o.get("start")
+
+
+_STOPS: list[str] = []  # signals received by this process, in order
+
+
+class Stopped(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM, raised where the run is, so it tears down and is marked interrupted."""
+
+    def __init__(self, sig: int) -> None:
+        super().__init__(signal.Signals(sig).name)
+        self.signal = sig
+
+
+def stop_requested() -> str | None:
+    """The first stop signal this process received ('SIGINT', 'SIGTERM'), else None.
+
+    A flag as well as an exception: Prefect's engine may turn the KeyboardInterrupt it catches
+    while starting a task into another error, so stages ask the flag, not the exception type."""
+    return _STOPS[0] if _STOPS else None
+
+
+def _on_stop(signum: int, frame: object) -> None:
+    _STOPS.append(signal.Signals(signum).name)
+    raise Stopped(signum)
+
+
+def install_stop_handlers() -> None:
+    """Ctrl-C and SIGTERM both stop the run (main thread only). Prefect swaps in its own SIGTERM
+    handler while a flow runs (raising TerminationSignal); it is bridged so the stop is recorded too."""
+    signal.signal(signal.SIGINT, _on_stop)
+    signal.signal(signal.SIGTERM, _on_stop)
+    try:
+        import prefect.utilities.engine as engine
+    except ImportError:
+        return
+    original = engine._prefect_sigterm_handler
+    if getattr(original, "_lanebench", False):
+        return
+
+    def bridged(sig_num: int, *args: object):  # type: ignore[no-untyped-def]
+        _STOPS.append(signal.Signals(sig_num).name)
+        return original(sig_num, *args)
+
+    bridged._lanebench = True  # type: ignore[attr-defined]
+    engine._prefect_sigterm_handler = bridged
+
+
+def interrupts() -> tuple[type[BaseException], ...]:
+    """What stops a run from outside: Ctrl-C, and SIGTERM as Prefect's engine raises it."""
+    from prefect.exceptions import TerminationSignal
+
+    return (KeyboardInterrupt, TerminationSignal)
+
+
+def signal_name(e: BaseException | None = None) -> str:
+    if stop_requested():
+        return stop_requested() or ""
+    sig = getattr(e, "signal", None)
+    if isinstance(sig, int):
+        return signal.Signals(sig).name
+    return "SIGINT" if isinstance(e, KeyboardInterrupt) else type(e).__name__
+
+
+def mark_lanes(lanes: dict[str, Any], why: str) -> list[str]:
+    """Every lane still running becomes interrupted, its stage named; returns their names."""
+    names = []
+    for name, lane in lanes.items():
+        status = lane.get("status") if isinstance(lane, dict) else lane.status
+        if status == "running":
+            stage = lane.get("stage", "") if isinstance(lane, dict) else lane.stage
+            timeline = lane.get("timeline", []) if isinstance(lane, dict) else lane.timeline
+            marks = [m.get("stage") if isinstance(m, dict) else m.stage for m in timeline or []]
+            marks = [m for m in marks if m not in ("teardown", "done")]
+            stage = marks[-1] if marks else stage  # where it was stopped, not the teardown that followed
+            reason = f"{stage}: {why}" if stage else why
+            if isinstance(lane, dict):
+                lane["status"], lane["reason"] = "interrupted", reason
+            else:
+                lane.status, lane.reason = "interrupted", reason
+            names.append(name)
+    return names
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _list_live_files(folder: Path, m: dict) -> None:
+    listed = {a["path"]: a for a in m.get("artifacts", [])}
+    for pattern in LIVE_GLOBS:  # what it wrote after its last save
+        for path in sorted(folder.glob(pattern)):
+            rel = str(path.relative_to(folder))
+            entry = listed.get(rel) or {"path": rel, "kind": "boot-log" if rel.endswith(".log") else "raw",
+                                        "lane": rel.split("/", 1)[0], "rows": None, "validation": "not-validated",
+                                        "failed_expectations": []}
+            entry["sha256"] = _sha256(path)
+            if rel not in listed:
+                m.setdefault("artifacts", []).append(entry)
+    m["artifacts"] = [a for a in m.get("artifacts", []) if (folder / a["path"]).is_file()]
+
+
+def _write(folder: Path, m: dict) -> None:
+    tmp = folder / "manifest.json.tmp"
+    tmp.write_text(json.dumps(m, indent=2))
+    tmp.replace(folder / "manifest.json")
+
+
+def refresh_marked(root: Path, by: str) -> None:
+    """Hash again the logs of the folders `by` marked: the dead run's server wrote on until the
+    lane that reclaimed it stopped it."""
+    for manifest_path in sorted(Path(root).glob("*/manifest.json")):
+        try:
+            m = json.loads(manifest_path.read_text())
+        except (OSError, ValueError):
+            continue
+        if (m.get("flow") or {}).get("interrupted_by") == by and (m.get("flow") or {}).get("marked_at"):
+            _list_live_files(manifest_path.parent, m)
+            _write(manifest_path.parent, m)
+
+
+def reclaim_dead_runs(root: Path, by: str) -> list[str]:
+    """Mark every unfinished run folder under `root` whose owner died; one line per folder."""
+    lines = []
+    for manifest_path in sorted(Path(root).glob("*/manifest.json")):
+        folder = manifest_path.parent
+        try:
+            m = json.loads(manifest_path.read_text())
+        except (OSError, ValueError):
+            continue
+        flow = m.get("flow") or {}
+        if flow.get("finished_at") or flow.get("status") not in (None, "running"):
+            continue
+        if owner_alive(flow.get("owner") or {}) is not False:
+            continue
+        pid = (flow.get("owner") or {}).get("pid")
+        why = f"interrupted: lanebench (pid {pid}) died before the run finished; marked by {by}"
+        lanes = mark_lanes(m.get("lanes") or {}, why)
+        _list_live_files(folder, m)
+        flow.update(status="interrupted", interrupted_by=by, marked_at=datetime.now(UTC).isoformat())
+        m["flow"] = flow
+        _write(folder, m)
+        (folder / ".reserve").unlink(missing_ok=True)
+        lines.append(f"run {folder.name}: marked interrupted (lanebench pid {pid} died"
+                     + (f"; lanes {', '.join(lanes)} did not finish" if lanes else "") + ")")
+    return lines

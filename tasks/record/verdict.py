@@ -1,0 +1,95 @@
+"""The night's verdict, from the lanes' end states: one closing line and one exit code that never lie.
+
+A night in which nothing was measured did not pass: every lane skipped by a precondition (a
+model file missing, a port taken, a link down) is its own outcome, so a cron job that checks
+the exit code sees it. Exit codes, for every flow command:
+
+    0  passed            every lane that ran passed (lanes skipped by a precondition are named)
+    1  failed            a gate, a bar, an expectation or a regression failed
+    2  bad input         (the CLI, before anything runs)
+    3  nothing measured  no lane was measured: every lane was skipped by a precondition
+    130 interrupted      Ctrl-C or SIGTERM stopped the run (128 + SIGINT, the shell's convention)
+
+Why 3 for nothing measured: it is neither a bad measurement (1: someone must look at a
+number) nor bad input (2: someone must fix a file); it says the boxes were not ready, and a
+script can page for it separately. A failed lane outranks an interrupted one, which outranks
+nothing measured.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel
+
+Outcome = Literal["passed", "failed", "nothing-measured", "interrupted"]
+EXIT_CODES: dict[str, int] = {"passed": 0, "failed": 1, "nothing-measured": 3, "interrupted": 130}
+
+
+class Verdict(BaseModel):
+    outcome: Outcome
+    line: str  # the closing line, without the run folder
+    passed: list[str] = []
+    failed: list[str] = []
+    skipped: dict[str, str] = {}  # lane -> reason
+    interrupted: list[str] = []
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_CODES[self.outcome]
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}"
+
+
+def night_verdict(flow: str, lanes: dict[str, Any], problems: list[str], interrupted: bool = False) -> Verdict:
+    """`lanes`: name -> LaneRecord (or its dict); `problems`: failures beyond the lanes (regressions,
+    a report that could not be written)."""
+    def field(r: Any, name: str) -> str:
+        return r.get(name, "") if isinstance(r, dict) else getattr(r, name)
+
+    v = Verdict(outcome="passed", line="")
+    for name, r in lanes.items():
+        status = field(r, "status")
+        if status == "passed":
+            v.passed.append(name)
+        elif status == "skipped":
+            v.skipped[name] = field(r, "reason")
+        elif status == "failed":
+            v.failed.append(name)
+        else:  # running or interrupted: it did not finish
+            v.interrupted.append(name)
+    counts = ", ".join(c for c in (_count(len(v.passed), "passed") if v.passed else "",
+                                   _count(len(v.failed), "failed") if v.failed else "",
+                                   _count(len(v.skipped), "skipped") if v.skipped else "",
+                                   _count(len(v.interrupted), "interrupted") if v.interrupted else "") if c)
+    skipped = "; ".join(f"{n} skipped: {why}" for n, why in v.skipped.items())
+    if v.failed or problems:
+        v.outcome = "failed"
+        v.line = f"{flow} failed ({counts or 'no lane'}): " + "; ".join(
+            [f"{n}: {field(lanes[n], 'reason')}" for n in v.failed] + problems)
+    elif interrupted or v.interrupted:
+        v.outcome = "interrupted"
+        v.line = f"{flow} interrupted ({counts or 'no lane'}): what was measured so far is kept"
+    elif not v.passed:
+        v.outcome = "nothing-measured"
+        v.line = f"{flow} measured nothing ({counts or 'no lane'})" + (f": {skipped}" if skipped else "")
+    else:
+        v.line = f"{flow} passed ({counts})" + (f": {skipped}" if skipped else "")
+    return v
+
+
+# Prefect has no Skipped or NothingMeasured state: a completed flow run carries the outcome in its state name.
+STATE_NAMES: dict[str, str] = {"passed": "Completed", "nothing-measured": "NothingMeasured",
+                               "interrupted": "Interrupted"}
+
+
+def exit_code_of(state: Any) -> int:
+    """The exit code a flow run's final state stands for (see the table above)."""
+    if state.is_completed():
+        by_name = {v: k for k, v in STATE_NAMES.items()}
+        return EXIT_CODES[by_name.get(state.name, "passed")]
+    if state.name == "Interrupted" or state.is_cancelled():
+        return EXIT_CODES["interrupted"]
+    return EXIT_CODES["failed"]

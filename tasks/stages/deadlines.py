@@ -1,0 +1,67 @@
+"""Every stage has a deadline, derived from the lane, and a dead server is named at once.
+
+A hung server (SIGSTOP), a cut link or a stalled worker must fail the lane within a known time
+with the stage and the reason, and the other lanes go on. llama-server sends an SSE ping every
+30 s, so a read timeout alone never fires on a stopped stream: a request needs a wall deadline.
+
+- request deadline = TTFT allowance + max_tokens / floor speed (a request slower than the floor
+  speed is not a measurement, it is a fault);
+- wave deadline = requests per stream x request deadline + slack (streams run side by side);
+- between waves, the server is checked (`check_alive`): process gone, or health not answering
+  within seconds, ends the lane naming what happened, instead of sending the remaining waves
+  to a dead server and blaming the next metrics scrape.
+
+The client (tasks/client/waves.py) takes the request deadline; these functions derive it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import httpx
+
+TTFT_ALLOWANCE_S = 30.0
+HEALTH_TIMEOUT_S = 5.0
+
+
+def floor_tok_s() -> float:
+    """Slowest decode speed that still counts as serving (tokens/s per request); env LANEBENCH_FLOOR_TOK_S."""
+    return max(0.01, float(os.environ.get("LANEBENCH_FLOOR_TOK_S", "1.0")))
+
+
+def request_deadline_s(max_tokens: int) -> float:
+    return TTFT_ALLOWANCE_S + max_tokens / floor_tok_s()
+
+
+def wave_deadline_s(requests_per_stream: int, max_tokens: int) -> float:
+    return requests_per_stream * request_deadline_s(max_tokens) + 10.0
+
+
+class ServerDied(RuntimeError):
+    """The lane's server is gone or not answering: the lane ends here, with this reason."""
+
+
+def check_alive(server, engine_health_path: str = "/health") -> None:  # type: ignore[no-untyped-def]
+    """Raise ServerDied when the server's process has exited or its health does not answer in time."""
+    code = server.process.poll()
+    if code is not None:
+        raise ServerDied(f"the server died (exit code {code}); last log lines: "
+                         + " | ".join(server.log().splitlines()[-3:]))
+    for worker in getattr(server, "workers", []):
+        if (wcode := worker.poll()) is not None:
+            raise ServerDied(f"an RPC worker the server depends on died (exit code {wcode}): {' '.join(worker.argv[:1])}")
+    try:
+        r = httpx.get(server.base_url + engine_health_path, timeout=HEALTH_TIMEOUT_S)
+    except httpx.TimeoutException:
+        raise ServerDied(f"the server stopped answering (health gave no answer within {HEALTH_TIMEOUT_S:g} s: "
+                         "hung, stopped, or its link cut)") from None
+    except httpx.TransportError as e:
+        for _ in range(20):  # a process that was just killed closes its socket before it is reaped
+            if (code := server.process.poll()) is not None:
+                raise ServerDied(f"the server died (exit code {code}); last log lines: "
+                                 + " | ".join(server.log().splitlines()[-3:])) from None
+            time.sleep(0.1)
+        raise ServerDied(f"the server is unreachable ({type(e).__name__}) although its process runs") from None
+    if r.status_code >= 500 and r.status_code != 503:
+        raise ServerDied(f"the server's health says HTTP {r.status_code}")

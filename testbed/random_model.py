@@ -1,0 +1,120 @@
+"""A random-weight F16 llama model of 1-3 B parameters, for a decode curve that means something.
+
+The shipped testbed target is 1.9 M parameters: on a GPU its decode is bound by kernel launches,
+not by memory, so its share of the bandwidth limit says nothing. A model of a few GB read per
+token is bound by memory like the models lanes serve. Its weights are random (what it writes is
+noise; speed does not depend on what the weights say), its vocabulary, tokenizer and chat
+template are the testbed target's, copied from its GGUF, so the testbed prompts work.
+
+    python testbed/random_model.py --params 1.5e9 --out /tmp/random-1.5b-f16.gguf
+    (or: python testbed/build_models.py --random-params 1.5e9 --out DIR)
+
+Numpy and the `gguf` package only; a few seconds per GB. Not shipped: generate it where it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+TESTBED_TARGET = HERE / "models" / "target-f16.gguf"
+# A Llama-1B-like body: width 2048, head size 128 (CUDA flash attention has kernels for it),
+# SwiGLU width 5632; the layer count sets the size (~51 M parameters per layer).
+N_EMBD, N_HEAD, N_FF, N_CTX = 2048, 16, 5632, 4096
+PER_LAYER = 4 * N_EMBD * N_EMBD + 3 * N_EMBD * N_FF + 2 * N_EMBD
+
+
+def layers_for(params: float) -> int:
+    return max(1, round(params / PER_LAYER))
+
+
+def write_random_gguf(path: Path, params: float, seed: int = 0, like: Path = TESTBED_TARGET) -> int:
+    """Write the model; returns its parameter count."""
+    import gguf
+
+    src = gguf.GGUFReader(str(like))
+
+    def field(key: str):
+        return src.fields[key].contents()
+
+    tokens = field("tokenizer.ggml.tokens")
+    n_vocab, n_layer = len(tokens), layers_for(params)
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_name(f"lanebench-random-{n_layer}l")
+    w.add_description(f"random weights, {n_layer} layers of width {N_EMBD}: a bandwidth test, not a language model")
+    w.add_context_length(N_CTX)
+    w.add_embedding_length(N_EMBD)
+    w.add_block_count(n_layer)
+    w.add_feed_forward_length(N_FF)
+    w.add_head_count(N_HEAD)
+    w.add_head_count_kv(N_HEAD)
+    w.add_rope_dimension_count(N_EMBD // N_HEAD)
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_vocab_size(n_vocab)
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    w.add_tokenizer_model(field("tokenizer.ggml.model"))
+    w.add_tokenizer_pre(field("tokenizer.ggml.pre"))
+    w.add_token_list(tokens)
+    w.add_token_scores(field("tokenizer.ggml.scores"))
+    w.add_token_types(field("tokenizer.ggml.token_type"))
+    w.add_bos_token_id(field("tokenizer.ggml.bos_token_id"))
+    w.add_eos_token_id(field("tokenizer.ggml.eos_token_id"))
+    w.add_unk_token_id(field("tokenizer.ggml.unknown_token_id"))
+    w.add_eot_token_id(field("tokenizer.ggml.eot_token_id"))
+    w.add_add_bos_token(True)
+    w.add_add_eos_token(False)
+    w.add_add_space_prefix(False)
+    w.add_chat_template(field("tokenizer.chat_template"))
+
+    # One pool of N(0, 0.02) values, each tensor a window of it at a random offset: drawing
+    # billions of normals would take minutes, and the GPU reads these bytes the same either way.
+    rng = np.random.default_rng(seed)
+    pool = (rng.standard_normal(N_EMBD * N_FF + (1 << 20), dtype=np.float32) * 0.02).astype(np.float16)
+    count = 0
+
+    def matrix(name: str, rows: int, cols: int) -> None:
+        nonlocal count
+        start = int(rng.integers(0, pool.size - rows * cols + 1))
+        w.add_tensor(name, pool[start:start + rows * cols].reshape(rows, cols))
+        count += rows * cols
+
+    def norm(name: str) -> None:
+        nonlocal count
+        w.add_tensor(name, np.ones(N_EMBD, dtype=np.float32))
+        count += N_EMBD
+
+    matrix("token_embd.weight", n_vocab, N_EMBD)
+    for i in range(n_layer):
+        norm(f"blk.{i}.attn_norm.weight")
+        for n in ("attn_q", "attn_k", "attn_v", "attn_output"):
+            matrix(f"blk.{i}.{n}.weight", N_EMBD, N_EMBD)
+        norm(f"blk.{i}.ffn_norm.weight")
+        matrix(f"blk.{i}.ffn_gate.weight", N_FF, N_EMBD)
+        matrix(f"blk.{i}.ffn_up.weight", N_FF, N_EMBD)
+        matrix(f"blk.{i}.ffn_down.weight", N_EMBD, N_FF)
+    norm("output_norm.weight")
+    matrix("output.weight", n_vocab, N_EMBD)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return count
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--params", type=float, default=1.5e9, help="about how many parameters (default 1.5e9)")
+    ap.add_argument("--out", type=Path, required=True, help="the GGUF file to write")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    n = write_random_gguf(args.out, args.params, args.seed)
+    print(f"{args.out}: {args.out.stat().st_size} bytes, {n:,} params, {layers_for(args.params)} layers")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,193 @@
+"""Faults injected into the rehearsal lane (one short boot, tiny benches): each test asserts the
+end state a person finds at 9 a.m. (status and reason, records kept, nothing left running, the
+exit code), and how long the run took to end. docs/reliability.md is the table of these tests.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import llama_server_pid, shipped_inventory, write_inventory
+from tests.fault_lane import Nightly, kill, pidfile_pid, tiny_inventory, uvicorn_servers_of, verify, wait_for
+
+PORTS = range(18190, 18196)
+
+
+@pytest.fixture(autouse=True)
+def no_leftovers():
+    yield
+    for port in PORTS:  # whatever a test did, it leaves no server of its own
+        if (pid := llama_server_pid(port)) is not None:
+            kill(pid)
+            pytest.fail(f"a llama-server was left on port {port}")
+
+
+def _records(folder: Path) -> int:
+    path = folder / "rehearsal" / "requests.jsonl"
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def test_nothing_measured_is_not_passed(tmp_path):
+    """Every lane skipped by a precondition: exit 3 and a line that says nothing was measured."""
+    inv = shipped_inventory()
+    lane = inv["lanes"]["rehearsal"]
+    lane["model"] = {"path": "testbed/models/absent.gguf"}
+    hosts = write_inventory(tmp_path, inv)
+    n = Nightly(hosts, tmp_path / "artifacts", tmp_path / "prefect")
+    rc = n.wait()
+    out = n.output()
+    assert rc == 3, out
+    assert "nightly measured nothing (1 skipped)" in out and "absent.gguf is missing" in out
+    assert "passed" not in out.splitlines()[-2]
+    assert n.manifest()["flow"]["verdict"]["outcome"] == "nothing-measured"
+
+
+@pytest.mark.parametrize("how", ["SIGINT to the process group", "SIGTERM to the process"])
+def test_interrupt_tears_down_and_marks_interrupted(tmp_path, llama_bin, how):
+    """Ctrl-C (a terminal signals the whole group) or SIGTERM mid-run: ends within seconds, the
+    server is torn down, the run is marked interrupted, verify passes, and the Prefect API server
+    (its own session) outlived the signal to report the end, then stopped."""
+    port = PORTS[0] if how.startswith("SIGINT") else PORTS[1]
+    home = tmp_path / "prefect"
+    n = Nightly(tiny_inventory(tmp_path, port), tmp_path / "artifacts", home)
+    folder = n.wait_stage(("warmup", "decode curve"))
+    assert pidfile_pid("rehearsal", port) is not None
+    t0 = time.monotonic()
+    if how.startswith("SIGINT"):
+        n.signal_group(signal.SIGINT)
+    else:
+        n.proc.send_signal(signal.SIGTERM)
+    rc = n.wait(timeout=60)
+    took = time.monotonic() - t0
+    out = n.output()
+    sig = "SIGINT" if how.startswith("SIGINT") else "SIGTERM"
+    assert rc == 130, out
+    assert f"nightly interrupted by {sig}" in out and "Error logging to API" not in out, out
+    assert took < 30, f"took {took:.1f} s to end"
+    m = json.loads((folder / "manifest.json").read_text())
+    assert m["flow"]["status"] == "interrupted"
+    assert m["lanes"]["rehearsal"]["status"] == "interrupted" and sig in m["lanes"]["rehearsal"]["reason"]
+    assert verify(folder).returncode == 0, verify(folder).stdout
+    assert not (folder / "manifest.json.tmp").exists()
+    assert llama_server_pid(port) is None and uvicorn_servers_of(home) == []
+    print(f"\n[reliability] {how}: ended in {took:.1f} s, {_records(folder)} records kept")
+
+
+def test_sigkill_then_next_night_reclaims_and_keeps_secrets_out(tmp_path, llama_bin):
+    """lanebench SIGKILLed mid decode curve: the server is orphaned, the manifest says running. The
+    next nightly marks that run interrupted (verify passes on it), stops the orphan from its
+    pidfile, releases the dead holder's host-lock lease at once, and passes. The lane declares
+    secrets; no value is written under either run folder or in Prefect's database."""
+    port = PORTS[2]
+    token, declared = "tok-9f3a1c77e2", "decl-51b0d6aa42"
+    slots = tmp_path / "slots-c04e19d7b3"  # a flag whose value llama-server checks (an existing folder)
+    slots.mkdir()
+    flag_value = str(slots)
+    hosts = tiny_inventory(tmp_path, port, env={"HF_TOKEN": token, "PLAIN_NAME": declared},
+                           flags=["--spec-draft-n-min", "0", "--slot-save-path", flag_value],
+                           secrets=["PLAIN_NAME", "--slot-save-path"])
+    home = tmp_path / "prefect"
+    first = Nightly(hosts, tmp_path / "artifacts", home)
+    dead = first.wait_stage(("decode curve",))
+    wait_for(lambda: _records(dead) >= 1, 60, "a first decode record")
+    first.proc.kill()  # SIGKILL to lanebench alone: no teardown runs
+    first.wait(timeout=30)
+    orphan = wait_for(lambda: llama_server_pid(port), 10, "the orphaned server")
+    assert json.loads((dead / "manifest.json").read_text())["flow"]["status"] == "running"
+    time.sleep(2)  # the PDEATHSIG'd API server goes
+
+    t0 = time.monotonic()
+    second = Nightly(hosts, tmp_path / "artifacts", home)
+    rc = second.wait(timeout=400)
+    took = time.monotonic() - t0
+    out = second.output()
+    assert rc == 0, out
+    assert f"run {dead.name}: marked interrupted" in out
+    assert "reclaimed: a dead run's server for lane rehearsal" in out
+    m = second.manifest()
+    assert m["flow"]["host_locks"]["rehearsal"]["waited_s"] < 15, m["flow"]["host_locks"]  # not a lease timeout
+    assert llama_server_pid(port) is None and not Path(f"/proc/{orphan}").exists()
+    old = json.loads((dead / "manifest.json").read_text())
+    assert old["flow"]["status"] == "interrupted" and old["lanes"]["rehearsal"]["status"] == "interrupted"
+    assert "died" in old["lanes"]["rehearsal"]["reason"]
+    assert any(a["path"] == "rehearsal/requests.jsonl" for a in old["artifacts"]) and _records(dead) >= 1
+    assert verify(dead).returncode == 0, verify(dead).stdout
+    assert verify(second.folder).returncode == 0
+    # Secrets: redacted in both folders and in Prefect's database, though the server got them.
+    assert "REDACTED" in (second.folder / "manifest.json").read_text()
+    for value in (token, declared, flag_value):
+        found = subprocess.run(["grep", "-rlaF", value, str(tmp_path / "artifacts"), str(home)],
+                               capture_output=True, text=True).stdout
+        assert found == "", f"{value} written to: {found}"
+    print(f"\n[reliability] SIGKILL then next night: next night ended in {took:.1f} s; "
+          f"{_records(dead)} records of the dead run kept")
+
+
+def test_server_killed_mid_curve_is_named(tmp_path, llama_bin):
+    """The server dies mid decode curve: the lane fails at once naming the dead server (not a
+    metrics scrape), the records so far are kept and listed, exit 1."""
+    port = PORTS[3]
+    n = Nightly(tiny_inventory(tmp_path, port), tmp_path / "artifacts", tmp_path / "prefect")
+    folder = n.wait_stage(("decode curve",))
+    wait_for(lambda: _records(folder) >= 1, 60, "a decode record")
+    t0 = time.monotonic()
+    kill(wait_for(lambda: pidfile_pid("rehearsal", port), 10, "the server's pidfile"))
+    rc = n.wait(timeout=120)
+    out = n.output()
+    assert rc == 1, out
+    lane = n.manifest()["lanes"]["rehearsal"]
+    assert lane["status"] == "failed" and "server died" in lane["reason"] and "metric" not in lane["reason"], lane
+    assert verify(n.folder).returncode == 0 and _records(n.folder) >= 1
+    print(f"\n[reliability] server killed: ended in {time.monotonic() - t0:.1f} s; reason: {lane['reason'][:80]}")
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mount)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.fail(f"cannot mount a small tmpfs (needs root): {r.stderr}")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_disk_full_mid_run_keeps_records_and_a_consistent_manifest(tmp_path, llama_bin, small_disk, monkeypatch):
+    """The artifacts disk fills mid-run: the lane ends with one line, every record written so far is
+    kept and listed, no manifest.json.tmp, verify passes, exit 1."""
+    port = PORTS[4]
+    monkeypatch.setenv("LANEBENCH_MIN_FREE_MB", "2")  # preflight's free-space check passes; the fill comes later
+    n = Nightly(tiny_inventory(tmp_path, port), small_disk / "artifacts", tmp_path / "prefect")
+    folder = n.wait_stage(("warmup", "decode curve"))
+    wait_for(lambda: _records(folder) >= 1, 120, "a first record")
+    filler = small_disk / "filler"
+    subprocess.run(["dd", "if=/dev/zero", f"of={filler}", "bs=64k"], capture_output=True)  # until the disk is full
+    t0 = time.monotonic()
+    rc = n.wait(timeout=300)
+    out = n.output()
+    assert rc == 1, out
+    assert "Traceback" not in out, out
+    m = json.loads((folder / "manifest.json").read_text())
+    lane = m["lanes"]["rehearsal"]
+    assert lane["status"] == "failed" and "disk full" in lane["reason"] and "Errno" not in lane["reason"], lane
+    assert _records(folder) >= 1 and any(a["path"] == "rehearsal/requests.jsonl" for a in m["artifacts"])
+    assert not (folder / "manifest.json.tmp").exists()
+    filler.unlink()
+    assert verify(folder).returncode == 0, verify(folder).stdout
+    print(f"\n[reliability] disk full: ended {time.monotonic() - t0:.1f} s after the disk filled; "
+          f"{_records(folder)} records kept; reason: {lane['reason'][:90]}")
+
+
+def test_preflight_skips_a_lane_when_the_run_folder_disk_is_short(tmp_path, small_disk, monkeypatch):
+    """Less free space than a lane may write: skipped with the reason before anything boots (exit 3)."""
+    monkeypatch.setenv("LANEBENCH_MIN_FREE_MB", "64")
+    n = Nightly(tiny_inventory(tmp_path, PORTS[5]), small_disk / "artifacts", tmp_path / "prefect")
+    rc = n.wait()
+    lane = n.manifest()["lanes"]["rehearsal"]
+    assert rc == 3 and lane["status"] == "skipped" and "MiB free" in lane["reason"], n.output()

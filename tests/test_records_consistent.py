@@ -1,0 +1,82 @@
+"""A run folder is consistent at every moment; history serves no number from a tampered table;
+a run whose process died is marked interrupted by the next run."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from tasks.record.audit import audit
+from tasks.record.history import open_index
+from tasks.record.interrupted import reclaim_dead_runs
+from tasks.record.run_folder import RunFolder
+from tests.test_history import _run
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+class _Rec(BaseModel):
+    prompt_id: str
+    ok: bool = True
+
+
+def _record(i: int) -> _Rec:
+    return _Rec(prompt_id=f"p{i}")
+
+
+def test_raw_records_are_listed_as_they_are_written(tmp_path):
+    run = RunFolder(tmp_path, "nightly", str(uuid.uuid4()), REPO / "hosts.yaml")
+    for i in range(3):
+        run.append_jsonl("l", "requests.jsonl", _record(i))
+        assert audit(run.path).ok, audit(run.path)  # verify passes after every record
+    (run.path / "l" / "boot.log").write_text("a server line\n")
+    run.save_manifest()
+    assert audit(run.path).ok
+    kinds = {a.path: a.kind for a in run.manifest.artifacts}
+    assert kinds == {"l/requests.jsonl": "raw", "l/boot.log": "boot-log"}
+
+
+def test_a_dead_runs_folder_is_marked_interrupted_by_the_next(tmp_path):
+    run = RunFolder(tmp_path, "nightly", str(uuid.uuid4()), REPO / "hosts.yaml")
+    run.lane("l").stage = "decode curve"
+    run.append_jsonl("l", "requests.jsonl", _record(0))
+    child = subprocess.Popen(["true"])
+    child.wait()
+    run.manifest.flow["owner"] = {**run.manifest.flow["owner"], "pid": child.pid, "start": "1"}  # a process gone
+    run.save_manifest()
+    with (run.path / "l" / "requests.jsonl").open("a") as f:  # written after the last save, then the process died
+        f.write(_record(1).model_dump_json() + "\n")
+    (run.path / "manifest.json.tmp").write_text("{half")
+    assert not audit(run.path).ok
+    lines = reclaim_dead_runs(tmp_path, by="next-run")
+    assert len(lines) == 1 and "marked interrupted" in lines[0] and f"pid {child.pid}" in lines[0]
+    m = json.loads((run.path / "manifest.json").read_text())
+    assert m["flow"]["status"] == "interrupted" and m["lanes"]["l"]["status"] == "interrupted"
+    assert m["lanes"]["l"]["reason"].startswith("decode curve: interrupted")
+    os.unlink(run.path / "manifest.json.tmp") if (run.path / "manifest.json.tmp").exists() else None
+    assert audit(run.path).ok
+    assert reclaim_dead_runs(tmp_path, by="again") == []  # marked once
+    live = RunFolder(tmp_path, "nightly", str(uuid.uuid4()), REPO / "hosts.yaml")  # this process: alive
+    assert reclaim_dead_runs(tmp_path, by="x") == [] and live.manifest.flow["status"] == "running"
+
+
+def test_history_refuses_a_tampered_table(tmp_path):
+    inventory = REPO / "hosts.yaml"
+    good = _run(tmp_path, "nightly", {"rehearsal": {"tok_s": 20.0}}, inventory)
+    bad = _run(tmp_path, "nightly", {"rehearsal": {"tok_s": 21.0}}, inventory)
+    table = bad.path / "rehearsal" / "decode.parquet"
+    table.write_bytes(table.read_bytes() + b"\0")
+    con = open_index(tmp_path)
+    refused = con.execute("SELECT run, path FROM refused").fetchall()
+    assert refused == [(bad.path.name, "rehearsal/decode.parquet")]
+    runs = {r for (r,) in con.execute("SELECT DISTINCT run FROM metrics WHERE metric LIKE 'tok_s@%'").fetchall()}
+    assert runs == {good.path.name}
+    r = subprocess.run([sys.executable, "-m", "flows.cli", "history", "--artifacts", str(tmp_path), "runs"],
+                       cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert f"history: refused {bad.path.name}/rehearsal/decode.parquet" in r.stderr, r.stderr
