@@ -26,6 +26,7 @@ class Engine(ABC):
     health_path: ClassVar[str] = "/health"
     metrics_path: ClassVar[str] = "/metrics"
     info_path: ClassVar[str | None] = None  # a JSON endpoint describing the resolved server settings
+    queue_gauge: ClassVar[str | None] = None  # the metric counting requests waiting past the running cap
 
     @abstractmethod
     def launch_command(self, lane: Lane, binary: str, host: str) -> list[str]:

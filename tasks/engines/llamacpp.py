@@ -30,6 +30,7 @@ _P = "llamacpp:"
 class LlamaCpp(Engine):
     name = "llamacpp"
     info_path = "/slots"
+    queue_gauge = "llamacpp:requests_deferred"
 
     def launch_command(self, lane: Lane, binary: str, host: str) -> list[str]:
         argv = [

@@ -81,6 +81,7 @@ def counter_by_position(metrics: Metrics, name: str) -> dict[str, float]:
 class VLLM(Engine):
     name = "vllm"
     info_path = "/version"  # {"version": "0.33.0"}
+    queue_gauge = "vllm:num_requests_waiting"
 
     def launch_command(self, lane: Lane, binary: str, host: str) -> list[str]:
         argv = [

@@ -47,6 +47,8 @@ class DecodeRow(_Record):
     itl_p50_s: float
     requests: int
     failed_requests: int
+    # "queueing": a level the lane declared beyond_cap and ran above the server's cap; never judged for speed
+    regime: Literal["measured", "queueing"] = "measured"
 
 
 class AcceptanceRow(_Record):

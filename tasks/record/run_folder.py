@@ -63,6 +63,7 @@ class LaneRecord(BaseModel):
     finished_at: str | None = None
     host_lock: dict[str, Any] = {}  # the hold on `gpu:<host>`: asked, got, let go
     timeline: list[StageMark] = []  # every stage entered, in order; "done" when teardown ended
+    capacity: dict[str, Any] = {}  # the capacity plan's check before the curve (tasks/stages/capacity.py)
 
 
 class FlowRecord(BaseModel):
