@@ -120,6 +120,29 @@ def test_bad_bench_declarations_are_config_errors(tmp_path):
     assert result.returncode == 2 and "lanes.rehearsal.bench.accuracy.file" in result.stderr, result.stderr
 
 
+@pytest.mark.parametrize("kind", ["prefill", "accuracy", "capacity", "queueing"])
+def test_suites_round_trip_and_say_why(kind):
+    import great_expectations as gx
+
+    from tasks.record.expectations import SUITES_DIR
+
+    raw = json.loads((SUITES_DIR / f"{kind}.json").read_text())
+    assert gx.ExpectationSuite(**raw).to_json_dict() == raw
+    assert all(e["meta"]["why"] for e in raw["expectations"])
+
+
+def test_a_raw_score_without_its_truncated_share_is_quarantined():
+    from tasks.record.expectations import validate
+
+    plan = AccuracyPlan(file="x", max_tokens=8, reask_max_tokens=64)
+    rows = [r.model_dump() for r in score("l", plan, _attempts([(True, False), (False, True)]), {})]
+    assert validate("accuracy", pd.DataFrame(rows)).success
+    alone = validate("accuracy", pd.DataFrame([r for r in rows if r["measure"] != "truncated_share"]))
+    assert not alone.success and any("row_count" in f for f in alone.failed)
+    outside = validate("accuracy", pd.DataFrame([r | {"ci_high": 0.1} if r["measure"] == "raw" else r for r in rows]))
+    assert not outside.success and any("ci_high" in f for f in outside.failed)
+
+
 # --- one nightly on real servers ---------------------------------------------------------------------
 
 
@@ -144,12 +167,17 @@ def nightly(tmp_path_factory, llama_bin):
         "accuracy": rehearsal["bench"]["accuracy"] | {"max_tokens": 8, "reask_max_tokens": 192},
         "capacity": {},
     }
-    inv["lanes"]["queueing"] = queueing
+    inv["lanes"]["past-cap"] = queueing
     tmp = tmp_path_factory.mktemp("benches")
     result = run_cli("nightly", "--hosts", str(write_inventory(tmp, inv)), "--artifacts", str(tmp / "artifacts"))
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
     folder = run_folder_of(result)
     return folder, manifest_of(folder), (folder / "report.md").read_text(), tmp / "artifacts"
+
+
+def _section(report: str, lane: str) -> str:
+    """One lane's part of report.md: from its heading to the next lane's."""
+    return report.split(f"\n## {lane}\n", 1)[1].split("\n## ", 1)[0]
 
 
 def _table(folder, lane: str, kind: str) -> pd.DataFrame:
@@ -160,8 +188,8 @@ def test_every_new_table_passes_its_suite(nightly):
     folder, m, _, _ = nightly
     validated = {(a["lane"], a["kind"]): a["validation"] for a in m["artifacts"]}
     for lane, kind in [("rehearsal", "prefill"), ("rehearsal", "accuracy"), ("rehearsal", "capacity"),
-                       ("queueing", "queueing"), ("queueing", "decode"), ("queueing", "accuracy"),
-                       ("queueing", "capacity")]:
+                       ("past-cap", "queueing"), ("past-cap", "decode"), ("past-cap", "accuracy"),
+                       ("past-cap", "capacity")]:
         assert validated[(lane, kind)] == "passed", (lane, kind)
     assert all(lane["status"] == "passed" for lane in m["lanes"].values())
     assert no_llama_server_left(PORTS[0]) and no_llama_server_left(PORTS[1])
@@ -197,12 +225,12 @@ def test_accuracy_keeps_raw_beside_truncated_share_floor_and_finished(nightly):
 
 def test_a_cap_too_low_makes_truncation_dominate_and_the_report_says_so(nightly):
     folder, m, report, _ = nightly
-    acc = _table(folder, "queueing", "accuracy").set_index("measure")
+    acc = _table(folder, "past-cap", "accuracy").set_index("measure")
     assert acc.loc["truncated_share", "value"] > 0.5 and acc.loc["truncated_share", "max_tokens"] == 8
     assert acc.loc["floor", "value"] > acc.loc["raw", "value"]  # the re-ask at 192 recovers what the cap hid
-    section = report.split("## queueing", 1)[1]
+    section = _section(report, "past-cap")
     assert "TRUNCATION DOMINATES" in section and "the raw score is a truncation score, not the model's" in section
-    assert any(w.startswith("accuracy eval: TRUNCATION DOMINATES") for w in m["lanes"]["queueing"]["warnings"])
+    assert any(w.startswith("accuracy eval: TRUNCATION DOMINATES") for w in m["lanes"]["past-cap"]["warnings"])
 
 
 def test_capacity_plan_is_in_the_manifest_and_report(nightly):
@@ -216,24 +244,24 @@ def test_capacity_plan_is_in_the_manifest_and_report(nightly):
 
 def test_the_level_past_the_cap_is_labelled_queueing_and_never_judged(nightly):
     folder, m, report, artifacts = nightly
-    gate = m["lanes"]["queueing"]["gates"][0]
+    gate = m["lanes"]["past-cap"]["gates"][0]
     assert gate["passed"] and "beyond_cap queue levels [4] run as queueing" in gate["detail"]
-    decode = _table(folder, "queueing", "decode").set_index("concurrency")
+    decode = _table(folder, "past-cap", "decode").set_index("concurrency")
     assert decode.regime.to_dict() == {1: "measured", 2: "measured", 4: "queueing"}
-    queue = _table(folder, "queueing", "queueing").iloc[0]
+    queue = _table(folder, "past-cap", "queueing").iloc[0]
     assert queue.concurrency == 4 and queue.beyond_cap == 2 and queue.queue_gauge == "llamacpp:requests_deferred"
     assert 0 <= queue.queue_wait_p50_s <= queue.ttft_p50_s
-    section = report.split("## queueing", 1)[1]
+    section = _section(report, "past-cap")
     assert "**queueing**" in section and "### Queueing levels" in section
     from tasks.record.history import open_index
 
     con = open_index(artifacts)
-    metrics = set(con.execute("SELECT metric FROM metrics WHERE lane = 'queueing'").df().metric)
+    metrics = set(con.execute("SELECT metric FROM metrics WHERE lane = 'past-cap'").df().metric)
     assert {"tok_s@c1", "tok_s@c2"} <= metrics and "tok_s@c4" not in metrics and "ttft_p95_s@c4" not in metrics
     rehearsal = set(con.execute("SELECT metric FROM metrics WHERE lane = 'rehearsal' AND headline").df().metric)
     assert {"prefill_tok_s@r32", "prefill_tok_s@r384", "accuracy_floor", "accuracy_truncated_share"} <= rehearsal
     con.close()
-    regression = _table(folder, "queueing", "regression")
+    regression = _table(folder, "past-cap", "regression")
     assert not regression.metric.str.endswith("@c4").any()
 
 
@@ -243,6 +271,6 @@ def test_report_shows_the_sections_and_plots(nightly):
         assert heading in report
     plots = {a["path"] for a in m["artifacts"] if a["kind"] == "plot"}
     for rel in ("rehearsal/prefill.png", "rehearsal/accuracy.png", "rehearsal/capacity.png",
-                "queueing/concurrency.png", "queueing/accuracy.png"):
+                "past-cap/concurrency.png", "past-cap/accuracy.png"):
         assert rel in plots and (folder / rel).stat().st_size > 0 and f"]({rel})" in report
     assert json.loads((folder / "manifest.json").read_text())["lanes"]["rehearsal"]["capacity"]
