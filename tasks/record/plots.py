@@ -59,6 +59,7 @@ def concurrency_curve(decode: pd.DataFrame, out: Path, title: str) -> Path:
     if "regime" in df and (df.regime == "queueing").any():  # past the cap: a queue, labelled on both panels
         queued = df[df.regime == "queueing"]
         for axis in (ax, ax2):
+            axis.minorticks_off()
             axis.axvspan(queued.concurrency.min() / 1.2, queued.concurrency.max() * 1.2, color="tab:red", alpha=0.12)
             low, high = axis.get_ylim()
             for c in queued.concurrency:
@@ -143,6 +144,9 @@ def prefill_ladder(prefill: pd.DataFrame, out: Path, title: str) -> Path | None:
     ax2.plot(df.prompt_tokens, df.warm_ttft_s, marker="s", linestyle="--", label="warm TTFT")
     ax2.set(xscale="log", xlabel="prompt tokens", ylabel="seconds", title="time to first token")
     ax2.legend(fontsize=8)
+    for axis in (ax, ax2):
+        axis.minorticks_off()
+        axis.set_xticks(list(df.prompt_tokens), [f"{t:.0f}" for t in df.prompt_tokens])
     skipped = prefill[prefill.status == "skipped"]
     if not skipped.empty:
         fig.text(0.01, 0.01, "skipped (beyond the context per slot): " + ", ".join(str(r) for r in skipped.rung),
@@ -186,6 +190,7 @@ def capacity_curve(capacity: pd.DataFrame, out: Path, title: str) -> Path:
     if len(cap):
         ax.axvline(float(cap.iloc[0]), color="tab:gray", linestyle=":", label="running-request cap")
     ax.set(xscale="log", xlabel="users", ylabel="tokens per user", title=f"{title}: capacity plan")
+    ax.minorticks_off()
     ax.set_xticks(list(df.users), [str(u) for u in df.users])
     ax.legend(fontsize=7)
     return _save(fig, out)
