@@ -126,9 +126,13 @@ def test_suites_round_trip_and_say_why(kind):
 
     from tasks.record.expectations import SUITES_DIR
 
+    from tasks.record.kinds import kind as artifact_kind
+
     raw = json.loads((SUITES_DIR / f"{kind}.json").read_text())
     assert gx.ExpectationSuite(**raw).to_json_dict() == raw
     assert all(e["meta"]["why"] for e in raw["expectations"])
+    (schema,) = [e for e in raw["expectations"] if e["type"] == "expect_table_columns_to_match_set"]
+    assert schema["kwargs"]["column_set"] == list(artifact_kind(kind).model().model_fields)
 
 
 def test_a_raw_score_without_its_truncated_share_is_quarantined():
