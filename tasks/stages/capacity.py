@@ -18,12 +18,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-import httpx
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel, ConfigDict
 
 from tasks.client.prompts import Prompt
+from tasks.correctness.needles import token_counter
 from tasks.engines import Engine
 from tasks.engines.facts import BootFacts
 from tasks.inventory.models import Lane
@@ -97,14 +97,7 @@ def typical_tokens(lane: Lane, base_url: str, engine: Engine, prompts: list[Prom
     if plan is not None and plan.typical_tokens is not None:
         return plan.typical_tokens
     longest = max(prompts, key=lambda p: len(p.text)).text if prompts else ""
-    try:
-        spec = engine.tokenize_request(longest)
-        r = httpx.post(base_url + spec.path, json=spec.body, timeout=30.0)
-        r.raise_for_status()
-        tokens = len(engine.parse_tokenize(r.json()))
-    except (NotImplementedError, httpx.HTTPError, ValueError, KeyError):
-        tokens = max(1, len(longest) // 4)
-    return tokens + lane.bench.decode.max_tokens
+    return token_counter(base_url, engine)(longest) + lane.bench.decode.max_tokens
 
 
 @task(name="capacity-plan", cache_policy=NO_CACHE)

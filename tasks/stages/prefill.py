@@ -22,6 +22,7 @@ from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel, ConfigDict
 
 from tasks.client.prompts import Prompt, nonce, with_nonce
+from tasks.correctness.needles import token_counter
 from tasks.engines import Engine, engine_for
 from tasks.engines.facts import BootFacts
 from tasks.inventory.models import PrefillPlan
@@ -64,22 +65,6 @@ class PrefillRow(BaseModel):
     warm_ttft_s: float | None = None
     warm_tok_s: float | None = None  # the same over the warm hit: what the prefix cache makes it look like
     cache_speedup: float | None = None  # cold TTFT / warm TTFT
-
-
-def _counter(base_url: str, engine: Engine) -> Callable[[str], int]:
-    """The server's tokenizer where the adapter can ask it; 4 characters per token otherwise."""
-    try:
-        engine.tokenize_request("probe")
-    except NotImplementedError:
-        return lambda text: max(1, len(text) // 4)
-
-    def count(text: str) -> int:
-        spec = engine.tokenize_request(text)
-        r = httpx.post(base_url + spec.path, json=spec.body, timeout=60.0)
-        r.raise_for_status()
-        return len(engine.parse_tokenize(r.json()))
-
-    return count
 
 
 def build_prompt(filler: str, target: int, tag: str, count: Callable[[str], int]) -> tuple[str, int]:
@@ -153,7 +138,7 @@ def prefill_ladder(server: Server, lane_name: str, engine_name: str, plan: Prefi
                    declared_context: int, filler: list[Prompt], on_record: Callable[[PrefillRecord], None],
                    on_progress: Callable[[str], None] = lambda _: None) -> list[PrefillRow]:
     engine = engine_for(engine_name)
-    count = _counter(server.base_url, engine)
+    count = token_counter(server.base_url, engine)
     text = "\n\n".join(p.text for p in filler)
     rows = []
     for rung in plan.rungs:
