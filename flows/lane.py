@@ -1,8 +1,9 @@
 """The lane flow: one serving configuration, from preflight to validated results.
 
     preflight (links, host, workers, files, port) -> image pull by digest -> boot
-              -> boot gates (declared, agentic smoke, thinking switch) -> warmup
-              -> decode curve -> acceptance probe -> tool gate -> needle ladder
+              -> boot gates (declared, agentic smoke, thinking switch) -> capacity plan -> warmup
+              -> decode curve (+ queueing levels past the cap) -> prefill ladder -> acceptance probe
+              -> tool gate -> needle ladder -> accuracy eval
               -> expectations -> artifacts            (teardown on every path)
 
 Read it as the recipe the seeds did by hand. A failed precondition skips the lane with its
@@ -12,7 +13,7 @@ a table that fails its expectations is quarantined and fails the lane.
 
 `stages="tools"` (used by `lanebench tools`) boots, runs the boot gates and the tool gate
 only; `held_out=True` adds the held-out tool suite. Matrix arms skip the tool gate and the
-needle ladder (`SPEED_ONLY_FLOWS`).
+needle ladder, and the prefill ladder and accuracy eval (`SPEED_ONLY_FLOWS`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,11 @@ from prefect.states import Completed, Failed, State
 
 from tasks.client.prompts import Prompt, load_prompts
 from tasks.correctness import record as correctness
+from tasks.correctness.accuracy import accuracy_eval, in_words
+from tasks.engines import engine_for
+from tasks.stages.capacity import capacity_plan, typical_tokens
+from tasks.stages.prefill import prefill_ladder
+from tasks.stages.queueing import queueing_levels
 from tasks.correctness.needles import needle_ladder
 from tasks.correctness.tool_gate import tool_gate
 from tasks.inventory.models import Host, Inventory, Lane
@@ -38,7 +44,7 @@ from tasks.stages.acceptance import acceptance_probe
 from tasks.stages.boot import NodeLost, Server
 from tasks.stages.deadlines import ServerDied, check_alive
 from tasks.stages.decode_curve import decode_curve
-from tasks.stages.gates import GateFailed
+from tasks.stages.gates import GateFailed, conservative_cap
 from tasks.stages.limits import with_bandwidth_share
 from tasks.stages.preflight import resolve
 from tasks.stages.safety import acceptance_findings, noise_findings
@@ -97,6 +103,18 @@ def lane_flow(lane_name: str, lane: Lane, host: Host, base_dir: Path, run_dir: s
                 return _correctness(run, record, lane_name, lane, host, base_dir, server, stage, held_out,
                                     needles=False)
 
+            # 4b. Capacity plan: users x context each, from the boot facts; a declared concurrency whose
+            # typical requests do not fit the pool is flagged here, before any curve runs on it.
+            if lane.bench.capacity is not None:
+                stage("capacity plan")
+                typical = typical_tokens(lane, server.base_url, engine_for(lane.engine), decode_prompts)
+                cap_rows, check = capacity_plan(lane_name, lane, served.facts, typical)
+                run.write_table(lane_name, "capacity", cap_rows)
+                record.capacity = check.model_dump()
+                if not check.fits:
+                    record.warnings.append(check.warning)
+                run.save_manifest()
+
             # 5. Warmup: every batch shape a bench will use, first hit recorded apart.
             stage("warmup")
             shapes = [(c, "decode", lane.bench.decode.max_tokens) for c in lane.bench.decode.concurrency]
@@ -105,17 +123,47 @@ def lane_flow(lane_name: str, lane: Lane, host: Host, base_dir: Path, run_dir: s
             warm = warmup(server, lane_name, lane.engine, shapes, {"decode": decode_prompts, **class_prompts}, keep)
             run.write_table(lane_name, "warmup", warm)
 
-            # 6. Decode curve: repeats at each concurrency level, median and spread.
+            # 6. Decode curve: repeats at each concurrency level, median and spread. Levels declared
+            # `beyond_cap: queue` that exceed the server's cap run after it, labelled "queueing".
             stage("decode curve")
             check_alive(server)
-            rows = decode_curve(server, lane_name, lane.engine, lane.bench.decode, lane.bench.repeats, decode_prompts,
+            cap, _ = conservative_cap(served.facts)
+            past_cap = [c for c in lane.bench.decode.queue_levels() if cap is None or c > cap]
+            for level in sorted(set(lane.bench.decode.queue_levels()) - set(past_cap)):
+                record.warnings.append(f"beyond_cap: level {level} fits the server's cap of {cap}: "
+                                       "measured as an ordinary level")
+            plan = lane.bench.decode.model_copy(update={"concurrency": [c for c in lane.bench.decode.concurrency
+                                                                        if c not in past_cap]})
+            rows = decode_curve(server, lane_name, lane.engine, plan, lane.bench.repeats, decode_prompts,
                                 keep, on_progress=lambda s: (check_alive(server), progress(lane_name, s)),
                                 unstable_spread_pct=lane.bench.unstable_spread_pct)
             model_bytes = next((m["bytes"] for m in record.models if m["role"] == "model"), None)
             rows = with_bandwidth_share(rows, model_bytes, host.memory_gbps)
+            queue_rows = []
+            if past_cap:
+                stage("queueing levels")
+                queued, queue_rows = queueing_levels(server, lane_name, lane.engine, lane.bench.decode,
+                                                     lane.bench.repeats, decode_prompts, past_cap, cap, rows, keep,
+                                                     on_progress=lambda s: progress(lane_name, s))
+                rows = sorted([*rows, *queued], key=lambda r: r.concurrency)
             run.write_table(lane_name, "decode", rows)
+            if queue_rows:
+                run.write_table(lane_name, "queueing", queue_rows)
             # Noise made visible: unstable levels and warmup faster than steady (tasks/stages/safety.py).
             record.flags += [f.model_dump(mode="json") for f in noise_findings(lane, rows, warm)]
+
+            # 6b. Prefill ladder: cold, nonce-led prompts from short to the longest the server holds.
+            if lane.bench.prefill is not None and run.manifest.flow.get("name") not in SPEED_ONLY_FLOWS:
+                stage("prefill ladder")
+                pre = lane.bench.prefill
+                filler = load_prompts(resolve(base_dir, pre.prompts)) if pre.prompts else decode_prompts
+                ladder = prefill_ladder(server, lane_name, lane.engine, pre, served.facts, lane.context, filler,
+                                        lambda r: run.append_jsonl(lane_name, "prefill.jsonl", r),
+                                        on_progress=lambda s: progress(lane_name, s))
+                for row in ladder:
+                    if row.status != "measured":
+                        record.warnings.append(f"prefill ladder: rung {row.rung} {row.status}: {row.reason}")
+                run.write_table(lane_name, "prefill", ladder)
 
             # 7. Acceptance probe: per prompt class, counter deltas over the probe window only.
             if lane.speculative is not None and lane.bench.acceptance is not None:
@@ -186,6 +234,14 @@ def _correctness(run: RunFolder, record: LaneRecord, lane_name: str, lane: Lane,
         verdicts += [ladder] if ladder is not None else []
     correctness.verdicts(run, lane_name).extend(r.model_dump() for r in verdicts)
     run.save_manifest()
+    if needles and lane.bench.accuracy is not None:
+        # A report, not a gate: the raw score only ever beside the share cut off at max_tokens.
+        stage("accuracy eval")
+        scores = accuracy_eval(server, run, lane_name, lane, resolve(base_dir, lane.bench.accuracy.file))
+        words = in_words(scores)
+        if words.startswith("TRUNCATION DOMINATES"):
+            record.warnings.append(f"accuracy eval: {words}")
+        run.save_manifest()
 
     stage("expectations")
     run.validate_raw(lane_name, "requests.jsonl", "requests")

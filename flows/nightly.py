@@ -85,6 +85,10 @@ def _plots(run: RunFolder, name: str, con: Any, comparison: LaneComparison | Non
     if "acceptance" in tables:
         made.append(plots.acceptance_positions(pd.read_parquet(run.path / tables["acceptance"].path),
                                                run.lane_dir(name) / "acceptance.png", name))
+    for kind, draw in (("prefill", plots.prefill_ladder), ("accuracy", plots.accuracy_bars),
+                       ("capacity", plots.capacity_curve)):
+        if kind in tables:
+            made.append(draw(pd.read_parquet(run.path / tables[kind].path), run.lane_dir(name) / f"{kind}.png", name))
     if comparison is not None and con is not None:
         history = _history(con, name, [r.metric for r in comparison.rows])
         made.append(plots.trend(history, comparison.rows, run.path.name, run.lane_dir(name) / "trend.png", name))

@@ -129,7 +129,7 @@ def _gates(lane: Lane) -> list[str]:
             source = f"metric {gate.metric} increase over a probe" if gate.metric else f"log /{gate.log_pattern}/"
             out.append(f"counter {gate.name}: {source} {gate.op} {gate.threshold:g}")
         else:
-            out.append(f"capacity: bench concurrency up to {max(lane.bench.decode.concurrency)} must fit the "
+            out.append(f"capacity: bench concurrency up to {max(lane.bench.decode.gated_levels())} must fit the "
                        "running-request cap the server resolves (the lowest of its sources)")
     if lane.agentic is not None:
         out.append("agentic smoke: tool calls and reasoning as declared" +
@@ -147,7 +147,7 @@ def plan_lane(name: str, lane: Lane, inventory: Inventory, base_dir: Path) -> La
                       preflight=_preflight(lane, inventory), facts=_FACTS[lane.engine], gates=_gates(lane))
     cap = engine.planned_cap(lane)
     if cap is not None:
-        wanted = max(lane.bench.decode.concurrency)
+        wanted = max(lane.bench.decode.gated_levels())
         verdict = "passes" if cap.cap >= wanted else "FAILS"
         result.capacity = f"at most {cap.cap} running requests ({cap.reason}) for bench concurrency up to {wanted}: {verdict}"
     if (reason := planned.check(lane, cap)) is not None:

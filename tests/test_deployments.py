@@ -32,6 +32,8 @@ def _cheap_lane(folder: Path, port: int) -> Path:
     lane["bench"] = {**lane["bench"], "repeats": 1, "decode": {**lane["bench"]["decode"], "concurrency": [1],
                                                                "max_tokens": 16}}
     lane["bench"].pop("acceptance")
+    for bench in ("prefill", "accuracy", "capacity"):  # cheap lane: speed stages only
+        lane["bench"].pop(bench, None)
     return write_inventory(folder, inv)
 
 

@@ -70,6 +70,8 @@ def _reduced(folder, drafter: str = "drafter-good-f16.gguf"):
     lane["port"] = free_port()
     lane["bench"]["repeats"] = 1
     lane["bench"]["decode"] |= {"concurrency": [1, 2], "max_tokens": 24}
+    for bench in ("prefill", "accuracy", "capacity"):  # judged in tests/test_benches.py
+        lane["bench"].pop(bench, None)
     acc = lane["bench"]["acceptance"]
     acc |= {"prompts_per_class": 2, "max_tokens": 32, "classes": {c: acc["classes"][c] for c in ("prose", "code")}}
     lane["drafter"] = {"path": f"testbed/models/{drafter}", "bytes": (REPO / "testbed/models" / drafter).stat().st_size}

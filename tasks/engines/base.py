@@ -38,6 +38,7 @@ class Engine(ABC):
     def invalid_speculation(self, log: str) -> str | None:
         """The server's own words when its speculation output is not valid (synthetic acceptance)."""
         return None
+    queue_gauge: ClassVar[str | None] = None  # the metric counting requests waiting past the running cap
 
     @abstractmethod
     def launch_command(self, lane: Lane, binary: str, host: str) -> list[str]:

@@ -57,6 +57,7 @@ class LlamaCpp(Engine):
         "synthetic speculative acceptance is enabled for benchmarking; generated output is not valid")."""
         m = _SYNTHETIC.search(log)
         return m[0].strip() if m else None
+    queue_gauge = "llamacpp:requests_deferred"
 
     def launch_command(self, lane: Lane, binary: str, host: str) -> list[str]:
         argv = [

@@ -45,7 +45,7 @@ def sglang_cap(lane: Lane, argv: list[str]) -> PlannedCap | None:
     if "--enable-dp-attention" in argv:  # deprecated spelling: --dp-size N means N attention-DP workers
         dp, attn_dp = 1, dp
     workers = dp * attn_dp
-    per_worker_wanted = -(-max(lane.bench.decode.concurrency) // workers)
+    per_worker_wanted = -(-max(lane.bench.decode.gated_levels()) // workers)
     caps: list[tuple[int, str, str]] = []
     if (cache := _int(argv, "--max-mamba-cache-size")) is not None:
         strategy = flag_value(argv, "--mamba-radix-cache-strategy") or "auto"
@@ -81,8 +81,9 @@ def vllm_cap(lane: Lane, argv: list[str]) -> PlannedCap | None:
 
 
 def check(lane: Lane, planned: PlannedCap | None) -> str | None:
-    """A one-line reason when the lane's capacity gate cannot pass its own bench, else None."""
-    wanted = max(lane.bench.decode.concurrency)
+    """A one-line reason when the lane's capacity gate cannot pass its own bench, else None (levels
+    declared `beyond_cap: queue` are let through, as the gate lets them)."""
+    wanted = max(lane.bench.decode.gated_levels())
     if planned is None or planned.cap >= wanted or not any(g.kind == "capacity" for g in lane.gates):
         return None
     return (f"running requests are capped at {planned.cap} by the config ({planned.reason}), below bench "

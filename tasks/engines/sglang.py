@@ -86,6 +86,7 @@ def _num(spec: dict[str, float | list[float]], key: str) -> float:
 
 class SGLang(Engine):
     name = "sglang"
+    queue_gauge = "sglang:num_queue_reqs"
     info_path = "/server_info"  # /get_server_info before it was renamed
 
     def launch_command(self, lane: Lane, binary: str, host: str) -> list[str]:

@@ -83,6 +83,7 @@ class VLLM(Engine):
     draft_counter = "vllm:spec_decode_num_drafts_total"
     draft_tokens_counter = "vllm:spec_decode_num_draft_tokens_total"
     info_path = "/version"  # {"version": "0.33.0"}
+    queue_gauge = "vllm:num_requests_waiting"
 
     def launch_command(self, lane: Lane, binary: str, host: str) -> list[str]:
         argv = [

@@ -113,6 +113,8 @@ def check_prompt_files(inventory: Inventory, path: str | Path) -> None:
         files = {f"lanes.{name}.bench.decode.prompts": lane.bench.decode.prompts}
         if lane.bench.acceptance is not None:
             files |= {f"lanes.{name}.bench.acceptance.classes.{c}": p for c, p in lane.bench.acceptance.classes.items()}
+        if lane.bench.prefill is not None and lane.bench.prefill.prompts is not None:
+            files |= {f"lanes.{name}.bench.prefill.prompts": lane.bench.prefill.prompts}
         for field, rel in files.items():
             target = Path(rel) if Path(rel).is_absolute() else base / rel
             fix = "point it at a JSONL file of {id, class, prompt} lines (paths are relative to this file)"
@@ -173,9 +175,14 @@ def check_model_files(name: str, lane: Lane, inventory: Inventory, base: Path, p
 
 
 def _check_correctness_files(name: str, lane: Lane, base: Path, path: str | Path) -> None:
+    from tasks.correctness.accuracy import load_mcq
     from tasks.correctness.tool_grader import load_suite
 
     checks: list[tuple[str, str, object, str]] = []
+    if lane.bench.accuracy is not None:
+        checks.append((f"lanes.{name}.bench.accuracy.file", lane.bench.accuracy.file, load_mcq,
+                       "point it at a JSONL file of {question, choices, answer} lines (GPQA-Diamond's shape), "
+                       "e.g. testbed/evals/mcq.jsonl"))
     if lane.agentic is not None and lane.agentic.chat_template is not None:
         checks.append((f"lanes.{name}.agentic.chat_template", lane.agentic.chat_template, None,
                        "point it at a Jinja chat template file (e.g. testbed/chat/testbed.jinja)"))

@@ -13,6 +13,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 from tasks.inventory.base import _NAME, _SAFE_FLAG, ConfigError, _RefError, _Strict  # noqa: F401  (re-exported)
+from tasks.inventory.benches import AccuracyPlan, BeyondCap, CapacityPlan, PrefillPlan  # noqa: F401  (re-exported)
 from tasks.inventory.correctness import (  # noqa: F401  (re-exported)
     Agentic,
     Correctness,
@@ -141,6 +142,23 @@ class DecodePlan(_Strict):
     max_tokens: Annotated[int, Field(ge=1)] = 64
     requests_per_stream: Annotated[int, Field(ge=1)] = 2
     prompts: str
+    beyond_cap: BeyondCap | None = None  # levels run past the server's cap, labelled "queueing"
+
+    @model_validator(mode="after")
+    def _queue_levels_declared(self) -> DecodePlan:
+        extra = sorted(set(self.beyond_cap.queue) - set(self.concurrency)) if self.beyond_cap else []
+        if extra:
+            raise ValueError(f"beyond_cap.queue names levels {extra} that are not in concurrency; "
+                             "list them under concurrency too")
+        return self
+
+    def queue_levels(self) -> list[int]:
+        return sorted(set(self.beyond_cap.queue)) if self.beyond_cap else []
+
+    def gated_levels(self) -> list[int]:
+        """The levels the capacity gate judges: every level but the declared queueing ones."""
+        queued = set(self.queue_levels())
+        return [c for c in self.concurrency if c not in queued] or [1]
 
 
 class AcceptancePlan(_Strict):
@@ -156,6 +174,9 @@ class BenchPlan(_Strict):
     unstable_spread_pct: Annotated[float, Field(gt=0)] = 50.0
     decode: DecodePlan
     acceptance: AcceptancePlan | None = None
+    prefill: PrefillPlan | None = None
+    accuracy: AccuracyPlan | None = None
+    capacity: CapacityPlan | None = None
 
 
 class CounterGate(_Strict):

@@ -32,6 +32,7 @@ _DERIVED_FROM: dict[str, list[str]] = {
     "per_position_min": ["per_position"],
     "per_position_max": ["per_position"],
     "per_position_nonincreasing": ["per_position"],
+    "rung_fill": ["rung", "prompt_tokens"],
 }
 _MONOTONE_TOL = 1e-9  # rates are ratios of counters (or means of them): allow float noise only
 _ROWS_SHOWN = 3
@@ -70,6 +71,7 @@ def derive(kind: str, df: pd.DataFrame) -> pd.DataFrame:
     acceptance: `k_plus_1` (ceiling of acceptance_length: k drafts plus the bonus token),
     `per_position_len` (must equal k), `per_position_min`/`per_position_max` (must lie in
     [0, 1]) and `per_position_nonincreasing` (False also when the curve is not a list).
+    prefill: `rung_fill` (prompt tokens the server counted / the rung's declared size).
     Other kinds need nothing. Missing source columns are skipped: the suite's column-set
     expectation reports them. The index is reset so failure lines can point at rows.
     """
@@ -87,6 +89,8 @@ def derive(kind: str, df: pd.DataFrame) -> pd.DataFrame:
                 [c is not None and all(b <= a + _MONOTONE_TOL for a, b in zip(c, c[1:])) for c in curves],
                 dtype="bool",
             )
+    if kind == "prefill" and {"rung", "prompt_tokens"} <= set(out.columns):
+        out["rung_fill"] = pd.to_numeric(out["prompt_tokens"], errors="coerce") / pd.to_numeric(out["rung"], errors="coerce")
     return out
 
 

@@ -10,7 +10,7 @@ Only tables that passed their expectations count: a quarantined table never reac
 
 Tables: `runs` (one per folder: flow, times, lanebench SHA), `lanes` (status and identity of
 what ran: image digest, model/drafter sha256, engine binary), `artifacts`, `decode`,
-`acceptance`, `kl_summary`, `regression`, and the long view `metrics` (run, lane, metric,
+`acceptance`, `kl_summary`, `regression`, `prefill`, `accuracy`, and the long view `metrics` (run, lane, metric,
 value, [lo, hi], passed, regressed, and the identity columns) that history queries, trends
 and the regression check all read. Metric names: `tok_s@c4`, `ttft_p95_s@c4`,
 `acceptance_length@code`, `kl_mean_abs_dlogprob`, ...
@@ -27,7 +27,7 @@ from typing import Any
 
 import pandas as pd
 
-from tasks.record.kinds import KINDS, METRICS, MetricDef, history_kinds, metric_def  # noqa: F401  (re-exported for queries)
+from tasks.record.kinds import ADDED_COLUMNS, KINDS, METRICS, MetricDef, history_kinds, metric_def  # noqa: F401  (re-exported for queries)
 
 INDEX_FILE = ".history.duckdb"
 
@@ -123,7 +123,7 @@ def _metrics_view(con: Any) -> None:
             SELECT t.run, t.lane, {d.name_sql} AS metric, '{d.family}' AS family, '{d.better}' AS better,
                    {str(d.headline).upper()} AS headline, CAST(t.{d.column} AS DOUBLE) AS value,
                    CAST({d.lo} AS DOUBLE) AS lo, CAST({d.hi} AS DOUBLE) AS hi, {passed} AS passed
-            FROM {d.table} t LEFT JOIN lanes l ON l.run = t.run AND l.lane = t.lane""")
+            FROM {d.table} t LEFT JOIN lanes l ON l.run = t.run AND l.lane = t.lane WHERE {d.where}""")
     con.execute(f"""CREATE VIEW metrics AS
         WITH m AS ({' UNION ALL '.join(selects)}),
              regressed AS (SELECT DISTINCT run, lane FROM regression WHERE verdict = 'regression')
@@ -178,6 +178,8 @@ def open_index(root: str | Path, database: str = ":memory:") -> Any:
         files = artifacts[(artifacts.kind == kind) & (artifacts.validation == "passed")].path.tolist()
         con.execute(f"DROP TABLE IF EXISTS {kind}")
         _load_table(con, kind, files)
+        for column, sql_type in ADDED_COLUMNS.get(kind, {}).items():
+            con.execute(f"ALTER TABLE {kind} ADD COLUMN IF NOT EXISTS {column} {sql_type}")
     con.execute("DROP VIEW IF EXISTS metrics")
     _metrics_view(con)
     return con

@@ -44,6 +44,11 @@ KINDS: dict[str, ArtifactKind] = {k.name: k for k in (
     ArtifactKind("matrix_verdict", "tasks.matrix.verdict:VerdictRow", ("bar_index", "arm")),
     ArtifactKind("tools", "tasks.correctness.tool_gate:ToolGateRow", ("lane", "suite")),
     ArtifactKind("needles", "tasks.correctness.needles:NeedleRow", ("lane",)),
+    ArtifactKind("prefill", "tasks.stages.prefill:PrefillRow", ("lane", "rung", "status"), history=True, published=True),
+    ArtifactKind("accuracy", "tasks.correctness.accuracy:AccuracyRow", ("lane", "measure"), history=True,
+                 published=True),
+    ArtifactKind("capacity", "tasks.stages.capacity:CapacityRow", ("lane", "users"), published=True),
+    ArtifactKind("queueing", "tasks.stages.queueing:QueueRow", ("lane", "concurrency"), published=True),
 )}
 
 
@@ -68,12 +73,13 @@ class MetricDef:
     table: str
     column: str
     prefix: str
-    key: Literal["concurrency", "prompt_class", ""]
-    family: Literal["throughput", "latency", "acceptance", "kl"]
+    key: Literal["concurrency", "prompt_class", "rung", ""]
+    family: Literal["throughput", "latency", "acceptance", "kl", "accuracy"]
     better: Literal["higher", "lower"]
     headline: bool  # compared night to night (the others are for history queries)
     lo: str = "NULL"
     hi: str = "NULL"
+    where: str = "TRUE"  # rows that count (queueing levels never feed a speed verdict)
 
     @property
     def name_sql(self) -> str:
@@ -81,22 +87,47 @@ class MetricDef:
             return f"'{self.prefix}@c' || t.concurrency"
         if self.key == "prompt_class":
             return f"'{self.prefix}@' || t.prompt_class"
+        if self.key == "rung":
+            return f"'{self.prefix}@r' || t.rung"
         return f"'{self.prefix}'"
 
 
+_MEASURED = "COALESCE(t.regime, 'measured') = 'measured'"  # decode levels past the cap are a queue, not a speed
+
 METRICS: tuple[MetricDef, ...] = (
     MetricDef("decode", "aggregate_tok_s", "tok_s", "concurrency", "throughput", "higher", True,
-              "t.aggregate_tok_s_min", "t.aggregate_tok_s_max"),
-    MetricDef("decode", "ttft_p95_s", "ttft_p95_s", "concurrency", "latency", "lower", True),
-    MetricDef("decode", "per_user_tok_s", "per_user_tok_s", "concurrency", "throughput", "higher", False),
-    MetricDef("decode", "ttft_p50_s", "ttft_p50_s", "concurrency", "latency", "lower", False),
-    MetricDef("decode", "itl_p50_s", "itl_p50_s", "concurrency", "latency", "lower", False),
+              "t.aggregate_tok_s_min", "t.aggregate_tok_s_max", where=_MEASURED),
+    MetricDef("decode", "ttft_p95_s", "ttft_p95_s", "concurrency", "latency", "lower", True, where=_MEASURED),
+    MetricDef("decode", "per_user_tok_s", "per_user_tok_s", "concurrency", "throughput", "higher", False,
+              where=_MEASURED),
+    MetricDef("decode", "ttft_p50_s", "ttft_p50_s", "concurrency", "latency", "lower", False, where=_MEASURED),
+    MetricDef("decode", "itl_p50_s", "itl_p50_s", "concurrency", "latency", "lower", False, where=_MEASURED),
     MetricDef("acceptance", "acceptance_length", "acceptance_length", "prompt_class", "acceptance", "higher", True,
               "t.acceptance_length_min", "t.acceptance_length_max"),
     MetricDef("kl_summary", "mean_abs_dlogprob", "kl_mean_abs_dlogprob", "", "kl", "lower", True),
     MetricDef("kl_summary", "p95_abs_dlogprob", "kl_p95_abs_dlogprob", "", "kl", "lower", True),
     MetricDef("kl_summary", "argmax_flip_share", "kl_argmax_flip_share", "", "kl", "lower", True),
+    # Prefill ladder: cold prefill per rung (the warm hit is the cache's number, kept for queries).
+    MetricDef("prefill", "prefill_tok_s", "prefill_tok_s", "rung", "throughput", "higher", True,
+              where="t.status = 'measured'"),
+    MetricDef("prefill", "cold_ttft_s", "prefill_ttft_s", "rung", "latency", "lower", False,
+              where="t.status = 'measured'"),
+    MetricDef("prefill", "warm_ttft_s", "prefill_warm_ttft_s", "rung", "latency", "lower", False,
+              where="t.status = 'measured'"),
+    # Accuracy eval: the floor at the re-ask cap and the share cut off at the first cap are judged;
+    # the raw score never stands alone (it is kept for queries beside its truncated share).
+    MetricDef("accuracy", "value", "accuracy_floor", "", "accuracy", "higher", True, "t.ci_low", "t.ci_high",
+              where="t.measure = 'floor'"),
+    MetricDef("accuracy", "value", "accuracy_truncated_share", "", "accuracy", "lower", True, "t.ci_low",
+              "t.ci_high", where="t.measure = 'truncated_share'"),
+    MetricDef("accuracy", "value", "accuracy_raw", "", "accuracy", "higher", False, "t.ci_low", "t.ci_high",
+              where="t.measure = 'raw'"),
+    MetricDef("accuracy", "value", "accuracy_finished_right", "", "accuracy", "higher", False, "t.ci_low",
+              "t.ci_high", where="t.measure = 'finished_right'"),
 )
+
+# Columns a later version added to a table kind: older Parquet files lack them, the index adds them.
+ADDED_COLUMNS: dict[str, dict[str, str]] = {"decode": {"regime": "VARCHAR"}}
 
 
 def metric_def(metric: str) -> MetricDef | None:

@@ -56,6 +56,14 @@ def concurrency_curve(decode: pd.DataFrame, out: Path, title: str) -> Path:
     ax2.set(xscale="log", xlabel="concurrency", ylabel="seconds", title="time to first token")
     ax2.set_xticks(list(df.concurrency), [str(c) for c in df.concurrency])
     ax2.legend(fontsize=8)
+    if "regime" in df and (df.regime == "queueing").any():  # past the cap: a queue, labelled on both panels
+        queued = df[df.regime == "queueing"]
+        for axis in (ax, ax2):
+            axis.minorticks_off()
+            axis.axvspan(queued.concurrency.min() / 1.2, queued.concurrency.max() * 1.2, color="tab:red", alpha=0.12)
+            low, high = axis.get_ylim()
+            for c in queued.concurrency:
+                axis.annotate("queueing", (c, low + 0.9 * (high - low)), fontsize=7, color="tab:red", ha="center")
     return _save(fig, out)
 
 
@@ -118,4 +126,71 @@ def trend(history: dict[str, pd.DataFrame], rows: list[RegressionRow], current_r
     for ax in list(axes.flat)[len(metrics):]:
         ax.axis("off")
     fig.suptitle(f"{title}: headline metrics over history (ringed: baseline runs; shaded: noise band)", fontsize=10)
+    return _save(fig, out)
+
+
+def prefill_ladder(prefill: pd.DataFrame, out: Path, title: str) -> Path | None:
+    """Cold prefill tok/s against prompt tokens, the warm hit (the prefix cache's number) apart; TTFT beside."""
+    df = prefill[prefill.status == "measured"].sort_values("prompt_tokens")
+    if df.empty:
+        return None
+    plt = _plt()
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(9, 3.4))
+    ax.plot(df.prompt_tokens, df.prefill_tok_s, marker="o", label="cold (nonce-led)")
+    ax.plot(df.prompt_tokens, df.warm_tok_s, marker="s", linestyle="--", label="warm hit (cache)")
+    ax.set(xscale="log", xlabel="prompt tokens", ylabel="prefill tok/s", title=f"{title}: prefill ladder")
+    ax.legend(fontsize=8)
+    ax2.plot(df.prompt_tokens, df.cold_ttft_s, marker="o", label="cold TTFT")
+    ax2.plot(df.prompt_tokens, df.warm_ttft_s, marker="s", linestyle="--", label="warm TTFT")
+    ax2.set(xscale="log", xlabel="prompt tokens", ylabel="seconds", title="time to first token")
+    ax2.legend(fontsize=8)
+    for axis in (ax, ax2):
+        axis.minorticks_off()
+        axis.set_xticks(list(df.prompt_tokens), [f"{t:.0f}" for t in df.prompt_tokens])
+    skipped = prefill[prefill.status == "skipped"]
+    if not skipped.empty:
+        fig.text(0.01, 0.01, "skipped (beyond the context per slot): " + ", ".join(str(r) for r in skipped.rung),
+                 fontsize=7, color="tab:gray")
+    return _save(fig, out)
+
+
+_ACCURACY_LABELS = {"raw": "raw", "truncated_share": "cut off", "floor": "floor", "still_truncated_share": "still cut off",
+                    "finished_right": "right when\nfinished"}
+
+
+def accuracy_bars(accuracy: pd.DataFrame, out: Path, title: str) -> Path:
+    """The five measures with their binomial intervals; the raw score never without its truncated share."""
+    plt = _plt()
+    df = accuracy.set_index("measure").reindex(list(_ACCURACY_LABELS)).reset_index()
+    fig, ax = plt.subplots(figsize=(6.5, 3.2))
+    values = df.value.fillna(0.0)
+    colours = ["tab:blue", "tab:red", "tab:green", "tab:red", "tab:purple"]
+    ax.bar(range(len(df)), values, color=colours, alpha=0.8)
+    err = [(values - df.ci_low.fillna(values)).clip(lower=0), (df.ci_high.fillna(values) - values).clip(lower=0)]
+    ax.errorbar(range(len(df)), values, yerr=err, fmt="none", ecolor="black", capsize=4)
+    ax.set_xticks(range(len(df)), [f"{_ACCURACY_LABELS[m]}\n@{int(c)}" for m, c in zip(df.measure, df.max_tokens)],
+                  fontsize=7)
+    ax.set(ylim=(0, 1.05), ylabel="share of questions", title=f"{title}: accuracy (95% Wilson intervals)")
+    return _save(fig, out)
+
+
+def capacity_curve(capacity: pd.DataFrame, out: Path, title: str) -> Path:
+    """Users against the context each can hold; the cap, the typical request and the decode levels marked."""
+    plt = _plt()
+    df = capacity.sort_values("users")
+    fig, ax = plt.subplots(figsize=(5.5, 3.4))
+    ax.step(df.users, df.context_per_user, where="post", marker="o", label="context per user")
+    declared = df[df.declared]
+    ax.scatter(declared.users, declared.context_per_user, s=60, facecolor="none", edgecolor="tab:orange", zorder=3,
+               label="decode levels")
+    typical = df.typical_tokens.dropna()
+    if len(typical):
+        ax.axhline(float(typical.iloc[0]), color="tab:red", linestyle="--", linewidth=1, label="typical request")
+    cap = df.running_cap.dropna()
+    if len(cap):
+        ax.axvline(float(cap.iloc[0]), color="tab:gray", linestyle=":", label="running-request cap")
+    ax.set(xscale="log", xlabel="users", ylabel="tokens per user", title=f"{title}: capacity plan")
+    ax.minorticks_off()
+    ax.set_xticks(list(df.users), [str(u) for u in df.users])
+    ax.legend(fontsize=7)
     return _save(fig, out)

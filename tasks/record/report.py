@@ -17,6 +17,7 @@ from pathlib import Path
 import pandas as pd
 
 from tasks.correctness import record as correctness
+from tasks.record import bench_report
 from tasks.record.run_folder import RunFolder
 
 _DECODE_COLS = {
@@ -47,6 +48,8 @@ def decode_table(df: pd.DataFrame) -> pd.DataFrame:
         out["context-cut %"] = [f"{100 * v:.0f}" for v in df.context_truncated_share]
     out["agg tok/s"] = [f"{m:.1f} [{lo:.1f}, {hi:.1f}]" for m, lo, hi in
                         zip(df.aggregate_tok_s, df.aggregate_tok_s_min, df.aggregate_tok_s_max)]
+    if "regime" in df:  # a level past the server's cap is a queue: labelled, never read as a speed
+        out["regime"] = ["**queueing**" if r == "queueing" else "measured" for r in df.regime]
     return out
 
 
@@ -91,7 +94,10 @@ def warmup_table(df: pd.DataFrame) -> pd.DataFrame:
 
 
 _PLOT_TITLES = {"concurrency.png": "Decode curve", "acceptance.png": "Per-position acceptance",
-                "trend.png": "Headline metrics over history (shaded: the noise band tonight was judged against)"}
+                "trend.png": "Headline metrics over history (shaded: the noise band tonight was judged against)",
+                "prefill.png": "Prefill ladder: cold prefill tok/s against prompt length, warm hit apart",
+                "accuracy.png": "Accuracy with its interval: raw beside its truncated share, floor, right when finished",
+                "capacity.png": "Capacity plan: users against context per user"}
 _EMBED_LIMIT = 400_000  # bytes of PNG inlined into one Prefect artifact at most
 
 
@@ -254,6 +260,8 @@ def render(run: RunFolder) -> str:
             if entry.kind == "decode":
                 out += ["", f"Median of {int(df.repeats.iloc[0])} measured repeats per level, [min, max] in brackets; "
                         "spread = (max - min) / median."]
+        # Capacity plan, prefill ladder, queueing levels, accuracy eval (tasks/record/bench_report.py).
+        out += bench_report.section(run, name)
         for entry in [a for a in m.artifacts if a.lane == name and a.kind == "regression" and a.validation == "passed"]:
             out += ["", "### Against the baseline", "", _md(regression_table(pd.read_parquet(run.path / entry.path)))]
         for entry in [a for a in m.artifacts if a.lane == name and a.kind == "plot"]:

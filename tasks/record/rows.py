@@ -57,6 +57,8 @@ class DecodeRow(_Record):
     # Concurrency 1 on a host with `memory_gbps`: model bytes read per second over the memory
     # bandwidth (tasks/stages/limits.py); None elsewhere.
     bandwidth_share: float | None = None
+    # "queueing": a level the lane declared beyond_cap and ran above the server's cap; never judged for speed
+    regime: Literal["measured", "queueing"] = "measured"
 
 
 class AcceptanceRow(_Record):

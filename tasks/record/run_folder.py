@@ -78,6 +78,7 @@ class LaneRecord(BaseModel):
     host_lock: dict[str, Any] = {}  # the hold on `gpu:<host>`: asked, got, let go
     timeline: list[StageMark] = []  # every stage entered, in order; "done" when teardown ended
     gpu: dict[str, Any] = {}  # GPU hosts: nvidia-smi facts "before" boot and "after" teardown
+    capacity: dict[str, Any] = {}  # the capacity plan's check before the curve (tasks/stages/capacity.py)
 
 
 class FlowRecord(BaseModel):

@@ -134,13 +134,18 @@ def conservative_cap(facts: BootFacts) -> tuple[int | None, str]:
 @task(name="capacity-gate", cache_policy=NO_CACHE)
 def capacity_gate(gate: CapacityGate, lane: Lane, facts: BootFacts) -> GateResult:
     """The bench's highest concurrency must fit the deployment's running-request cap (per worker x
-    data-parallel workers), the most conservative reading when the server's sources disagree."""
-    wanted = max(lane.bench.decode.concurrency)
+    data-parallel workers), the most conservative reading when the server's sources disagree.
+
+    Levels the lane declares `beyond_cap: queue` are let through (they are measured as a queue,
+    labelled so, and never judged for speed); every other level must fit."""
+    queued = lane.bench.decode.queue_levels()
+    wanted = max(lane.bench.decode.gated_levels())
     cap, why = conservative_cap(facts)
     if cap is None:
         return GateResult(gate=gate.name, kind="capacity", passed=False, value=None, op=">=", threshold=float(wanted),
                           detail=f"the boot log states no running-request cap; bench concurrency {wanted} cannot be checked")
     workers = facts.parallel.get("dp_workers", 1)
     shape = f", {workers} data-parallel workers" if workers > 1 else ""
+    note = f"; declared beyond_cap queue levels {queued} run as queueing" if queued else ""
     return judge(gate.name, "capacity", float(cap), ">=", float(wanted),
-                 f"running-request cap from {why}{shape} (bench concurrency up to {wanted})")
+                 f"running-request cap from {why}{shape} (bench concurrency up to {wanted}{note})")
