@@ -112,6 +112,12 @@ def lane_flow(lane_name: str, lane: Lane, host: Host, base_dir: Path, run_dir: s
             model_bytes = next((m["bytes"] for m in record.models if m["role"] == "model"), None)
             rows = with_bandwidth_share(rows, model_bytes, host.memory_gbps)
             run.write_table(lane_name, "decode", rows)
+            # The load shape is in the lane's config (bench.decode) and in each row's load_shape.
+            for row in rows:
+                if row.client_saturated:
+                    record.warnings.append(
+                        f"decode {row.load_shape}: the client may be the bottleneck (event-loop lag p99 "
+                        f"{1e3 * (row.client_loop_lag_p99_s or 0):.1f} ms, client CPU {row.client_cpu or 0:.2f} cores)")
 
             # 7. Acceptance probe: per prompt class, counter deltas over the probe window only.
             if lane.speculative is not None and lane.bench.acceptance is not None:

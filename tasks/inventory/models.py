@@ -141,6 +141,14 @@ class DecodePlan(_Strict):
     max_tokens: Annotated[int, Field(ge=1)] = 64
     requests_per_stream: Annotated[int, Field(ge=1)] = 2
     prompts: str
+    # Load shape (tasks/client/shapes.py): closed loop by default; `rates` sweeps open-loop
+    # request rates (req/s) with the largest concurrency level as the in-flight ceiling.
+    stagger_s: Annotated[float, Field(ge=0)] = 0.0
+    rates: list[Annotated[float, Field(gt=0)]] | None = None
+    arrival: Literal["poisson", "constant"] = "poisson"
+    deadline_s: Annotated[float, Field(gt=0)] | None = None  # per request, wall clock
+    ttft_bound_s: Annotated[float, Field(gt=0)] | None = None  # goodput's bounds
+    tpot_bound_s: Annotated[float, Field(gt=0)] | None = None
 
 
 class AcceptancePlan(_Strict):
