@@ -98,7 +98,21 @@ class Fake:
             writes.append(time.perf_counter())
             writer.write(b"%x\r\n%s\r\n" % (len(data), data))
 
+        # The token events are the hot path of --zero-delay: render them by template, not json.dumps.
+        if chat:
+            head = b'data: {"id":"cmpl-%d","object":"chat.completion.chunk","created":0,"model":"fake","choices":[{"index":0,"delta":{"content":" tok"},"finish_reason":null}]' % rid
+        else:
+            head = b'data: {"id":"cmpl-%d","object":"text_completion","created":0,"model":"fake","choices":[{"index":0,"text":" tok","token_ids":[' % rid
+
+        def token(i: int) -> bytes:
+            mid = head if chat else head + b"%d],\"finish_reason\":null}]" % i
+            if usage_each:
+                return mid + b',"usage":{"prompt_tokens":8,"completion_tokens":%d,"total_tokens":%d}}\n\n' % (i, 8 + i)
+            return mid + b"}\n\n"
+
         def chunk(i: int, finish: str | None = None, usage: dict | None = None) -> bytes:
+            if finish is None:
+                return token(i)
             if chat:
                 choice = {"index": 0, "delta": {"content": " tok"} if finish is None else {}, "finish_reason": finish}
             else:
@@ -135,7 +149,7 @@ class Fake:
                 events = []
                 for _ in range(k):
                     sent += 1
-                    events.append(chunk(sent, usage=usage(sent) if usage_each else None))
+                    events.append(token(sent))
                 if fault == "malformed" and sent > n // 2:
                     events.append(b'data: {"choices": [{"text": "tok"\n\n')
                     fault = "done"

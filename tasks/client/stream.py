@@ -39,44 +39,66 @@ class Outcome:
         return statistics.median(gaps) if gaps else None
 
 
-def assemble(engine: Engine, events: list[tuple[float, bytes]], t_send: float) -> Outcome:
-    """Parse every event in order. Token-bearing events stamped by the same read are one chunk
-    (a burst): their gap was never observable, so it does not enter ITL as a zero."""
-    out = Outcome()
-    last_t = None
-    for t, raw in events:
+class Assembler:
+    """Parse a finished stream's events in order, a few at a time (the caller yields to the event
+    loop between slices, so other streams' reads are stamped on time while this one parses).
+    Token-bearing events stamped by the same read are one chunk (a burst): their gap was never
+    observable, so it does not enter ITL as a zero."""
+
+    def __init__(self, engine: Engine, t_send: float):
+        self.engine, self.t_send = engine, t_send
+        self.out = Outcome()
+        self._last_t: float | None = None
+
+    def feed(self, t: float, raw: bytes) -> bool:
+        """Take one event; True when the stream is settled as an error (stop feeding)."""
+        out = self.out
         try:
-            ev = engine.parse_stream_event(raw)
+            ev = self.engine.parse_stream_event(raw)
         except (ValueError, KeyError, TypeError, AttributeError, ValidationError) as e:
             out.error = f"malformed event ({type(e).__name__}: {str(e)[:160]}): {raw[:200]!r}"
-            return out
+            return True
         if ev is None:
-            continue
+            return False
         out.events += 1
         if ev.error is not None or ev.finish_reason == "error":
             out.error = f"server error event: {ev.error or raw[:300].decode(errors='replace')}"
-            return out
+            return True
         if ev.text or ev.tokens:
-            if t == last_t:
+            if t == self._last_t:
                 out.tokens[-1] += ev.tokens
             else:
-                out.arrivals.append(t - t_send)
+                out.arrivals.append(t - self.t_send)
                 out.tokens.append(ev.tokens)
-                last_t = t
-        if ev.done and (out.final is None or ev.completion_tokens is not None):
-            if out.final is None or out.final.completion_tokens is None:
-                out.final = ev
-    if out.final is None:
-        out.error = "stream ended without a final event" if out.events else "empty stream: no event at all"
+                self._last_t = t
+        if ev.done and (out.final is None or (out.final.completion_tokens is None and ev.completion_tokens is not None)):
+            out.final = ev  # the first final event, or the first that carries the count
+        return False
+
+    def finish(self) -> Outcome:
+        out = self.out
+        if out.error is not None:
+            return out
+        if out.final is None:
+            out.error = "stream ended without a final event" if out.events else "empty stream: no event at all"
+            return out
+        if not out.arrivals:
+            out.error = "empty stream: the final event came with no token-bearing event before it"
+            return out
+        carried = sum(out.tokens)
+        known = all(n > 0 for n in out.tokens)
+        claimed = out.final.completion_tokens
+        if claimed is not None and known and claimed > _INCONSISTENT_RATIO * carried + _INCONSISTENT_SLACK:
+            out.error = f"inconsistent stream: final usage claims {claimed} tokens, the chunks carried {carried}"
+            return out
+        out.output_tokens = claimed if claimed is not None else (carried if known else len(out.arrivals))
         return out
-    if not out.arrivals:
-        out.error = "empty stream: the final event came with no token-bearing event before it"
-        return out
-    carried = sum(out.tokens)
-    known = all(n > 0 for n in out.tokens)
-    claimed = out.final.completion_tokens
-    if claimed is not None and known and claimed > _INCONSISTENT_RATIO * carried + _INCONSISTENT_SLACK:
-        out.error = f"inconsistent stream: final usage claims {claimed} tokens, the chunks carried {carried}"
-        return out
-    out.output_tokens = claimed if claimed is not None else (carried if known else len(out.arrivals))
-    return out
+
+
+def assemble(engine: Engine, events: list[tuple[float, bytes]], t_send: float) -> Outcome:
+    """All at once (for records parsed away from a running wave)."""
+    acc = Assembler(engine, t_send)
+    for t, raw in events:
+        if acc.feed(t, raw):
+            break
+    return acc.finish()

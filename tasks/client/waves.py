@@ -31,12 +31,13 @@ from tasks.client import http
 from tasks.client.prompts import Prompt, nonce, with_nonce
 from tasks.client.records import RequestRecord
 from tasks.client.shapes import LoadShape
-from tasks.client.stream import assemble
+from tasks.client.stream import Assembler
 from tasks.engines.base import Engine
 
 LAG_PROBE_S = 0.005  # how often the loop-lag probe wakes
 LAG_LIMIT_S = 0.002  # p99 loop lag above this: stamps may be off by as much; the client is saturated
 CPU_LIMIT = 0.9  # fraction of one core the client process used over the wave
+PARSE_SLICE = 16  # events parsed between yields to the event loop
 
 
 @dataclass(frozen=True)
@@ -136,7 +137,13 @@ class _Client:
             body = b"".join(p for _, p in resp.pieces).decode(errors="replace")
             error = f"HTTP {resp.status}: {body[:300]}"
         elif resp is not None:
-            out = assemble(engine, http.split_events(resp.pieces), t_send)
+            acc = Assembler(engine, t_send)
+            for i, (t, raw) in enumerate(http.split_events(resp.pieces)):
+                if acc.feed(t, raw):
+                    break
+                if i % PARSE_SLICE == PARSE_SLICE - 1:
+                    await asyncio.sleep(0)  # let other streams' reads be stamped
+            out = acc.finish()
             error = out.error
             t_end = resp.pieces[-1][0] if resp.pieces else t_end
         ok = error is None and out is not None
