@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from peers import PEERS, run_peer  # noqa: E402
+from peers import PEERS, run_peer, venv  # noqa: E402
 from tasks.client.prompts import Prompt  # noqa: E402
 from tasks.client.waves import Wave, run_wave  # noqa: E402
 from tasks.engines import engine_for  # noqa: E402
@@ -159,7 +159,7 @@ def main() -> None:
           f"clients cpu {args.client_cpu}\n")
     log = work / "server.jsonl"
 
-    timed, raw = [], []
+    timed, raw, layers = [], [], []
     server = FakeServer(args.server_cpu, log, "--ttft-ms", str(args.ttft_ms), "--itl-ms", str(args.itl_ms))
     os.sched_setaffinity(0, {args.client_cpu})  # after the server started: it pinned itself
     try:
@@ -181,6 +181,13 @@ def main() -> None:
                 conns = server.stats()["connections"] - before - 1  # -1: the /stats call itself
                 raw.append(raw_row(client, got, entries, c, conns))
                 print(raw[-1], flush=True)
+        if "aiperf" in clients:  # its venv has httpx and aiohttp: the HTTP layer comparison
+            server.log.write_text("")
+            res = subprocess.run([str(venv("aiperf") / "bin/python"), str(ROOT / "benchmarks/http_layers.py"),
+                                  "--url", server.url, "--levels", ",".join(map(str, levels_raw)),
+                                  "--tokens", str(tokens_raw)], capture_output=True, text=True, timeout=900)
+            layers = [json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]
+            print(res.stderr[-2000:] if res.returncode else "", flush=True)
     finally:
         server.stop()
     with open("/proc/loadavg") as f:
@@ -189,6 +196,9 @@ def main() -> None:
     print(table(timed))
     print("\n## raw ceiling (zero-delay server)\n")
     print(table(raw))
+    if layers:
+        print("\n## HTTP layers (same zero-delay streams, same work per read)\n")
+        print(table(layers))
     print(f"\nload at end {' '.join(load_end)}")
 
 
