@@ -209,3 +209,14 @@ def test_real_llama_server_reuses_connections_and_isolates_an_error(llama):
         assert sum(r.chunk_tokens) == r.output_tokens  # every token came in some chunk, bursts or not
     row = summarize("rehearsal", 3, [result])
     assert row.tokens_per_chunk >= 1.0 and row.unforced_reconnects == 0
+
+
+def test_a_rate_sweep_validates_one_row_per_rate(fake):
+    url, _ = fake
+    rows = [summarize("l", 2, [run_wave(url, VLLM, _wave(2, 3, max_tokens=8, rate=r), _prompts("s"))], request_rate=r)
+            for r in (20.0, 40.0)]
+    assert [r.load_shape for r in rows] == ["open poisson 20 req/s, ceiling 2", "open poisson 40 req/s, ceiling 2"]
+    df = pd.DataFrame([r.model_dump() for r in rows])
+    assert validate("decode", df).success
+    v = validate("decode", pd.concat([df, df.iloc[[0]]], ignore_index=True))
+    assert any("expect_compound_columns_to_be_unique(lane, request_rate)" in line for line in v.failed), v.failed
