@@ -9,10 +9,10 @@ so a client's TTFT and ITL can be checked against what the server really did.
 
 Markers in the prompt script one request:
   #burst=N        N token events in one write, then the gap (speculative decoding's bursts)
-  #fault=malformed|error|empty|inconsistent|stall|close
+  #fault=malformed|error|errorclose|empty|inconsistent|stall|close
       malformed: a broken JSON event mid-stream; error: llama-server's mid-stream
       `data: {"error": {...}}`; empty: only `data: [DONE]`; inconsistent: final usage claims 10x
-      the tokens sent; stall: pings (`:`) every --ping-s and never finishes; close: the
+      the tokens sent; errorclose: the error event, then the connection drops; stall: pings (`:`) every --ping-s and never finishes; close: the
       connection drops mid-stream.
 GET /stats returns {"connections": accepted so far, "requests": served so far}.
 
@@ -153,10 +153,13 @@ class Fake:
                 if fault == "malformed" and sent > n // 2:
                     events.append(b'data: {"choices": [{"text": "tok"\n\n')
                     fault = "done"
-                if fault == "error" and sent > n // 2:
+                if fault in ("error", "errorclose") and sent > n // 2:
                     events.append(b'data: {"error":{"code":500,"message":"slot 0 failed: out of memory",'
                                   b'"type":"server_error"}}\n\n')
                     send(events)
+                    if fault == "errorclose":
+                        await writer.drain()
+                        return False
                     break
                 send(events)
                 if fault == "close" and sent > n // 2:

@@ -102,14 +102,15 @@ def test_speculative_bursts_show_as_bursts(fake):
 def test_each_broken_stream_is_its_own_error_row(fake):
     url, _ = fake
     prompts = _prompts("fine", "#fault=malformed", "#fault=error", "#fault=empty", "#fault=inconsistent",
-                       "#fault=close", "also fine")
-    result = run_wave(url, VLLM, _wave(7, 2), prompts)
+                       "#fault=close", "also fine", "#fault=errorclose")
+    result = run_wave(url, VLLM, _wave(8, 2), prompts)
     by = {}
     for r in result.records:
         by.setdefault(r.prompt_id, []).append(r)
     assert all(r.ok and r.output_tokens == 16 for p in ("p0", "p6") for r in by[p])
     expect = {"p1": "malformed event", "p2": "slot 0 failed: out of memory", "p3": "empty stream",
-              "p4": "final usage claims 160 tokens, the chunks carried 16", "p5": "connection closed inside"}
+              "p4": "final usage claims 160 tokens, the chunks carried 16", "p5": "connection closed inside",
+              "p7": "slot 0 failed: out of memory"}  # the server's words, though the connection then broke
     for pid, words in expect.items():
         assert all(not r.ok and words in r.error and r.e2el_s is None for r in by[pid]), by[pid]
 

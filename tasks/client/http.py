@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 _CRLF = b"\r\n"
@@ -99,14 +100,28 @@ async def _head(reader: asyncio.StreamReader) -> tuple[int, dict[str, str]]:
     return int(parts[1]), headers
 
 
-async def read_response(conn: Connection) -> Response:
+class _Pieces(list):
+    """The body's pieces; each one is also handed to `sink` (after it was stamped)."""
+
+    def __init__(self, sink: Callable[[float, bytes], None] | None):
+        super().__init__()
+        self.sink = sink
+
+    def append(self, item: tuple[float, bytes]) -> None:
+        super().append(item)
+        if self.sink is not None:
+            self.sink(*item)
+
+
+async def read_response(conn: Connection, sink: Callable[[float, bytes], None] | None = None) -> Response:
     """Read one response to its end. Each read is stamped with perf_counter() the moment it
-    returns, before anything looks at its bytes; the pieces keep those stamps."""
+    returns, before anything looks at its bytes; the pieces keep those stamps, and a 2xx body's
+    pieces go to `sink` as they come (its parsing then overlaps the wait for the next read)."""
     reader = conn.reader
     status, headers = await _head(reader)
     keep = headers.get("connection", "").lower() != "close"
     resp = Response(status=status, reused=keep)
-    pieces = resp.pieces
+    pieces = resp.pieces = _Pieces(sink if status < 400 else None)
     if "chunked" in headers.get("transfer-encoding", "").lower():
         buf = b""
         need = -1  # bytes of chunk data still expected; -1: a size line comes next
@@ -163,20 +178,31 @@ async def read_response(conn: Connection) -> Response:
     return resp
 
 
-def split_events(pieces: list[tuple[float, bytes]]) -> list[tuple[float, bytes]]:
-    """Server-sent events (blank-line separated), each with the stamp of the read that carried
-    its first byte. Done after the stream ends, so parsing never delays a timestamp."""
-    events: list[tuple[float, bytes]] = []
-    buf, t_first = b"", 0.0
-    for t, data in pieces:
-        if not buf:
-            t_first = t
-        buf += data.replace(b"\r\n", b"\n")
-        while (i := buf.find(b"\n\n")) >= 0:
-            raw, buf = buf[:i], buf[i + 2:]
+class EventSplitter:
+    """Server-sent events (blank-line separated) as the reads arrive, each event with the stamp
+    of the read that carried its first byte."""
+
+    def __init__(self) -> None:
+        self.buf, self.t_first = b"", 0.0
+
+    def feed(self, t: float, data: bytes) -> list[tuple[float, bytes]]:
+        if not self.buf:
+            self.t_first = t
+        self.buf += data.replace(b"\r\n", b"\n")
+        events = []
+        while (i := self.buf.find(b"\n\n")) >= 0:
+            raw, self.buf = self.buf[:i], self.buf[i + 2:]
             if raw.strip():
-                events.append((t_first, raw))
-            t_first = t
-    if buf.strip():
-        events.append((t_first, buf))
-    return events
+                events.append((self.t_first, raw))
+            self.t_first = t  # what is left began in this read
+        return events
+
+    def close(self) -> list[tuple[float, bytes]]:
+        """An event the stream ended without its blank line."""
+        raw, self.buf = self.buf, b""
+        return [(self.t_first, raw)] if raw.strip() else []
+
+
+def split_events(pieces: list[tuple[float, bytes]]) -> list[tuple[float, bytes]]:
+    splitter = EventSplitter()
+    return [e for t, data in pieces for e in splitter.feed(t, data)] + splitter.close()

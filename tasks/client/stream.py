@@ -1,8 +1,8 @@
-"""One finished stream -> what the request did: chunks with their arrival stamps, the final
+"""One stream's events -> what the request did: chunks with their arrival stamps, the final
 event, or the one error that makes it THAT request's error row.
 
-Runs after the last byte arrived: the stamps were taken in the read loop (tasks/client/http.py),
-so neither JSON nor pydantic sits inside a measured interval. The engine adapter parses each
+Every event comes with the stamp its read got in the read loop (tasks/client/http.py) before
+anything parsed it, so neither JSON nor pydantic sits inside a measured interval. The engine adapter parses each
 event's raw bytes (`Engine.parse_stream_event`); nothing here knows which engine spoke.
 """
 
@@ -40,9 +40,7 @@ class Outcome:
 
 
 class Assembler:
-    """Parse a finished stream's events in order, a few at a time (the caller yields to the event
-    loop between slices, so other streams' reads are stamped on time while this one parses).
-    Token-bearing events stamped by the same read are one chunk (a burst): their gap was never
+    """Parse a stream's events in order, as their reads arrive. Token-bearing events stamped by the same read are one chunk (a burst): their gap was never
     observable, so it does not enter ITL as a zero."""
 
     def __init__(self, engine: Engine, t_send: float):
@@ -51,8 +49,10 @@ class Assembler:
         self._last_t: float | None = None
 
     def feed(self, t: float, raw: bytes) -> bool:
-        """Take one event; True when the stream is settled as an error (stop feeding)."""
+        """Take one event; True when the stream is settled as an error (later events are ignored)."""
         out = self.out
+        if out.error is not None:
+            return True
         try:
             ev = self.engine.parse_stream_event(raw)
         except (ValueError, KeyError, TypeError, AttributeError, ValidationError) as e:

@@ -7,8 +7,8 @@ the pool opens at most `concurrency` connections and every body is read to its e
 connections are reused; the wave records how many it opened.
 
 Clocks (docs/metrics.md): send time is taken just before the request's bytes are written, after
-any connect (timed apart); each read is stamped as it returns, before parsing; events are parsed
-after the stream ended. A wall deadline, not a read timeout, bounds each request: llama-server
+any connect (timed apart); each read is stamped as it returns, and only then are its events
+split and parsed (overlapping the wait for the next read). A wall deadline, not a read timeout, bounds each request: llama-server
 pings an idle stream every 30 s, so a read timeout would never fire.
 
 While a wave runs, a probe measures the event loop's lag and the process's CPU: a client that
@@ -37,7 +37,6 @@ from tasks.engines.base import Engine
 LAG_PROBE_S = 0.005  # how often the loop-lag probe wakes
 LAG_LIMIT_S = 0.002  # p99 loop lag above this: stamps may be off by as much; the client is saturated
 CPU_LIMIT = 0.9  # fraction of one core the client process used over the wave
-PARSE_SLICE = 16  # events parsed between yields to the event loop
 
 
 @dataclass(frozen=True)
@@ -94,7 +93,8 @@ class _Client:
         self.pool = http.Pool(self.host, self.port, wave.concurrency)
         self.t0 = time.perf_counter()
 
-    async def _exchange(self, payload: bytes) -> tuple[http.Response, float, float | None, bool]:
+    async def _exchange(self, payload: bytes, sink: Callable[[float, bytes], None],
+                        sent: Callable[[float], None]) -> tuple[http.Response, float, float | None, bool]:
         """Send on a pooled connection and read the whole response. A kept-alive connection the
         server has meanwhile closed is replaced once, on a new connection."""
         for attempt in (0, 1):
@@ -102,8 +102,9 @@ class _Client:
             keep = False
             try:
                 t_send = time.perf_counter()
+                sent(t_send)
                 conn.writer.write(payload)
-                resp = await http.read_response(conn)
+                resp = await http.read_response(conn, sink)
                 keep = resp.reused
                 self.pool.server_closed += not keep  # `Connection: close` or a body ended by the close
                 return resp, t_send, None if reused else conn.connect_s, reused
@@ -124,25 +125,33 @@ class _Client:
         started = time.time()
         t_start = time.perf_counter()
         resp, t_send, connect_s, reused, error = None, None, None, False, None
+        # Events are split and parsed read by read, after each read was stamped.
+        splitter, acc = http.EventSplitter(), Assembler(engine, 0.0)
+
+        def sent(t: float) -> None:
+            acc.t_send = t
+
+        def sink(t: float, data: bytes) -> None:
+            for et, raw in splitter.feed(t, data):
+                acc.feed(et, raw)  # after an error event it ignores the rest
+
         try:
             async with asyncio.timeout(wave.deadline_s):
-                resp, t_send, connect_s, reused = await self._exchange(payload)
+                resp, t_send, connect_s, reused = await self._exchange(payload, sink, sent)
         except TimeoutError:
             error = f"deadline: no complete response within {wave.deadline_s:g} s (wall clock)"
         except (OSError, http.HTTPError, asyncio.IncompleteReadError) as e:
             error = f"{type(e).__name__}: {e}"
+        if error is not None and acc.out.error is not None:
+            error = acc.out.error  # the server said why before the stream broke off: its words
         t_end = time.perf_counter()
         out = None
         if resp is not None and resp.status >= 400:
             body = b"".join(p for _, p in resp.pieces).decode(errors="replace")
             error = f"HTTP {resp.status}: {body[:300]}"
         elif resp is not None:
-            acc = Assembler(engine, t_send)
-            for i, (t, raw) in enumerate(http.split_events(resp.pieces)):
-                if acc.feed(t, raw):
-                    break
-                if i % PARSE_SLICE == PARSE_SLICE - 1:
-                    await asyncio.sleep(0)  # let other streams' reads be stamped
+            for et, raw in splitter.close():
+                acc.feed(et, raw)
             out = acc.finish()
             error = out.error
             t_end = resp.pieces[-1][0] if resp.pieces else t_end
