@@ -112,8 +112,8 @@ def raw_row(client: str, got: dict, entries: list[dict], concurrency: int, conns
     the same clock for every client."""
     span = (max(e["writes"][-1] for e in entries) - min(e["recv"] for e in entries)) if entries else float("nan")
     return {"client": client, "C": concurrency, "requests ok": f"{got['ok']}/{got['n']}",
-            "tok/s": got["tokens"] / span if span else float("nan"), "client CPU s / s": got["cpu_s"] / span,
-            "connections": conns}
+            "tok/s": got["tokens"] / span if span else float("nan"),
+            "client CPU us/token": 1e6 * got["cpu_s"] / max(got["tokens"], 1), "connections": conns}
 
 
 def table(rows: list[dict]) -> str:
@@ -194,7 +194,7 @@ def main() -> None:
         load_end = f.read().split()[:3]
     print(f"\n## timed (TTFT {args.ttft_ms:g} ms, one token every {args.itl_ms:g} ms per stream)\n")
     print(table(timed))
-    print("\n## raw ceiling (zero-delay server)\n")
+    print("\n## raw ceiling (zero-delay server; peers' CPU is their whole run, start-up included)\n")
     print(table(raw))
     if layers:
         print("\n## HTTP layers (same zero-delay streams, same work per read)\n")
