@@ -201,8 +201,3 @@ class EventSplitter:
         """An event the stream ended without its blank line."""
         raw, self.buf = self.buf, b""
         return [(self.t_first, raw)] if raw.strip() else []
-
-
-def split_events(pieces: list[tuple[float, bytes]]) -> list[tuple[float, bytes]]:
-    splitter = EventSplitter()
-    return [e for t, data in pieces for e in splitter.feed(t, data)] + splitter.close()

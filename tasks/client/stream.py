@@ -93,12 +93,3 @@ class Assembler:
             return out
         out.output_tokens = claimed if claimed is not None else (carried if known else len(out.arrivals))
         return out
-
-
-def assemble(engine: Engine, events: list[tuple[float, bytes]], t_send: float) -> Outcome:
-    """All at once (for records parsed away from a running wave)."""
-    acc = Assembler(engine, t_send)
-    for t, raw in events:
-        if acc.feed(t, raw):
-            break
-    return acc.finish()
