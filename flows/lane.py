@@ -116,8 +116,9 @@ def lane_flow(lane_name: str, lane: Lane, host: Host, base_dir: Path, run_dir: s
             for row in rows:
                 if row.client_saturated:
                     record.warnings.append(
-                        f"decode {row.load_shape}: the client may be the bottleneck (event-loop lag p99 "
-                        f"{1e3 * (row.client_loop_lag_p99_s or 0):.1f} ms, client CPU {row.client_cpu or 0:.2f} cores)")
+                        f"decode {row.load_shape}: the client could not keep its clocks (event-loop lag p99 "
+                        f"{1e3 * (row.client_loop_lag_p99_s or 0):.1f} ms, client CPU {row.client_cpu or 0:.2f} "
+                        "cores): busy with its own work or starved by the host, it may have added its delay")
 
             # 7. Acceptance probe: per prompt class, counter deltas over the probe window only.
             if lane.speculative is not None and lane.bench.acceptance is not None:
