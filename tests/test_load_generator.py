@@ -93,10 +93,11 @@ def test_speculative_bursts_show_as_bursts(fake):
     result = run_wave(url, VLLM, _wave(2, 2, max_tokens=32), _prompts("spec #burst=4"))
     row = summarize("l", 2, [result])
     tokens = [n for r in result.records for n in r.chunk_tokens]
-    assert sum(n == 4 for n in tokens) >= 0.8 * len(tokens)
-    assert row.tokens_per_chunk == pytest.approx(4.0, rel=0.25) and row.tokens_per_chunk_max >= 4
+    # A burst is never split (a busy client may read two bursts at once: still whole bursts).
+    assert all(n % 4 == 0 for n in tokens) and sum(tokens) == 2 * 2 * 32
+    assert row.tokens_per_chunk >= 4.0 and row.tokens_per_chunk_max >= 4
     # The gap between bursts is the schedule's, not a tiny number from zero gaps inside a burst.
-    assert row.itl_p50_s == pytest.approx(ITL_MS / 1000, abs=0.002)
+    assert row.itl_p50_s >= ITL_MS / 1000 - 0.002
 
 
 def test_each_broken_stream_is_its_own_error_row(fake):
