@@ -209,8 +209,8 @@ def test_real_llama_server_reuses_connections_and_isolates_an_error(llama):
     # takes the content provider's final `false` for an abort): the client counts each close
     # and opens no connection beyond what the server forced.
     result = run_wave(llama.base_url, engine, _wave(3, 2, max_tokens=24, deadline_s=60), prompts)
-    assert result.connections_opened == 6  # one per request, all forced: 3 streams' second requests
-    assert result.server_closed >= 3 and result.connections_opened <= 3 + result.server_closed
+    assert result.server_closed >= 3  # each stream's first response ended its connection
+    assert 3 < result.connections_opened <= 3 + result.server_closed
     bad = [r for r in result.records if r.prompt_id == "p2"]
     good = [r for r in result.records if r.prompt_id != "p2"]
     assert len(bad) == 2 and all(not r.ok and r.http_status == 400 and "context" in r.error for r in bad), bad
