@@ -164,6 +164,13 @@ def lane_flow(lane_name: str, lane: Lane, host: Host, base_dir: Path, run_dir: s
                     if row.status != "measured":
                         record.warnings.append(f"prefill ladder: rung {row.rung} {row.status}: {row.reason}")
                 run.write_table(lane_name, "prefill", ladder)
+            # The load shape is in the lane's config (bench.decode) and in each row's load_shape.
+            for row in rows:
+                if row.client_saturated:
+                    record.warnings.append(
+                        f"decode {row.load_shape}: the client could not keep its clocks (event-loop lag p99 "
+                        f"{1e3 * (row.client_loop_lag_p99_s or 0):.1f} ms, client CPU {row.client_cpu or 0:.2f} "
+                        "cores): busy with its own work or starved by the host, it may have added its delay")
 
             # 7. Acceptance probe: per prompt class, counter deltas over the probe window only.
             if lane.speculative is not None and lane.bench.acceptance is not None:

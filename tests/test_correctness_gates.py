@@ -7,7 +7,6 @@ real llama-server serving the testbed through its chat template (ports 18530-185
 from __future__ import annotations
 
 import random
-from pathlib import Path
 
 import pandas as pd
 import pytest

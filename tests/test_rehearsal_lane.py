@@ -7,7 +7,7 @@ import hashlib
 import pandas as pd
 import pytest
 
-from conftest import (REPO, manifest_of, no_llama_server_left, run_cli, run_folder_of, shipped_inventory,
+from conftest import (manifest_of, no_llama_server_left, run_cli, run_folder_of, shipped_inventory,
                       write_inventory)
 
 

@@ -13,6 +13,7 @@ from tasks.inventory.models import CapacityGate, CounterGate, Inventory, Lane
 from tasks.record.rows import WarmupRow
 from tasks.stages.acceptance import PromptWindow, budget_cut, summarize
 from tasks.engines.facts import Acceptance
+from tasks.client.waves import WaveResult
 from tasks.stages.decode_curve import summarize as decode_row
 from tasks.stages.safety import acceptance_findings, effective_findings, implied_gates, noise_findings, speculation_gates
 
@@ -144,7 +145,8 @@ def test_noise_is_measured_and_a_wide_spread_is_unstable(tmp_path):
     def rec(n: int) -> RequestRecord:
         return RequestRecord(lane="l", stage="decode", repeat=1, concurrency=2, prompt_class="prose", prompt_id="p",
                              nonce="n", max_tokens=64, ok=True, output_tokens=n, started_at=0.0, truncation="max_tokens")
-    row = decode_row("l", 2, [([rec(64)], 1.0), ([rec(64)], 5.0), ([rec(64)], 1.1)], [noise] * 3, 50.0)
+    row = decode_row("l", 2, [WaveResult([rec(64)], w) for w in (1.0, 5.0, 1.1)], noise=[noise] * 3,
+                     unstable_spread_pct=50.0)
     assert row.unstable and row.steal_pct == pytest.approx(20.0)
     warm = [WarmupRow(lane="l", concurrency=1, size_class="decode", first_hit_ttft_s=.1, first_hit_e2el_s=.5,
                       steady_ttft_s=.1, steady_e2el_s=.9, first_hit_cost_s=-.4, noise=True)]
@@ -152,7 +154,8 @@ def test_noise_is_measured_and_a_wide_spread_is_unstable(tmp_path):
     assert checks == ["unstable", "warmup noise"]
     assert noise_findings(_lane(waivers=[{"gate": "unstable", "reason": "a shared CI box, judged elsewhere"}]),
                           [row], []) == []
-    assert not decode_row("l", 2, [([rec(64)], 1.0), ([rec(64)], 1.2)], [], 50.0).unstable
+    assert not decode_row("l", 2, [WaveResult([rec(64)], w) for w in (1.0, 1.2)], noise=[],
+                          unstable_spread_pct=50.0).unstable
 
 
 def test_the_shipped_rehearsal_lane_implies_nothing_new():

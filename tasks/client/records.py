@@ -25,6 +25,7 @@ class StreamEvent(_Record):
     finish_reason: str | None = None  # "length" | "stop" | engine's own word
     spec: dict[str, float | list[float]] | None = None  # engine-native per-request speculation fields
     truncated: bool | None = None  # the server says it cut or shifted the context (llama.cpp `truncated`)
+    error: str | None = None  # the server's own words when the event is an error event
 
 
 Truncation = Literal["none", "max_tokens", "context"]
@@ -66,9 +67,22 @@ class RequestRecord(_Record):
     output_tokens: int = 0
     finish_reason: str | None = None
     started_at: float  # seconds since the epoch
-    ttft_s: float | None = None
-    e2el_s: float | None = None
-    itl_p50_s: float | None = None
-    chunks: int = 0
+    ttft_s: float | None = None  # send -> first byte of the first token-bearing event (connect apart)
+    e2el_s: float | None = None  # send -> last byte of the stream
+    itl_p50_s: float | None = None  # median of this request's gaps between chunks
+    chunks: int = 0  # token-bearing chunks: events that reached the client in one read count once
     spec: dict[str, float | list[float]] | None = None
     truncation: Truncation | None = None  # none | max_tokens | context (truncation_of); None: failed
+    # The clocks behind the numbers above (docs/metrics.md); times in seconds.
+    tpot_s: float | None = None  # (e2el - ttft) / (output_tokens - 1)
+    stream: int | None = None  # closed loop: which of the wave's streams sent it
+    sent_s: float | None = None  # send time from the wave's start (perf_counter clock)
+    ended_s: float | None = None  # when the request ended (completed or failed), from the wave's start
+    scheduled_s: float | None = None  # open loop: when the schedule said to send, from the wave's start
+    queued_s: float = 0.0  # waiting for a connection under the concurrency ceiling
+    connect_s: float | None = None  # TCP connect time; None when the request reused a connection
+    reused_connection: bool = False
+    chunk_arrivals_s: list[float] = []  # each chunk's first byte, from send
+    chunk_tokens: list[int] = []  # tokens each chunk carried (a speculative burst shows as > 1)
+    events: int = 0  # server-sent events received, pings and the final event included
+    deadline_s: float | None = None  # the wall deadline this request ran under

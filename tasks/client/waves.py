@@ -1,25 +1,42 @@
 """Send waves of streamed requests and keep one raw record per request.
 
-A wave is `concurrency` streams, each sending `requests_per_stream` requests one after
-another, so the server holds `concurrency` requests in flight for the whole wave. TTFT is
-counted from the first streamed chunk of any kind; ITL from the gaps between chunks.
+One client path for every stage: a closed-loop wave is `concurrency` streams, each sending
+`requests_per_stream` requests one after another (starts optionally staggered); an open-loop
+wave sends on a Poisson or constant schedule with at most `concurrency` in flight. Either way
+the pool opens at most `concurrency` connections and every body is read to its end, so
+connections are reused; the wave records how many it opened.
+
+Clocks (docs/metrics.md): send time is taken just before the request's bytes are written, after
+any connect (timed apart); each read is stamped as it returns, and only then are its events
+split and parsed (overlapping the wait for the next read). A wall deadline, not a read timeout, bounds each request: llama-server
+pings an idle stream every 30 s, so a read timeout would never fire.
+
+While a wave runs, a probe measures the event loop's lag and the process's CPU: a client that
+is itself the bottleneck says so (WaveResult.client_saturated) instead of reporting its own
+queueing as the server's latency.
 """
 
 from __future__ import annotations
 
 import asyncio
-import statistics
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
-import httpx
+import numpy as np
 
-from tasks.engines.base import Engine
+from tasks.client import http
 from tasks.client.prompts import Prompt, nonce, with_nonce
 from tasks.client.records import RequestRecord, truncation_of
+from tasks.client.shapes import LoadShape
+from tasks.client.stream import Assembler
+from tasks.engines.base import Engine
 
-_TIMEOUT = httpx.Timeout(connect=10.0, read=120.0, write=30.0, pool=120.0)
+LAG_PROBE_S = 0.005  # how often the loop-lag probe wakes
+LAG_LIMIT_S = 0.002  # p99 loop lag above this: stamps may be off by as much; the client is saturated
+CPU_LIMIT = 0.9  # fraction of one core the client process used over the wave
 
 
 @dataclass(frozen=True)
@@ -32,95 +49,196 @@ class Wave:
     concurrency: int
     requests_per_stream: int
     max_tokens: int
+    stagger_s: float = 0.0
+    rate: float | None = None  # requests/s: an open-loop wave with `concurrency` as its ceiling
+    arrival: str = "poisson"
+    deadline_s: float | None = None  # per request, wall clock
+    seed: int = 0
+
+    @property
+    def shape(self) -> LoadShape:
+        return LoadShape(kind="open" if self.rate else "closed", concurrency=self.concurrency,
+                         requests=self.concurrency * self.requests_per_stream, stagger_s=self.stagger_s,
+                         rate=self.rate, arrival=self.arrival, seed=self.seed)  # type: ignore[arg-type]
 
 
 @dataclass
 class WaveResult:
     records: list[RequestRecord]
     wall_s: float
+    connections_opened: int = 0
+    server_closed: int = 0  # connections the server closed after a response (llama-server: every stream)
+    loop_lag_p99_s: float = 0.0
+    loop_lag_max_s: float = 0.0
+    client_cpu: float = 0.0  # CPU seconds of this process over wall seconds (1.0 = one core busy)
+    shape: str = ""
 
     @property
     def output_tokens(self) -> int:
         return sum(r.output_tokens for r in self.records if r.ok)
 
+    @property
+    def client_saturated(self) -> bool:
+        return self.loop_lag_p99_s > LAG_LIMIT_S or self.client_cpu > CPU_LIMIT
 
-async def _one_request(client: httpx.AsyncClient, engine: Engine, wave: Wave, prompt: Prompt) -> RequestRecord:
-    tag = nonce()
-    spec = engine.completion_request(with_nonce(prompt.text, tag), wave.max_tokens)
-    started = time.time()
-    t0 = time.perf_counter()
-    arrivals: list[float] = []
-    done = None
-    status = None
-    error = None
-    try:
-        async with client.stream("POST", spec.path, json=spec.body) as resp:
-            status = resp.status_code
-            if resp.status_code >= 400:
-                error = f"HTTP {resp.status_code}: {(await resp.aread()).decode(errors='replace')[:300]}"
-            else:
-                async for line in resp.aiter_lines():
-                    event = engine.parse_sse_line(line)
-                    if event is None:
-                        continue
-                    if event.text or event.tokens:
-                        arrivals.append(time.perf_counter() - t0)
-                    if event.done:
-                        done = event if done is None or event.completion_tokens is not None else done
-                        if event.completion_tokens is not None:
-                            break
-    except httpx.HTTPError as e:
-        error = f"{type(e).__name__}: {e}"
-    e2el = time.perf_counter() - t0
-    gaps = [b - a for a, b in zip(arrivals, arrivals[1:])]
-    ok = error is None and done is not None
-    if error is None and done is None:
-        error = "stream ended without a final chunk"
-    return RequestRecord(
-        lane=wave.lane,
-        stage=wave.stage,  # type: ignore[arg-type]
-        repeat=wave.repeat,
-        concurrency=wave.concurrency,
-        prompt_class=prompt.prompt_class,
-        prompt_id=prompt.id,
-        nonce=tag,
-        max_tokens=wave.max_tokens,
-        ok=ok,
-        http_status=status,
-        error=error,
-        prompt_tokens=done.prompt_tokens if done else None,
-        output_tokens=(done.completion_tokens or 0) if done else 0,
-        finish_reason=done.finish_reason if done else None,
-        started_at=started,
-        ttft_s=arrivals[0] if arrivals else None,
-        e2el_s=e2el if ok else None,
-        itl_p50_s=statistics.median(gaps) if gaps else None,
-        chunks=len(arrivals),
-        spec=done.spec if done else None,
-        truncation=truncation_of(ok, done.finish_reason if done else None, (done.completion_tokens or 0) if done else 0,
-                                 wave.max_tokens, done.truncated if done else None),
-    )
+
+class _Client:
+    """What one wave's requests share: the pool, the wave's clock, the engine's spelling."""
+
+    def __init__(self, base_url: str, engine: Engine, wave: Wave):
+        url = urlsplit(base_url)
+        self.host, self.port = url.hostname or "127.0.0.1", url.port or 80
+        self.prefix = url.path.rstrip("/")
+        self.engine, self.wave = engine, wave
+        self.pool = http.Pool(self.host, self.port, wave.concurrency)
+        self.t0 = time.perf_counter()
+
+    async def _exchange(self, payload: bytes, sink: Callable[[float, bytes], None],
+                        sent: Callable[[float], None]) -> tuple[http.Response, float, float | None, bool]:
+        """Send on a pooled connection and read the whole response. A kept-alive connection the
+        server has meanwhile closed is replaced once, on a new connection."""
+        for attempt in (0, 1):
+            conn, reused = await self.pool.acquire()
+            keep = False
+            try:
+                t_send = time.perf_counter()
+                sent(t_send)
+                conn.writer.write(payload)
+                resp = await http.read_response(conn, sink)
+                keep = resp.reused
+                self.pool.server_closed += not keep  # `Connection: close` or a body ended by the close
+                return resp, t_send, None if reused else conn.connect_s, reused
+            except (http.HTTPError, ConnectionError) as e:
+                if not (reused and attempt == 0 and "before the response head" in str(e)):
+                    raise
+                self.pool.server_closed += 1  # it closed the kept-alive connection after the last response
+            finally:
+                self.pool.release(conn, keep)
+        raise AssertionError("unreachable")
+
+    async def request(self, prompt: Prompt, stream: int | None, scheduled: float | None,
+                      queued: float = 0.0) -> RequestRecord:
+        wave, engine = self.wave, self.engine
+        tag = nonce()
+        spec = engine.completion_request(with_nonce(prompt.text, tag), wave.max_tokens)
+        payload = http.request_bytes(self.host, self.port, self.prefix + spec.path, json.dumps(spec.body).encode())
+        started = time.time()
+        t_start = time.perf_counter()
+        resp, t_send, connect_s, reused, error = None, None, None, False, None
+        # Events are split and parsed read by read, after each read was stamped.
+        splitter, acc = http.EventSplitter(), Assembler(engine, 0.0)
+
+        def sent(t: float) -> None:
+            acc.t_send = t
+
+        def sink(t: float, data: bytes) -> None:
+            for et, raw in splitter.feed(t, data):
+                acc.feed(et, raw)  # after an error event it ignores the rest
+
+        try:
+            async with asyncio.timeout(wave.deadline_s):
+                resp, t_send, connect_s, reused = await self._exchange(payload, sink, sent)
+        except TimeoutError:
+            error = f"deadline: no complete response within {wave.deadline_s:g} s (wall clock)"
+        except (OSError, http.HTTPError, asyncio.IncompleteReadError) as e:
+            error = f"{type(e).__name__}: {e}"
+        if error is not None and acc.out.error is not None:
+            error = acc.out.error  # the server said why before the stream broke off: its words
+        t_end = time.perf_counter()
+        out = None
+        if resp is not None and resp.status >= 400:
+            body = b"".join(p for _, p in resp.pieces).decode(errors="replace")
+            error = f"HTTP {resp.status}: {body[:300]}"
+        elif resp is not None:
+            for et, raw in splitter.close():
+                acc.feed(et, raw)
+            out = acc.finish()
+            error = out.error
+            t_end = resp.pieces[-1][0] if resp.pieces else t_end
+        ok = error is None and out is not None
+        final = out.final if out else None
+        e2el = t_end - t_send if ok and t_send is not None else None
+        ttft = out.ttft_s if out else None
+        tokens = out.output_tokens if ok and out else 0
+        return RequestRecord(
+            lane=wave.lane, stage=wave.stage,  # type: ignore[arg-type]
+            repeat=wave.repeat, concurrency=wave.concurrency, prompt_class=prompt.prompt_class,
+            prompt_id=prompt.id, nonce=tag, max_tokens=wave.max_tokens, ok=ok,
+            http_status=resp.status if resp else None, error=error,
+            prompt_tokens=final.prompt_tokens if final else None, output_tokens=tokens,
+            finish_reason=final.finish_reason if final else None, started_at=started,
+            ttft_s=ttft, e2el_s=e2el, itl_p50_s=out.itl_p50_s() if out else None,
+            chunks=len(out.arrivals) if out else 0, spec=final.spec if final else None,
+            tpot_s=(e2el - ttft) / (tokens - 1) if e2el is not None and ttft is not None and tokens > 1 else None,
+            stream=stream, sent_s=(t_send if t_send is not None else t_start) - self.t0,
+            ended_s=t_end - self.t0, scheduled_s=scheduled, queued_s=queued, connect_s=connect_s,
+            reused_connection=reused, chunk_arrivals_s=out.arrivals if out else [],
+            chunk_tokens=out.tokens if out else [], events=out.events if out else 0, deadline_s=wave.deadline_s,
+            truncation=truncation_of(ok, final.finish_reason if final else None, tokens, wave.max_tokens,
+                                     final.truncated if final else None),
+        )
+
+
+async def _probe_loop(lags: list[float]) -> None:
+    while True:
+        t = time.perf_counter()
+        await asyncio.sleep(LAG_PROBE_S)
+        lags.append(max(0.0, time.perf_counter() - t - LAG_PROBE_S))
 
 
 async def _run_wave(base_url: str, engine: Engine, wave: Wave, prompts: list[Prompt],
                     on_record: Callable[[RequestRecord], None] | None) -> WaveResult:
-    limits = httpx.Limits(max_connections=wave.concurrency + 2, max_keepalive_connections=wave.concurrency + 2)
-    async with httpx.AsyncClient(base_url=base_url, timeout=_TIMEOUT, limits=limits) as client:
+    client = _Client(base_url, engine, wave)
+    shape = wave.shape
+    records: list[RequestRecord] = []
 
-        async def stream(i: int) -> list[RequestRecord]:
-            out = []
-            for j in range(wave.requests_per_stream):
-                prompt = prompts[(i * wave.requests_per_stream + j) % len(prompts)]
-                record = await _one_request(client, engine, wave, prompt)
-                if on_record:
-                    on_record(record)
-                out.append(record)
-            return out
+    def keep(record: RequestRecord) -> None:
+        records.append(record)
+        if on_record:
+            on_record(record)
 
-        t0 = time.perf_counter()
-        per_stream = await asyncio.gather(*(stream(i) for i in range(wave.concurrency)))
-        wall = time.perf_counter() - t0
-    return WaveResult(records=[r for rs in per_stream for r in rs], wall_s=wall)
+    async def closed_stream(i: int) -> None:
+        if shape.stagger_s:
+            await asyncio.sleep(i * shape.stagger_s)
+        for j in range(wave.requests_per_stream):
+            keep(await client.request(prompts[(i * wave.requests_per_stream + j) % len(prompts)], i, None))
+
+    async def open_loop() -> None:
+        ceiling = asyncio.Semaphore(wave.concurrency)
+
+        async def one(k: int, at: float) -> None:
+            t = time.perf_counter()
+            async with ceiling:
+                keep(await client.request(prompts[k % len(prompts)], None, at, time.perf_counter() - t))
+
+        tasks = []
+        for k, at in enumerate(shape.schedule()):
+            delay = client.t0 + at - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(one(k, at)))
+        await asyncio.gather(*tasks)
+
+    lags: list[float] = []
+    probe = asyncio.create_task(_probe_loop(lags))
+    cpu0 = time.process_time()
+    client.t0 = time.perf_counter()
+    try:
+        if shape.kind == "open":
+            await open_loop()
+        else:
+            await asyncio.gather(*(closed_stream(i) for i in range(wave.concurrency)))
+    finally:
+        wall = time.perf_counter() - client.t0
+        cpu = time.process_time() - cpu0
+        probe.cancel()
+        client.pool.close()
+    records.sort(key=lambda r: r.sent_s or 0.0)
+    return WaveResult(records=records, wall_s=wall, connections_opened=client.pool.opened,
+                      server_closed=client.pool.server_closed,
+                      loop_lag_p99_s=float(np.percentile(lags, 99)) if lags else 0.0,
+                      loop_lag_max_s=max(lags, default=0.0), client_cpu=cpu / wall if wall > 0 else 0.0,
+                      shape=shape.describe())
 
 
 def run_wave(base_url: str, engine: Engine, wave: Wave, prompts: list[Prompt],
@@ -129,3 +247,12 @@ def run_wave(base_url: str, engine: Engine, wave: Wave, prompts: list[Prompt],
     if not prompts:
         raise ValueError("a wave needs at least one prompt")
     return asyncio.run(_run_wave(base_url, engine, wave, prompts, on_record))
+
+
+def sweep(base_url: str, engine: Engine, waves: list[Wave], prompts: list[Prompt],
+          on_record: Callable[[RequestRecord], None] | None = None) -> list[WaveResult]:
+    """A sweep: one wave per level (concurrencies or rates), in order, on the same server."""
+    return [run_wave(base_url, engine, w, prompts, on_record) for w in waves]
+
+
+__all__ = ["Wave", "WaveResult", "run_wave", "sweep"]

@@ -95,6 +95,38 @@ class Engine(ABC):
             return StreamEvent(done=True)
         return self.parse_event(json.loads(payload))
 
+    def parse_stream_event(self, raw: bytes) -> StreamEvent | None:
+        """One server-sent event as it came off the wire (the client stamped it first).
+
+        None for a comment (llama-server's `:` ping). An `error` event or a JSON body with an
+        `error` key is the server's error, in its own words; malformed JSON raises ValueError.
+        """
+        data_lines, kind = [], b"message"
+        for line in raw.split(b"\n"):
+            if not line or line.startswith(b":"):
+                continue
+            name, _, value = line.partition(b":")
+            value = value[1:] if value.startswith(b" ") else value
+            if name == b"data":
+                data_lines.append(value)
+            elif name == b"event":
+                kind = value.strip()
+            elif name == b"error":  # not an SSE field, but some servers write it
+                return StreamEvent(done=True, finish_reason="error", error=value.decode(errors="replace")[:500])
+        if not data_lines:
+            return None
+        payload = b"\n".join(data_lines).strip()
+        if payload == b"[DONE]":
+            return StreamEvent(done=True)
+        data = json.loads(payload)
+        if not isinstance(data, dict):
+            raise ValueError(f"event is not a JSON object: {payload[:200]!r}")
+        if "error" in data or kind == b"error" or data.get("object") == "error":
+            err = data.get("error", data)
+            message = err.get("message", err) if isinstance(err, dict) else err
+            return StreamEvent(done=True, finish_reason="error", error=str(message)[:500])
+        return self.parse_event(data)
+
     # --- Chat, for the correctness gates (tasks/smoke.py, tool_gate.py, needles.py, thinking.py) ---
     # The OpenAI chat route is common to llama.cpp, SGLang and vLLM, so the shape lives here;
     # what differs per engine is how the lane's agentic declarations become launch flags.

@@ -159,6 +159,14 @@ class DecodePlan(_Strict):
         """The levels the capacity gate judges: every level but the declared queueing ones."""
         queued = set(self.queue_levels())
         return [c for c in self.concurrency if c not in queued] or [1]
+    # Load shape (tasks/client/shapes.py): closed loop by default; `rates` sweeps open-loop
+    # request rates (req/s) with the largest concurrency level as the in-flight ceiling.
+    stagger_s: Annotated[float, Field(ge=0)] = 0.0
+    rates: list[Annotated[float, Field(gt=0)]] | None = None
+    arrival: Literal["poisson", "constant"] = "poisson"
+    deadline_s: Annotated[float, Field(gt=0)] | None = None  # per request, wall clock
+    ttft_bound_s: Annotated[float, Field(gt=0)] | None = None  # goodput's bounds
+    tpot_bound_s: Annotated[float, Field(gt=0)] | None = None
 
 
 class AcceptancePlan(_Strict):

@@ -50,6 +50,14 @@ def decode_table(df: pd.DataFrame) -> pd.DataFrame:
                         zip(df.aggregate_tok_s, df.aggregate_tok_s_min, df.aggregate_tok_s_max)]
     if "regime" in df:  # a level past the server's cap is a queue: labelled, never read as a speed
         out["regime"] = ["**queueing**" if r == "queueing" else "measured" for r in df.regime]
+    # The load generator's columns (docs/metrics.md), where the table has them: ITL is pooled,
+    # tokens per chunk > 1 shows bursts, and a level the client may have limited says so.
+    for column, label, scale in (("itl_p99_s", "ITL p99 ms", 1000), ("tpot_p50_s", "TPOT p50 ms", 1000),
+                                 ("tokens_per_chunk", "tok/chunk", 1)):
+        if column in df:
+            out[label] = df[column] * scale
+    if "client_saturated" in df:
+        out["client-bound"] = ["yes" if v else "" for v in df.client_saturated]
     return out
 
 

@@ -45,7 +45,7 @@ class DecodeRow(_Record):
     per_user_tok_s: float
     ttft_p50_s: float
     ttft_p95_s: float
-    itl_p50_s: float
+    itl_p50_s: float  # pooled over every gap between chunks (docs/metrics.md), not a median of medians
     requests: int
     failed_requests: int
     # Host noise around the waves (tasks/hosts/noise.py) and the verdict on the spread.
@@ -59,6 +59,35 @@ class DecodeRow(_Record):
     bandwidth_share: float | None = None
     # "queueing": a level the lane declared beyond_cap and ran above the server's cap; never judged for speed
     regime: Literal["measured", "queueing"] = "measured"
+    # The load generator's fuller picture (docs/metrics.md has every formula). Defaults keep
+    # rows written before these columns readable.
+    load_shape: str = ""  # e.g. "closed c=8, stagger 0.01 s" or "open poisson 4 req/s, ceiling 8"
+    request_rate: float | None = None  # open loop: requests/s sent; None for closed loop
+    ttft_p90_s: float | None = None
+    ttft_p99_s: float | None = None
+    tpot_p50_s: float | None = None
+    tpot_p90_s: float | None = None
+    tpot_p95_s: float | None = None
+    tpot_p99_s: float | None = None
+    itl_p90_s: float | None = None
+    itl_p95_s: float | None = None
+    itl_p99_s: float | None = None
+    tokens_per_chunk: float | None = None  # output tokens / chunks: > 1 means bursts (speculation)
+    tokens_per_chunk_max: int | None = None
+    wave_tok_s: float | None = None  # median over repeats of all tokens / wave wall time, ramps included
+    ramp_up_s: float | None = None  # median over repeats
+    ramp_down_s: float | None = None
+    steady_window_s: float | None = None  # 0 when no window had every stream busy (then aggregate = wave_tok_s)
+    ttft_bound_s: float | None = None
+    tpot_bound_s: float | None = None
+    goodput_req_s: float | None = None  # median over repeats of requests within both bounds / wave wall time
+    goodput_pct: float | None = None  # share of requests within both bounds
+    connections_opened: int | None = None  # most any measured wave opened (closed loop: should equal concurrency)
+    server_closed_connections: int | None = None  # most any wave saw the server close after a response
+    unforced_reconnects: int | None = None  # opened beyond concurrency that no server close forced: must be 0
+    client_loop_lag_p99_s: float | None = None  # worst wave's event-loop lag p99
+    client_cpu: float | None = None  # worst wave's client CPU, in cores
+    client_saturated: bool = False  # the client, not the server, may have set these numbers
 
 
 class AcceptanceRow(_Record):

@@ -1,8 +1,11 @@
-"""Decode curve: aggregate and per-user speed at each concurrency level, repeated.
+"""Decode curve: aggregate and per-user speed at each load level, repeated.
 
-Each level runs `repeats` measured waves after warmup. Aggregate tok/s is a wave's output
-tokens over its wall time; the row reports the median over repeats with min, max and
-spread. Per-user tok/s, TTFT and ITL pool every measured request at that level.
+Each level (a closed-loop concurrency, or an open-loop request rate when the plan sweeps
+`rates`) runs `repeats` measured waves after warmup. Aggregate tok/s is a wave's tokens inside
+its steady window over the window's length (docs/metrics.md); the row reports the median over
+repeats with min, max and spread, and the all-in wave rate beside it. TTFT, TPOT and ITL pool
+every measured request at that level; a level where the client itself was the bottleneck is
+flagged (client_saturated).
 """
 
 from __future__ import annotations
@@ -10,35 +13,43 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable
 
-import numpy as np
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from tasks.stages.boot import Server
-from tasks.inventory.models import DecodePlan
-from tasks.engines import engine_for
-from tasks.client.waves import Wave, run_wave
+from tasks.client import metrics
 from tasks.client.prompts import Prompt
 from tasks.client.records import RequestRecord
+from tasks.client.waves import Wave, WaveResult, run_wave
+from tasks.engines import engine_for
 from tasks.hosts import noise as host_noise
 from tasks.hosts.noise import DEFAULT_UNSTABLE_SPREAD_PCT, Noise
+from tasks.inventory.models import DecodePlan
 from tasks.record.rows import DecodeRow
+from tasks.stages.boot import Server
 
 
-def _pct(values: list[float], q: float) -> float:
-    return float(np.percentile(values, q)) if values else float("nan")
+def _nan(v: float | None) -> float:
+    return float("nan") if v is None else v
 
 
-def summarize(lane_name: str, concurrency: int, waves: list[tuple[list[RequestRecord], float]],
-              noise: list[Noise] | None = None, unstable_spread_pct: float = DEFAULT_UNSTABLE_SPREAD_PCT) -> DecodeRow:
-    """One row from the measured waves of one concurrency level, with the host's noise."""
-    aggregates = [sum(r.output_tokens for r in recs if r.ok) / wall for recs, wall in waves]
-    records = [r for recs, _ in waves for r in recs]
-    good = [r for r in records if r.ok]
-    per_user = [r.output_tokens / (r.e2el_s - r.ttft_s) for r in good
+def summarize(lane_name: str, concurrency: int, waves: list[WaveResult], ttft_bound_s: float | None = None,
+              tpot_bound_s: float | None = None, request_rate: float | None = None, noise: list[Noise] | None = None,
+              unstable_spread_pct: float = DEFAULT_UNSTABLE_SPREAD_PCT) -> DecodeRow:
+    """One row from the measured waves of one level, with the host's noise around them."""
+    windows = [metrics.steady_window(w.records, w.wall_s) for w in waves]
+    wave_rates = [w.output_tokens / w.wall_s for w in waves]
+    # A wave with no steady window (every stream never ran at once) falls back to its all-in rate.
+    aggregates = [win.tok_s if win.steady else rate for win, rate in zip(windows, wave_rates)]
+    records = [r for w in waves for r in w.records]
+    ok = [r for r in records if r.ok]
+    per_user = [r.output_tokens / (r.e2el_s - r.ttft_s) for r in ok
                 if r.e2el_s and r.ttft_s is not None and r.e2el_s > r.ttft_s and r.output_tokens > 1]
-    ttfts = [r.ttft_s for r in good if r.ttft_s is not None]
-    itls = [r.itl_p50_s for r in good if r.itl_p50_s is not None]
+    ttft = metrics.percentiles([r.ttft_s for r in ok if r.ttft_s is not None])
+    tpot = metrics.percentiles([r.tpot_s for r in ok if r.tpot_s is not None])
+    itl = metrics.percentiles(metrics.pooled_itl(ok))
+    chunks = sum(r.chunks for r in ok)
+    bounded = ttft_bound_s is not None or tpot_bound_s is not None
+    n_good = [sum(metrics.good(r, ttft_bound_s, tpot_bound_s) for r in w.records) for w in waves]
     median = statistics.median(aggregates)
     spread = 100.0 * (max(aggregates) - min(aggregates)) / median if median else float("nan")
     busy = [n.busy_pct for n in noise or [] if n.busy_pct is not None]
@@ -52,9 +63,34 @@ def summarize(lane_name: str, concurrency: int, waves: list[tuple[list[RequestRe
         aggregate_tok_s=median, aggregate_tok_s_min=min(aggregates), aggregate_tok_s_max=max(aggregates),
         aggregate_spread_pct=spread,
         per_user_tok_s=statistics.median(per_user) if per_user else float("nan"),
-        ttft_p50_s=_pct(ttfts, 50), ttft_p95_s=_pct(ttfts, 95), itl_p50_s=_pct(itls, 50),
-        requests=len(records), failed_requests=len(records) - len(good),
+        ttft_p50_s=_nan(ttft[50]), ttft_p95_s=_nan(ttft[95]), itl_p50_s=_nan(itl[50]),
+        requests=len(records), failed_requests=len(records) - len(ok),
+        load_shape=waves[0].shape, request_rate=request_rate, ttft_p90_s=ttft[90], ttft_p99_s=ttft[99],
+        tpot_p50_s=tpot[50], tpot_p90_s=tpot[90], tpot_p95_s=tpot[95], tpot_p99_s=tpot[99],
+        itl_p90_s=itl[90], itl_p95_s=itl[95], itl_p99_s=itl[99],
+        tokens_per_chunk=sum(r.output_tokens for r in ok) / chunks if chunks else None,
+        tokens_per_chunk_max=max((n for r in ok for n in r.chunk_tokens), default=None),
+        wave_tok_s=statistics.median(wave_rates),
+        ramp_up_s=statistics.median(w.ramp_up_s for w in windows),
+        ramp_down_s=statistics.median(w.ramp_down_s for w in windows),
+        steady_window_s=statistics.median(max(0.0, w.end_s - w.start_s) for w in windows),
+        ttft_bound_s=ttft_bound_s, tpot_bound_s=tpot_bound_s,
+        goodput_req_s=statistics.median(g / w.wall_s for g, w in zip(n_good, waves)) if bounded else None,
+        goodput_pct=100.0 * sum(n_good) / len(records) if bounded and records else None,
+        connections_opened=max(w.connections_opened for w in waves),
+        server_closed_connections=max(w.server_closed for w in waves),
+        unforced_reconnects=max(max(0, w.connections_opened - concurrency - w.server_closed) for w in waves),
+        client_loop_lag_p99_s=max(w.loop_lag_p99_s for w in waves),
+        client_cpu=max(w.client_cpu for w in waves),
+        client_saturated=any(w.client_saturated for w in waves),
     )
+
+
+def levels(plan: DecodePlan) -> list[tuple[int, float | None]]:
+    """The sweep: (concurrency or ceiling, rate) per level."""
+    if plan.rates:
+        return [(max(plan.concurrency), rate) for rate in plan.rates]
+    return [(c, None) for c in plan.concurrency]
 
 
 @task(name="decode-curve", cache_policy=NO_CACHE)
@@ -64,15 +100,17 @@ def decode_curve(server: Server, lane_name: str, engine_name: str, plan: DecodeP
                  unstable_spread_pct: float = DEFAULT_UNSTABLE_SPREAD_PCT) -> list[DecodeRow]:
     engine = engine_for(engine_name)
     rows = []
-    for concurrency in plan.concurrency:
+    for concurrency, rate in levels(plan):
         waves, noise = [], []
         for repeat in range(1, repeats + 1):
-            on_progress(f"decode curve c={concurrency} repeat {repeat}/{repeats}")
             wave = Wave(lane=lane_name, stage="decode", repeat=repeat, concurrency=concurrency,
-                        requests_per_stream=plan.requests_per_stream, max_tokens=plan.max_tokens)
+                        requests_per_stream=plan.requests_per_stream, max_tokens=plan.max_tokens,
+                        stagger_s=plan.stagger_s, rate=rate, arrival=plan.arrival, deadline_s=plan.deadline_s,
+                        seed=repeat)
+            on_progress(f"decode curve {wave.shape.describe()} repeat {repeat}/{repeats}")
             before = host_noise.sample()
-            result = run_wave(server.base_url, engine, wave, prompts, on_record)
+            waves.append(run_wave(server.base_url, engine, wave, prompts, on_record))
             noise.append(host_noise.between(before, host_noise.sample()))
-            waves.append((result.records, result.wall_s))
-        rows.append(summarize(lane_name, concurrency, waves, noise, unstable_spread_pct))
+        rows.append(summarize(lane_name, concurrency, waves, plan.ttft_bound_s, plan.tpot_bound_s, rate, noise,
+                              unstable_spread_pct))
     return rows

@@ -1,0 +1,114 @@
+"""Which HTTP layer the load generator stands on, by measurement: httpx, aiohttp and the lean
+asyncio reader (tasks/client/http.py) each stream the same zero-delay responses from the fake
+server at the same concurrency, doing the same work per read (stamp it, keep it), every body
+read to its end on kept-alive connections. Prints streamed events/s, the client's CPU per
+second and the connections the server accepted.
+
+Runs under any Python that has httpx and aiohttp (the benchmark uses aiperf's throwaway venv,
+which has both); the lean reader is loaded from its file, standard library only:
+  /tmp/lb-peers/aiperf/bin/python benchmarks/http_layers.py --url http://127.0.0.1:18531 --levels 1,16,64
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import json
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+_spec = importlib.util.spec_from_file_location(
+    "lean_http", Path(__file__).resolve().parents[1] / "tasks/client/http.py")
+lean = importlib.util.module_from_spec(_spec)
+sys.modules["lean_http"] = lean  # dataclasses look their module up there
+_spec.loader.exec_module(lean)
+
+BODY = {"model": "fake", "prompt": "benchmark prompt", "stream": True}
+
+
+import aiohttp  # noqa: E402  (imported before any timing: an import is not a layer's cost)
+import httpx  # noqa: E402
+
+
+async def _httpx(url: str, c: int, n: int, tokens: int) -> int:
+    body = {**BODY, "max_tokens": tokens}
+    events = 0
+    limits = httpx.Limits(max_connections=c, max_keepalive_connections=c)
+    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=120) as client:
+        async def stream() -> None:
+            nonlocal events
+            for _ in range(n):
+                pieces = []
+                async with client.stream("POST", "/v1/completions", json=body) as resp:
+                    async for data in resp.aiter_raw():
+                        pieces.append((time.perf_counter(), data))
+                events += sum(d.count(b"\n\n") for _, d in pieces)
+        await asyncio.gather(*(stream() for _ in range(c)))
+    return events
+
+
+async def _aiohttp(url: str, c: int, n: int, tokens: int) -> int:
+    body = {**BODY, "max_tokens": tokens}
+    events = 0
+    async with aiohttp.ClientSession(base_url=url, connector=aiohttp.TCPConnector(limit=c)) as session:
+        async def stream() -> None:
+            nonlocal events
+            for _ in range(n):
+                pieces = []
+                async with session.post("/v1/completions", json=body) as resp:
+                    async for data in resp.content.iter_any():
+                        pieces.append((time.perf_counter(), data))
+                events += sum(d.count(b"\n\n") for _, d in pieces)
+        await asyncio.gather(*(stream() for _ in range(c)))
+    return events
+
+
+async def _lean(url: str, c: int, n: int, tokens: int) -> int:
+    host, port = url.split("//")[1].split(":")
+    payload = lean.request_bytes(host, int(port), "/v1/completions", json.dumps({**BODY, "max_tokens": tokens}).encode())
+    pool = lean.Pool(host, int(port), c)
+    events = 0
+
+    async def stream() -> None:
+        nonlocal events
+        for _ in range(n):
+            conn, _ = await pool.acquire()
+            conn.writer.write(payload)
+            resp = await lean.read_response(conn)
+            pool.release(conn, resp.reused)
+            events += sum(d.count(b"\n\n") for _, d in resp.pieces)
+    await asyncio.gather(*(stream() for _ in range(c)))
+    pool.close()
+    return events
+
+
+def _connections(url: str) -> int:
+    with urllib.request.urlopen(f"{url}/stats") as r:
+        return json.load(r)["connections"]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--url", required=True)
+    p.add_argument("--levels", default="1,16,64")
+    p.add_argument("--requests", type=int, default=4, help="per stream")
+    p.add_argument("--tokens", type=int, default=512)
+    args = p.parse_args()
+    rows = []
+    for c in [int(x) for x in args.levels.split(",")]:
+        for name, fn in (("httpx", _httpx), ("aiohttp", _aiohttp), ("lean asyncio", _lean)):
+            before = _connections(args.url)
+            cpu0, t0 = time.process_time(), time.perf_counter()
+            events = asyncio.run(fn(args.url, c, args.requests, args.tokens))
+            wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+            rows.append({"layer": name, "C": c, "events/s": round(events / wall), "client CPU s/s": round(cpu / wall, 2),
+                         "CPU us/event": round(1e6 * cpu / max(events, 1), 1),
+                         "connections": _connections(args.url) - before - 1})
+            print(json.dumps(rows[-1]), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,206 @@
+"""The load generator against the scripted fake server, side by side with guidellm and aiperf.
+
+Two parts, each printing a markdown table:
+  timed: the fake server streams on a schedule (--ttft-ms, then one token every --itl-ms);
+         each client's TTFT (and, for lanebench, every ITL gap) is compared with the server's
+         own write stamps. Error = client's interval - server's interval for the same request.
+  raw:   the fake server writes as fast as it can (--zero-delay); streamed tokens per second
+         over the server's busy span, the client's CPU, and TCP connections the server accepted.
+The server runs pinned to --server-cpu and every client to --client-cpu (os.sched_setaffinity),
+so a client's ceiling is one core's. Peers are installed into throwaway venvs under /tmp
+(`uv venv` + `uv pip install`), never into the project.
+
+  uv run python benchmarks/load_generator.py                 # full run (quiet machine)
+  uv run python benchmarks/load_generator.py --quick         # small scale, proves it works
+  uv run python benchmarks/load_generator.py --peers none    # lanebench only
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from peers import PEERS, run_peer, venv  # noqa: E402
+from tasks.client.prompts import Prompt  # noqa: E402
+from tasks.client.waves import Wave, run_wave  # noqa: E402
+from tasks.engines import engine_for  # noqa: E402
+
+PORT = 18531
+
+
+class FakeServer:
+    def __init__(self, cpu: int, log: Path, *flags: str):
+        self.log = log
+        self.proc = subprocess.Popen([sys.executable, str(ROOT / "benchmarks/fake_server.py"), "--port", str(PORT),
+                                      "--cpu", str(cpu), "--log", str(log), *flags], stdout=subprocess.PIPE, text=True)
+        assert "listening" in self.proc.stdout.readline()
+        self.url = f"http://127.0.0.1:{PORT}"
+
+    def stats(self) -> dict:
+        with urllib.request.urlopen(f"{self.url}/stats") as r:
+            return json.load(r)
+
+    def entries(self) -> list[dict]:
+        time.sleep(0.2)  # the server logs a request after its last write
+        return [json.loads(line) for line in self.log.read_text().splitlines()] if self.log.exists() else []
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)
+
+
+def _pct(values: list[float], q: float) -> float:
+    return float(np.percentile(values, q)) if values else float("nan")
+
+
+def lanebench(url: str, concurrency: int, requests: int, tokens: int) -> dict:
+    """One closed-loop wave with lanebench's client, in this (pinned) process."""
+    wave = Wave(lane="bench", stage="decode", repeat=1, concurrency=concurrency,
+                requests_per_stream=max(1, requests // concurrency), max_tokens=tokens)
+    prompts = [Prompt(id="p", prompt_class="bench", text="benchmark prompt")]
+    cpu0 = time.process_time()
+    result = run_wave(url, engine_for("vllm"), wave, prompts)
+    return {"cpu_s": time.process_time() - cpu0, "wall_s": result.wall_s,
+            "ok": sum(r.ok for r in result.records), "n": len(result.records),
+            "tokens": sum(r.output_tokens for r in result.records if r.ok),
+            "ttft": [(r.nonce, r.ttft_s) for r in result.records if r.ok],
+            "chunks": {r.nonce: (r.chunk_arrivals_s, r.chunk_tokens) for r in result.records if r.ok}}
+
+
+def timed_row(client: str, got: dict, entries: list[dict], concurrency: int, itl_ms: float) -> dict:
+    """Error = the client's interval minus the server's for the same request: TTFT against
+    (first write - request received), ITL gap by gap against the server's write gaps."""
+    ttft_err, itl_err = [], []
+    if client == "lanebench":
+        for nonce, ttft in got["ttft"]:
+            (e,) = [e for e in entries if nonce in e["prompt"]]
+            ttft_err.append(ttft - (e["writes"][0] - e["recv"]))
+            # A chunk starts at the write of its first token (the fake server writes one token per write).
+            arrivals, tokens = got["chunks"][nonce]
+            first = np.cumsum([0, *tokens[:-1]])
+            sent = [e["writes"][i] for i in first]
+            itl_err += [(a1 - a0) - (w1 - w0) for a0, a1, w0, w1 in zip(arrivals, arrivals[1:], sent, sent[1:])]
+    elif "ttft_by_id" in got:
+        by_id = {e["id"]: e for e in entries}
+        ttft_err = [t - (by_id[i]["writes"][0] - by_id[i]["recv"]) for i, t in got["ttft_by_id"].items() if i in by_id]
+    elif len(got.get("ttft_in_order", [])) == len(entries):  # matched by send order
+        ordered = sorted(entries, key=lambda e: e["recv"])
+        ttft_err = [t - (e["writes"][0] - e["recv"]) for t, e in zip(got["ttft_in_order"], ordered)]
+    return {"client": client, "C": concurrency, "tok/s scheduled": round(concurrency * 1000 / itl_ms),
+            "requests ok": f"{got['ok']}/{got['n']}",
+            "TTFT err p50 ms": _pct(ttft_err, 50) * 1e3, "TTFT err p99 ms": _pct(ttft_err, 99) * 1e3,
+            "ITL err p50 ms": _pct(itl_err, 50) * 1e3 if itl_err else float("nan"),
+            "ITL |err| p99 ms": _pct(np.abs(itl_err).tolist(), 99) * 1e3 if itl_err else float("nan")}
+
+
+def raw_row(client: str, got: dict, entries: list[dict], concurrency: int, conns: int) -> dict:
+    """Streamed tokens/s over the server's busy span (first request received to last write):
+    the same clock for every client."""
+    span = (max(e["writes"][-1] for e in entries) - min(e["recv"] for e in entries)) if entries else float("nan")
+    return {"client": client, "C": concurrency, "requests ok": f"{got['ok']}/{got['n']}",
+            "tok/s": got["tokens"] / span if span else float("nan"),
+            "client CPU us/token": 1e6 * got["cpu_s"] / max(got["tokens"], 1), "connections": conns}
+
+
+def table(rows: list[dict]) -> str:
+    cols = list(rows[0])
+    out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        out.append("| " + " | ".join(f"{v:.3f}" if isinstance(v, float) and abs(v) < 100 else
+                                     f"{v:.0f}" if isinstance(v, float) else str(v) for v in r.values()) + " |")
+    return "\n".join(out)
+
+
+def one(client: str, server: FakeServer, concurrency: int, requests: int, tokens: int, work: Path) -> dict:
+    server.log.write_text("")
+    if client == "lanebench":
+        return lanebench(server.url, concurrency, requests, tokens)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    got = run_peer(client, server.url, concurrency, requests, tokens, work)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    got["cpu_s"] = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return got
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="small scale: C in 1,16; few requests")
+    p.add_argument("--peers", default="guidellm,aiperf", help="comma list, or 'none'")
+    p.add_argument("--server-cpu", type=int, default=0)
+    p.add_argument("--client-cpu", type=int, default=1)
+    p.add_argument("--ttft-ms", type=float, default=20.0)
+    p.add_argument("--itl-ms", type=float, default=1.0)
+    args = p.parse_args()
+    levels_timed = [1, 4, 16]
+    levels_raw = [1, 16, 64, 256] if not args.quick else [1, 16]
+    per_level = 8 if args.quick else 32  # requests per concurrency level (x C for C > 8)
+    tokens_timed, tokens_raw = (64, 256) if args.quick else (128, 1024)
+    peers = [] if args.peers == "none" else args.peers.split(",")
+    clients = ["lanebench", *[c for c in peers if c in PEERS]]
+    work = Path(tempfile.mkdtemp(prefix="lb-loadgen-"))
+    with open("/proc/loadavg") as f:
+        load = f.read().split()[:3]
+    print(f"# load generator benchmark: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
+          f"{os.cpu_count()} cores, load at start {' '.join(load)}, server cpu {args.server_cpu}, "
+          f"clients cpu {args.client_cpu}\n")
+    log = work / "server.jsonl"
+
+    timed, raw, layers = [], [], []
+    server = FakeServer(args.server_cpu, log, "--ttft-ms", str(args.ttft_ms), "--itl-ms", str(args.itl_ms))
+    os.sched_setaffinity(0, {args.client_cpu})  # after the server started: it pinned itself
+    try:
+        for c in levels_timed:
+            for client in clients:
+                n = per_level * max(1, c // 8) if c > 1 else per_level
+                got = one(client, server, c, n, tokens_timed, work)
+                timed.append(timed_row(client, got, server.entries(), c, args.itl_ms))
+                print(timed[-1], flush=True)
+    finally:
+        server.stop()
+    server = FakeServer(args.server_cpu, log, "--zero-delay")
+    try:
+        for c in levels_raw:
+            for client in clients:
+                before = server.stats()["connections"]
+                got = one(client, server, c, per_level * max(1, c // 8), tokens_raw, work)
+                entries = server.entries()
+                conns = server.stats()["connections"] - before - 1  # -1: the /stats call itself
+                raw.append(raw_row(client, got, entries, c, conns))
+                print(raw[-1], flush=True)
+        if "aiperf" in clients:  # its venv has httpx and aiohttp: the HTTP layer comparison
+            server.log.write_text("")
+            res = subprocess.run([str(venv("aiperf") / "bin/python"), str(ROOT / "benchmarks/http_layers.py"),
+                                  "--url", server.url, "--levels", ",".join(map(str, levels_raw)),
+                                  "--tokens", str(tokens_raw)], capture_output=True, text=True, timeout=900)
+            layers = [json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]
+            print(res.stderr[-2000:] if res.returncode else "", flush=True)
+    finally:
+        server.stop()
+    with open("/proc/loadavg") as f:
+        load_end = f.read().split()[:3]
+    print(f"\n## timed (TTFT {args.ttft_ms:g} ms, one token every {args.itl_ms:g} ms per stream)\n")
+    print(table(timed))
+    print("\n## raw ceiling (zero-delay server; peers' CPU is their whole run, start-up included)\n")
+    print(table(raw))
+    if layers:
+        print("\n## HTTP layers (same zero-delay streams, same work per read)\n")
+        print(table(layers))
+    print(f"\nload at end {' '.join(load_end)}")
+
+
+if __name__ == "__main__":
+    main()

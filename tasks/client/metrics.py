@@ -1,0 +1,99 @@
+"""The field's metrics over a level's measured waves (formulas in docs/metrics.md).
+
+TTFT and TPOT are per request; ITL pools every gap between chunks of every request (not a
+median of medians), and a chunk's token count is kept beside it, so a speculative burst reads
+as a burst (tokens per chunk > 1) instead of as a tiny ITL. Throughput counts the tokens that
+arrived inside a wave's steady window, when every stream was running; ramp-up and ramp-down
+are reported apart. Goodput counts the requests that met the declared TTFT and TPOT bounds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from tasks.client.records import RequestRecord
+
+PERCENTILES = (50, 90, 95, 99)
+
+
+def percentiles(values: list[float]) -> dict[int, float | None]:
+    if not values:
+        return {q: None for q in PERCENTILES}
+    got = np.percentile(np.asarray(values, dtype=float), PERCENTILES)
+    return {q: float(v) for q, v in zip(PERCENTILES, got)}
+
+
+def pooled_itl(records: list[RequestRecord]) -> list[float]:
+    """Every gap between consecutive chunks of every completed request."""
+    gaps: list[float] = []
+    for r in records:
+        if r.ok:
+            a = r.chunk_arrivals_s
+            gaps.extend(b - x for x, b in zip(a, a[1:]))
+    return gaps
+
+
+@dataclass
+class Window:
+    start_s: float  # from the wave's start
+    end_s: float
+    wall_s: float
+    tokens: int  # tokens that arrived inside the window
+
+    @property
+    def steady(self) -> bool:
+        return self.end_s > self.start_s
+
+    @property
+    def tok_s(self) -> float:
+        return self.tokens / (self.end_s - self.start_s) if self.steady else float("nan")
+
+    @property
+    def ramp_up_s(self) -> float:
+        return self.start_s
+
+    @property
+    def ramp_down_s(self) -> float:
+        return self.wall_s - self.end_s
+
+
+def steady_window(records: list[RequestRecord], wall_s: float) -> Window:
+    """Closed loop: from the last stream's first send to the first stream's last end (every
+    stream busy). Open loop: from the first completion to the last send (arrivals and
+    departures both under way). Outside it the server held fewer requests than the shape."""
+    timed = [r for r in records if r.sent_s is not None and r.ended_s is not None]
+    if not timed:
+        return Window(0.0, 0.0, wall_s, 0)
+    streams: dict[int, list[RequestRecord]] = {}
+    for r in timed:
+        if r.stream is not None:
+            streams.setdefault(r.stream, []).append(r)
+    if streams:
+        start = max(min(r.sent_s for r in rs) for rs in streams.values())  # type: ignore[type-var]
+        end = min(max(r.ended_s for r in rs) for rs in streams.values())  # type: ignore[type-var]
+    else:
+        start = min(r.ended_s for r in timed)  # type: ignore[type-var]
+        end = max(r.sent_s for r in timed)  # type: ignore[type-var]
+    tokens = 0
+    for r in timed:
+        if not r.ok or not r.chunk_arrivals_s:
+            continue
+        known = all(n > 0 for n in r.chunk_tokens)
+        share = r.output_tokens / len(r.chunk_arrivals_s)
+        for i, t in enumerate(r.chunk_arrivals_s):
+            if start <= r.sent_s + t <= end:  # type: ignore[operator]
+                tokens += r.chunk_tokens[i] if known else share
+    return Window(float(start), float(end), wall_s, int(round(tokens)))
+
+
+def good(r: RequestRecord, ttft_bound_s: float | None, tpot_bound_s: float | None) -> bool:
+    """A request that completed within the declared bounds (an unset bound is not checked)."""
+    if not r.ok:
+        return False
+    if ttft_bound_s is not None and (r.ttft_s is None or r.ttft_s > ttft_bound_s):
+        return False
+    if tpot_bound_s is not None and r.tpot_s is not None and r.tpot_s > tpot_bound_s:
+        return False
+    return True

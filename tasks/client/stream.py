@@ -1,0 +1,95 @@
+"""One stream's events -> what the request did: chunks with their arrival stamps, the final
+event, or the one error that makes it THAT request's error row.
+
+Every event comes with the stamp its read got in the read loop (tasks/client/http.py) before
+anything parsed it, so neither JSON nor pydantic sits inside a measured interval. The engine adapter parses each
+event's raw bytes (`Engine.parse_stream_event`); nothing here knows which engine spoke.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+from pydantic import ValidationError
+
+from tasks.client.records import StreamEvent
+from tasks.engines.base import Engine
+
+# Final usage claiming more than this many times the tokens the chunks carried (plus slack)
+# is a broken stream, not a measurement.
+_INCONSISTENT_RATIO, _INCONSISTENT_SLACK = 2.0, 4
+
+
+@dataclass
+class Outcome:
+    error: str | None = None
+    final: StreamEvent | None = None
+    arrivals: list[float] = field(default_factory=list)  # per chunk, seconds from send
+    tokens: list[int] = field(default_factory=list)  # per chunk, as the engine counted (0: unknown)
+    events: int = 0
+    output_tokens: int = 0
+
+    @property
+    def ttft_s(self) -> float | None:
+        return self.arrivals[0] if self.arrivals else None
+
+    def itl_p50_s(self) -> float | None:
+        gaps = [b - a for a, b in zip(self.arrivals, self.arrivals[1:])]
+        return statistics.median(gaps) if gaps else None
+
+
+class Assembler:
+    """Parse a stream's events in order, as their reads arrive. Token-bearing events stamped by the same read are one chunk (a burst): their gap was never
+    observable, so it does not enter ITL as a zero."""
+
+    def __init__(self, engine: Engine, t_send: float):
+        self.engine, self.t_send = engine, t_send
+        self.out = Outcome()
+        self._last_t: float | None = None
+
+    def feed(self, t: float, raw: bytes) -> bool:
+        """Take one event; True when the stream is settled as an error (later events are ignored)."""
+        out = self.out
+        if out.error is not None:
+            return True
+        try:
+            ev = self.engine.parse_stream_event(raw)
+        except (ValueError, KeyError, TypeError, AttributeError, ValidationError) as e:
+            out.error = f"malformed event ({type(e).__name__}: {str(e)[:160]}): {raw[:200]!r}"
+            return True
+        if ev is None:
+            return False
+        out.events += 1
+        if ev.error is not None or ev.finish_reason == "error":
+            out.error = f"server error event: {ev.error or raw[:300].decode(errors='replace')}"
+            return True
+        if ev.text or ev.tokens:
+            if t == self._last_t:
+                out.tokens[-1] += ev.tokens
+            else:
+                out.arrivals.append(t - self.t_send)
+                out.tokens.append(ev.tokens)
+                self._last_t = t
+        if ev.done and (out.final is None or (out.final.completion_tokens is None and ev.completion_tokens is not None)):
+            out.final = ev  # the first final event, or the first that carries the count
+        return False
+
+    def finish(self) -> Outcome:
+        out = self.out
+        if out.error is not None:
+            return out
+        if out.final is None:
+            out.error = "stream ended without a final event" if out.events else "empty stream: no event at all"
+            return out
+        if not out.arrivals:
+            out.error = "empty stream: the final event came with no token-bearing event before it"
+            return out
+        carried = sum(out.tokens)
+        known = all(n > 0 for n in out.tokens)
+        claimed = out.final.completion_tokens
+        if claimed is not None and known and claimed > _INCONSISTENT_RATIO * carried + _INCONSISTENT_SLACK:
+            out.error = f"inconsistent stream: final usage claims {claimed} tokens, the chunks carried {carried}"
+            return out
+        out.output_tokens = claimed if claimed is not None else (carried if known else len(out.arrivals))
+        return out

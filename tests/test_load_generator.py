@@ -1,0 +1,235 @@
+"""The load generator against servers whose behaviour we know: the scripted fake server in
+benchmarks/ (true timings logged server-side) and the pinned llama-server.
+
+Bounds are generous on purpose: the box is shared, so these check that the clocks sit in the
+right place (milliseconds, not tens of them) and the bookkeeping is exact; the sub-millisecond
+targets are the benchmark's (benchmarks/load_generator.py), run on a quiet machine.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from conftest import REPO, shipped_inventory
+from tasks.client.metrics import steady_window
+from tasks.client.prompts import Prompt
+from tasks.client.waves import Wave, run_wave
+from tasks.engines import engine_for
+from tasks.inventory.models import DecodePlan, Inventory
+from tasks.record.expectations import validate
+from tasks.stages.decode_curve import levels, summarize
+
+PORT = 18521
+TTFT_MS, ITL_MS = 20.0, 5.0
+VLLM = engine_for("vllm")  # the fake server speaks OpenAI /v1/completions with vLLM's token_ids
+
+
+@pytest.fixture(scope="module")
+def fake(tmp_path_factory):
+    log = tmp_path_factory.mktemp("fake") / "writes.jsonl"
+    proc = subprocess.Popen([sys.executable, str(REPO / "benchmarks/fake_server.py"), "--port", str(PORT),
+                             "--ttft-ms", str(TTFT_MS), "--itl-ms", str(ITL_MS), "--ping-s", "0.05",
+                             "--log", str(log)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert "listening" in proc.stdout.readline()
+        yield f"http://127.0.0.1:{PORT}", log
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def _stats(url: str) -> dict:
+    with urllib.request.urlopen(f"{url}/stats") as r:
+        return json.load(r)
+
+
+def _prompts(*texts: str) -> list[Prompt]:
+    return [Prompt(id=f"p{i}", prompt_class="t", text=t) for i, t in enumerate(texts)]
+
+
+def _wave(concurrency: int, per_stream: int, max_tokens: int = 16, **kw) -> Wave:
+    return Wave(lane="l", stage="decode", repeat=1, concurrency=concurrency, requests_per_stream=per_stream,
+                max_tokens=max_tokens, **kw)
+
+
+def test_connections_opened_equal_concurrency_not_requests(fake):
+    url, _ = fake
+    before = _stats(url)["connections"]
+    result = run_wave(url, VLLM, _wave(8, 4), _prompts("a", "b", "c"))
+    assert all(r.ok for r in result.records) and len(result.records) == 32
+    assert result.connections_opened == 8
+    assert _stats(url)["connections"] - before == 8 + 1  # the server agrees (+1: this /stats call)
+    assert sum(r.reused_connection for r in result.records) == 24
+    assert all((r.connect_s is None) == r.reused_connection for r in result.records)
+
+
+def test_clocks_match_the_servers_write_times(fake):
+    url, log = fake
+    result = run_wave(url, VLLM, _wave(2, 4, max_tokens=24), _prompts("x"))
+    writes = {json.loads(line)["prompt"]: json.loads(line) for line in log.read_text().splitlines()}
+    ttft_err, itl_err = [], []
+    for r in result.records:
+        (w,) = [w for p, w in writes.items() if r.nonce in p]
+        ttft_err.append(r.ttft_s - (w["writes"][0] - w["recv"]))
+        # each chunk starts at the write of its first token (one token per write)
+        starts = [w["writes"][i] for i in np.cumsum([0, *r.chunk_tokens[:-1]])]
+        a = r.chunk_arrivals_s
+        itl_err += [(a1 - a0) - (s1 - s0) for a0, a1, s0, s1 in zip(a, a[1:], starts, starts[1:])]
+        assert r.output_tokens == 24 and sum(r.chunk_tokens) == 24
+        assert r.tpot_s == pytest.approx((r.e2el_s - r.ttft_s) / 23)
+    # The client's TTFT is the server's plus loopback: never less, and (busy box) within a few ms;
+    # each ITL gap matches the server's own gap between the writes.
+    assert -0.0005 < statistics.median(ttft_err) < 0.015
+    assert abs(statistics.median(itl_err)) < 0.003
+
+
+def test_speculative_bursts_show_as_bursts(fake):
+    url, _ = fake
+    result = run_wave(url, VLLM, _wave(2, 2, max_tokens=32), _prompts("spec #burst=4"))
+    row = summarize("l", 2, [result])
+    tokens = [n for r in result.records for n in r.chunk_tokens]
+    # A burst is never split (a busy client may read two bursts at once: still whole bursts).
+    assert all(n % 4 == 0 for n in tokens) and sum(tokens) == 2 * 2 * 32
+    assert row.tokens_per_chunk >= 4.0 and row.tokens_per_chunk_max >= 4
+    # The gap between bursts is the schedule's, not a tiny number from zero gaps inside a burst.
+    assert row.itl_p50_s >= ITL_MS / 1000 - 0.002
+
+
+def test_each_broken_stream_is_its_own_error_row(fake):
+    url, _ = fake
+    prompts = _prompts("fine", "#fault=malformed", "#fault=error", "#fault=empty", "#fault=inconsistent",
+                       "#fault=close", "also fine", "#fault=errorclose")
+    result = run_wave(url, VLLM, _wave(8, 2), prompts)
+    by = {}
+    for r in result.records:
+        by.setdefault(r.prompt_id, []).append(r)
+    assert all(r.ok and r.output_tokens == 16 for p in ("p0", "p6") for r in by[p])
+    expect = {"p1": "malformed event", "p2": "slot 0 failed: out of memory", "p3": "empty stream",
+              "p4": "final usage claims 160 tokens, the chunks carried 16", "p5": "connection closed inside",
+              "p7": "slot 0 failed: out of memory"}  # the server's words, though the connection then broke
+    for pid, words in expect.items():
+        assert all(not r.ok and words in r.error and r.e2el_s is None for r in by[pid]), by[pid]
+
+
+def test_wall_deadline_fires_on_a_stream_kept_alive_by_pings(fake):
+    url, _ = fake
+    t = time.perf_counter()
+    result = run_wave(url, VLLM, _wave(2, 1, deadline_s=0.6), _prompts("ok", "#fault=stall"))
+    assert time.perf_counter() - t < 3.0
+    stalled, fine = sorted(result.records, key=lambda r: r.prompt_id != "p1")
+    assert not stalled.ok and stalled.error.startswith("deadline: no complete response within 0.6 s")
+    assert fine.ok
+
+
+def test_open_loop_keeps_its_schedule_under_a_ceiling(fake):
+    url, _ = fake
+    wave = _wave(2, 5, max_tokens=8, rate=40.0, arrival="constant")
+    result = run_wave(url, VLLM, wave, _prompts("o"))
+    assert len(result.records) == 10 and all(r.ok for r in result.records)
+    assert [r.scheduled_s for r in result.records] == pytest.approx([i / 40 for i in range(10)])
+    assert result.connections_opened <= 2
+    # each request needs ~55 ms and arrives every 25 ms: with 2 in flight, later ones queue.
+    assert max(r.queued_s for r in result.records) > 0.005
+    assert all(r.sent_s >= r.scheduled_s - 0.001 for r in result.records)
+    assert result.shape == "open constant 40 req/s, ceiling 2"
+
+
+def test_a_level_becomes_a_valid_decode_row(fake):
+    url, _ = fake
+    waves = [run_wave(url, VLLM, _wave(4, 3, max_tokens=16, stagger_s=0.003, seed=s), _prompts("r")) for s in (1, 2)]
+    row = summarize("l", 4, waves, ttft_bound_s=1.0, tpot_bound_s=1.0)
+    assert row.connections_opened == 4 and row.unforced_reconnects == 0 and row.failed_requests == 0 and row.goodput_pct == 100.0
+    assert row.steady_window_s > 0 and row.ramp_up_s >= 0.009  # the last stream started 3 x 3 ms late
+    # The aggregate counts only tokens inside each wave's steady window (ramps excluded).
+    windows = [steady_window(w.records, w.wall_s) for w in waves]
+    inside = [sum(n for r in w.records for t, n in zip(r.chunk_arrivals_s, r.chunk_tokens)
+                  if win.start_s <= r.sent_s + t <= win.end_s) for w, win in zip(waves, windows)]
+    assert [win.tokens for win in windows] == inside and all(0 < n < w.output_tokens for n, w in zip(inside, waves))
+    assert row.aggregate_tok_s == pytest.approx(statistics.median(win.tok_s for win in windows))
+    assert row.itl_p50_s <= row.itl_p90_s <= row.itl_p99_s and row.tpot_p50_s > 0
+    assert row.load_shape == "closed c=4, stagger 0.003 s"
+    assert validate("decode", pd.DataFrame([row.model_dump()])).success
+    tight = summarize("l", 4, waves, ttft_bound_s=0.001)
+    assert tight.goodput_pct == 0.0 and tight.goodput_req_s == 0.0
+    records = pd.DataFrame([r.model_dump() for w in waves for r in w.records])
+    assert validate("requests", records).success
+
+
+def test_a_plan_sweeps_rates_under_its_largest_concurrency():
+    plan = DecodePlan(prompts="x", concurrency=[1, 8], rates=[2.0, 4.0])
+    assert levels(plan) == [(8, 2.0), (8, 4.0)]
+    assert levels(DecodePlan(prompts="x", concurrency=[1, 2])) == [(1, None), (2, None)]
+
+
+def test_llama_server_pings_and_errors_parse_as_the_server_wrote_them():
+    engine = engine_for("llamacpp")
+    assert engine.parse_stream_event(b":") is None  # tools/server: `:\n\n` every 30 s on an idle stream
+    err = engine.parse_stream_event(b'data: {"error":{"code":500,"message":"boom","type":"server_error"}}')
+    assert err.done and err.error == "boom"
+    ev = engine.parse_stream_event(b'data: {"content":"hi","tokens":[1,2],"stop":false}')
+    assert ev.tokens == 2 and ev.text == "hi"
+    with pytest.raises(ValueError):
+        engine.parse_stream_event(b'data: {"content": "hi"')
+
+
+@pytest.fixture(scope="module")
+def llama(llama_bin, tmp_path_factory):
+    from tasks.stages.boot import start, stop, wait_healthy
+
+    lane = Inventory.model_validate(shipped_inventory()).lanes["rehearsal"]
+    lane = lane.model_copy(update={
+        "port": 18095,
+        "model": lane.model.model_copy(update={"path": str(REPO / lane.model.path)}),
+        "drafter": lane.drafter.model_copy(update={"path": str(REPO / lane.drafter.path)}),
+    })
+    srv = start("rehearsal", lane, str(llama_bin / "llama-server"), "127.0.0.1",
+                tmp_path_factory.mktemp("log") / "boot.log")
+    try:
+        wait_healthy(srv, lane, 60)
+        yield srv
+    finally:
+        stop(srv)
+
+
+def test_real_llama_server_reuses_connections_and_isolates_an_error(llama):
+    prompts = _prompts("Write a short story about a lighthouse.", "Explain how a bicycle gear works.",
+                       "word " * 3000)  # over the 512-token slot context: llama-server refuses it
+    engine = engine_for("llamacpp")
+    # The pinned llama-server closes the connection after every streamed response (cpp-httplib
+    # takes the content provider's final `false` for an abort): the client counts each close
+    # and opens no connection beyond what the server forced.
+    result = run_wave(llama.base_url, engine, _wave(3, 2, max_tokens=24, deadline_s=60), prompts)
+    assert result.server_closed >= 3  # each stream's first response ended its connection
+    assert 3 < result.connections_opened <= 3 + result.server_closed
+    bad = [r for r in result.records if r.prompt_id == "p2"]
+    good = [r for r in result.records if r.prompt_id != "p2"]
+    assert len(bad) == 2 and all(not r.ok and r.http_status == 400 and "context" in r.error for r in bad), bad
+    assert len(good) == 4 and all(r.ok for r in good), [r.error for r in good]
+    for r in good:
+        assert r.output_tokens == 24 or r.finish_reason == "stop"
+        assert 0 < r.ttft_s < r.e2el_s and r.chunks >= 1
+        # every token came in some chunk, bursts or not (a stop token is counted, never streamed)
+        assert sum(r.chunk_tokens) == r.output_tokens or (r.finish_reason == "stop"
+                                                          and sum(r.chunk_tokens) == r.output_tokens - 1)
+    row = summarize("rehearsal", 3, [result])
+    assert row.tokens_per_chunk >= 1.0 and row.unforced_reconnects == 0
+
+
+def test_a_rate_sweep_validates_one_row_per_rate(fake):
+    url, _ = fake
+    rows = [summarize("l", 2, [run_wave(url, VLLM, _wave(2, 3, max_tokens=8, rate=r), _prompts("s"))], request_rate=r)
+            for r in (20.0, 40.0)]
+    assert [r.load_shape for r in rows] == ["open poisson 20 req/s, ceiling 2", "open poisson 40 req/s, ceiling 2"]
+    df = pd.DataFrame([r.model_dump() for r in rows])
+    assert validate("decode", df).success
+    v = validate("decode", pd.concat([df, df.iloc[[0]]], ignore_index=True))
+    assert any("expect_compound_columns_to_be_unique(lane, request_rate)" in line for line in v.failed), v.failed
