@@ -280,6 +280,7 @@ class Lane(_Strict):
             raise _RefError("." + field, problem, fix)
         return self
 
+    @model_validator(mode="after")
     def _nodes(self) -> Lane:
         if self.nodes is None:
             return self
