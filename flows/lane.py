@@ -82,10 +82,17 @@ def lane_flow(lane_name: str, lane: Lane, host: Host, base_dir: Path, run_dir: s
     def stage(name: str) -> None:
         if served is not None and (dead := served.server.dead_workers()):  # a lane across hosts lost a node
             raise NodeLost(f"{'; '.join(dead)} (a worker of this lane across hosts is gone)")
+        if run.write_error is not None:
+            raise RunFolderWriteError(28, run.write_error)
         run.stage(lane_name, name)
 
     def keep(rec) -> None:
-        run.append_jsonl(lane_name, "requests.jsonl", rec)
+        if run.write_error is not None:
+            return  # the disk is full: the lane ends at its next step, with that one line
+        try:
+            run.append_jsonl(lane_name, "requests.jsonl", rec)
+        except RunFolderWriteError:
+            pass
 
     decode_prompts, class_prompts = _prompt_sets(lane, base_dir)
     probe = min([*decode_prompts, *(p for ps in class_prompts.values() for p in ps)], key=lambda p: len(p.text))
