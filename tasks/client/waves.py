@@ -29,6 +29,7 @@ import numpy as np
 
 from tasks.client import http
 from tasks.client.prompts import Prompt, nonce, with_nonce
+from tasks.client.deadline import request_deadline_s
 from tasks.client.records import RequestRecord, truncation_of
 from tasks.client.shapes import LoadShape
 from tasks.client.stream import Assembler
@@ -52,8 +53,12 @@ class Wave:
     stagger_s: float = 0.0
     rate: float | None = None  # requests/s: an open-loop wave with `concurrency` as its ceiling
     arrival: str = "poisson"
-    deadline_s: float | None = None  # per request, wall clock
+    deadline_s: float | None = None  # per request, wall clock; None: derived from max_tokens (client/deadline.py)
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.deadline_s is None:
+            object.__setattr__(self, "deadline_s", request_deadline_s(self.max_tokens))  # frozen
 
     @property
     def shape(self) -> LoadShape:

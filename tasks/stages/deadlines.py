@@ -16,22 +16,13 @@ The client (tasks/client/waves.py) takes the request deadline; these functions d
 
 from __future__ import annotations
 
-import os
 import time
 
 import httpx
 
-TTFT_ALLOWANCE_S = 30.0
+from tasks.client.deadline import TTFT_ALLOWANCE_S, floor_tok_s, request_deadline_s  # noqa: F401  (re-exported)
+
 HEALTH_TIMEOUT_S = 5.0
-
-
-def floor_tok_s() -> float:
-    """Slowest decode speed that still counts as serving (tokens/s per request); env LANEBENCH_FLOOR_TOK_S."""
-    return max(0.01, float(os.environ.get("LANEBENCH_FLOOR_TOK_S", "1.0")))
-
-
-def request_deadline_s(max_tokens: int) -> float:
-    return TTFT_ALLOWANCE_S + max_tokens / floor_tok_s()
 
 
 def wave_deadline_s(requests_per_stream: int, max_tokens: int) -> float:
