@@ -208,6 +208,12 @@ class RunFolder:
         self.save_manifest()
         progress(lane, name)
 
+    def mark(self, lane: str, name: str) -> None:
+        """A moment on the lane's timeline that is no stage of its own (teardown, done): the
+        lane's `stage` keeps naming where it ended or failed."""
+        self.lane(lane).timeline.append(StageMark(stage=name, at=time.time()))
+        self.save_manifest()
+
     def lane_dir(self, lane: str) -> Path:
         d = self.path / lane
         d.mkdir(exist_ok=True)

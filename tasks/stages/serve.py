@@ -206,7 +206,7 @@ def served_lane(run: RunFolder, name: str, lane: Lane, host: Host, base_dir: Pat
             raise
     finally:
         if server is not None:
-            run.stage(name, "teardown")
+            run.mark(name, "teardown")
             stop(server)
             secrets.scrub_file(run.lane_dir(name) / "boot.log")
             run.register(name, f"{name}/boot.log", "boot-log")
@@ -217,5 +217,5 @@ def served_lane(run: RunFolder, name: str, lane: Lane, host: Host, base_dir: Pat
             record.gpu["after"] = gpu_facts(reach.transport).model_dump()
         reach.close()
         if server is not None:
-            run.stage(name, "done")
+            run.mark(name, "done")
         run.save_manifest()
