@@ -195,7 +195,7 @@ def test_nightly_rehearsal_reports_smoke_tool_gate_and_needles(tmp_path, llama_b
     m = manifest_of(folder)
     record = m["lanes"]["rehearsal"]
     assert record["status"] == "passed", record
-    assert [g["gate"] for g in record["gates"]] == ["drafts-happen", "capacity"]  # declared boot gates, unchanged
+    assert [g["gate"] for g in record["gates"]] == ["drafts-happen", "capacity", "draft-width (implied)"]  # declared, then the implied width check
     assert "--jinja --chat-template-file" in record["launch_command"]
     assert "--reasoning-format deepseek" in record["launch_command"]
     ledger = m["flow"]["correctness"]["rehearsal"]
