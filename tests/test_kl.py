@@ -286,14 +286,14 @@ def test_inventory_lanes_lose_their_speculation(tmp_path):
     inventory.write_text(yaml.safe_dump({"hosts": {"localhost": {"address": "127.0.0.1"}}, "lanes": {"spec": {
         "host": "localhost", "engine": "llamacpp", "model": {"path": str(TARGET)},
         "drafter": {"path": str(TARGET)}, "speculative": {"method": "draft-simple", "k": 4},
-        "flags": ["--spec-draft-n-min", "0", "--metrics", "--spec-draft-p-min=0.0", "--draft-max", "-1"],
+        "flags": ["--spec-draft-n-min", "0", "--metrics", "--spec-draft-p-min=0.0", "--draft-max", "4"],
         "bench": {"decode": {"prompts": str(PROMPTS)}}}}}))
     path = kl_file(tmp_path, "inv.yaml", candidates=["b"], inventory=str(inventory),
                    reference="a", lanes={"a": {"lane": "spec", "port": 18261}, "b": {"lane": "spec", "port": 18262}})
     a = resolve_lanes(load_kl_file(path), path)["a"]
     assert a.lane.drafter is None and a.lane.speculative is None and a.lane.port == 18261
     assert a.lane.flags == ["--metrics"]
-    assert a.dropped_flags == ["--spec-draft-n-min", "0", "--spec-draft-p-min=0.0", "--draft-max", "-1"]
+    assert a.dropped_flags == ["--spec-draft-n-min", "0", "--spec-draft-p-min=0.0", "--draft-max", "4"]
     assert a.lane.model.path == str(TARGET) and a.lane.slots == 1
 
 
