@@ -142,7 +142,7 @@ def test_a_registry_that_is_down_fails_the_container_lane_clearly(lab, tmp_path)
     assert gb300["reason"].startswith("image pull: registry 10.213.0.1:5000 did not answer"), gb300["reason"]
     assert m["lanes"]["spark-pair"]["status"] == "passed"  # the other lane still ran
     said = " ".join((result.stderr + result.stdout).split())  # the console wraps long lines
-    assert "nightly failed: gb300-container: image pull: registry 10.213.0.1:5000 did not answer" in said
+    assert "nightly failed (1 passed, 1 failed): gb300-container: image pull: registry 10.213.0.1:5000 did not answer" in said
     assert "Traceback" not in result.stderr
     assert _engines_left(lab) == []
 

@@ -216,7 +216,7 @@ def test_real_llama_server_reuses_connections_and_isolates_an_error(llama):
     assert len(good) == 4 and all(r.ok for r in good), [r.error for r in good]
     for r in good:
         assert r.output_tokens == 24 or r.finish_reason == "stop"
-        assert 0 < r.ttft_s < r.e2el_s and r.chunks >= 1
+        assert 0 < r.ttft_s <= r.e2el_s and r.chunks >= 1  # equal when the whole stream came in one read
         # every token came in some chunk, bursts or not (a stop token is counted, never streamed)
         assert sum(r.chunk_tokens) == r.output_tokens or (r.finish_reason == "stop"
                                                           and sum(r.chunk_tokens) == r.output_tokens - 1)
