@@ -146,6 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     for module in _SUBCOMMANDS:
         import_module(module).register_cli(sub)
     args = parser.parse_args(argv)
+    # Prefect reads its settings once, at its first import: quiet them before any command's
+    # checks import a module that imports Prefect.
+    _quiet_prefect(start_api=False)
     try:
         return args.func(args)
     except KeyboardInterrupt:

@@ -263,7 +263,9 @@ def test_the_level_past_the_cap_is_labelled_queueing_and_never_judged(nightly):
     metrics = set(con.execute("SELECT metric FROM metrics WHERE lane = 'past-cap'").df().metric)
     assert {"tok_s@c1", "tok_s@c2"} <= metrics and "tok_s@c4" not in metrics and "ttft_p95_s@c4" not in metrics
     rehearsal = set(con.execute("SELECT metric FROM metrics WHERE lane = 'rehearsal' AND headline").df().metric)
-    assert {"prefill_tok_s@r32", "prefill_tok_s@r384", "accuracy_floor", "accuracy_truncated_share"} <= rehearsal
+    assert {"accuracy_floor", "accuracy_truncated_share"} <= rehearsal
+    kept = set(con.execute("SELECT metric FROM metrics WHERE lane = 'rehearsal' AND NOT headline").df().metric)
+    assert {"prefill_tok_s@r32", "prefill_tok_s@r384"} <= kept  # history, not a night-to-night verdict
     con.close()
     regression = _table(folder, "past-cap", "regression")
     assert not regression.metric.str.endswith("@c4").any()

@@ -12,6 +12,7 @@ loaded suites) is reused for the whole process.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import re
 import threading
@@ -100,6 +101,10 @@ class _Engine:
     def __init__(self) -> None:
         import great_expectations as gx
         from great_expectations.data_context.types.base import ProgressBarsConfig
+
+        # GX sets levels on its own loggers at import; its INFO lines are not ours to show.
+        for name in [n for n in logging.root.manager.loggerDict if n.startswith("great_expectations")]:
+            logging.getLogger(name).setLevel(logging.WARNING)
 
         self.gx = gx
         self.context = gx.get_context(mode="ephemeral")
