@@ -18,10 +18,8 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 
-import httpx
 
 PR_SET_PDEATHSIG = 1
 
@@ -70,18 +68,9 @@ def api_server(launched: tuple[subprocess.Popen, str] | None = None, timeout_s: 
     proc, url = launched
     timeout_s = timeout_s or float(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120"))
     try:
-        end = time.monotonic() + timeout_s
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"the Prefect API server exited with code {proc.returncode} while starting")
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > end:
-                raise RuntimeError(f"the Prefect API server did not answer within {timeout_s:.0f} s")
-            time.sleep(0.1)
+        from flows.deployments import wait_healthy
+
+        wait_healthy(url, proc, timeout_s, poll_s=0.1)  # the same wait `lanebench serve` uses
         os.environ["PREFECT_API_URL"] = url  # for subprocesses (tests, tools) started by this run
         with temporary_settings(updates={PREFECT_API_URL: url}):
             yield url

@@ -74,7 +74,8 @@ def stop(proc: subprocess.Popen | None, grace_s: float = 30) -> None:
         pass
 
 
-def wait_healthy(api_url: str, proc: subprocess.Popen | None, timeout_s: float) -> None:
+def wait_healthy(api_url: str, proc: subprocess.Popen | None, timeout_s: float, poll_s: float = 0.5) -> None:
+    """Until `api_url/health` answers 200; raises when `proc` exits first or `timeout_s` passes."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
@@ -84,7 +85,7 @@ def wait_healthy(api_url: str, proc: subprocess.Popen | None, timeout_s: float) 
                 return
         except httpx.HTTPError:
             pass
-        time.sleep(0.5)
+        time.sleep(poll_s)
     raise TimeoutError(f"prefect server at {api_url} not healthy after {timeout_s:.0f} s")
 
 

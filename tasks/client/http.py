@@ -51,9 +51,10 @@ class Pool:
         self.server_closed = 0  # connections the server ended after a response (its choice, not ours)
         self._idle: list[Connection] = []
 
-    async def acquire(self) -> tuple[Connection, bool]:
-        """(connection, reused). New connections are opened here, timed apart from the request."""
-        while self._idle:
+    async def acquire(self, fresh: bool = False) -> tuple[Connection, bool]:
+        """(connection, reused). New connections are opened here, timed apart from the request;
+        `fresh` skips the idle ones (a retry after a kept-alive connection turned out closed)."""
+        while self._idle and not fresh:
             conn = self._idle.pop()
             if not (conn.reader.at_eof() or conn.writer.is_closing()):
                 return conn, True

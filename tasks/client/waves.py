@@ -103,7 +103,9 @@ class _Client:
         """Send on a pooled connection and read the whole response. A kept-alive connection the
         server has meanwhile closed is replaced once, on a new connection."""
         for attempt in (0, 1):
-            conn, reused = await self.pool.acquire()
+            # The retry takes a new connection: another idle one may be just as closed (llama-server
+            # closes after every stream).
+            conn, reused = await self.pool.acquire(fresh=attempt == 1)
             keep = False
             try:
                 t_send = time.perf_counter()
