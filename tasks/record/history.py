@@ -122,7 +122,8 @@ def _metrics_view(con: Any) -> None:
         selects.append(f"""
             SELECT t.run, t.lane, {d.name_sql} AS metric, '{d.family}' AS family, '{d.better}' AS better,
                    {str(d.headline).upper()} AS headline, CAST(t.{d.column} AS DOUBLE) AS value,
-                   CAST({d.lo} AS DOUBLE) AS lo, CAST({d.hi} AS DOUBLE) AS hi, {passed} AS passed
+                   CAST({d.lo} AS DOUBLE) AS lo, CAST({d.hi} AS DOUBLE) AS hi, {passed} AS passed,
+                   CAST({d.samples} AS BIGINT) AS samples
             FROM {d.table} t LEFT JOIN lanes l ON l.run = t.run AND l.lane = t.lane WHERE {d.where}""")
     con.execute(f"""CREATE VIEW metrics AS
         WITH m AS ({' UNION ALL '.join(selects)}),

@@ -80,6 +80,11 @@ class MetricDef:
     lo: str = "NULL"
     hi: str = "NULL"
     where: str = "TRUE"  # rows that count (queueing levels never feed a speed verdict)
+    # A tail percentile needs enough requests under it: the p95 of four requests is their
+    # maximum, one sample's noise. Rows with fewer than `min_samples` (SQL `samples`) are kept
+    # for history but never judged, nor used as a baseline.
+    samples: str = "NULL"
+    min_samples: int = 0
 
     @property
     def name_sql(self) -> str:
@@ -97,7 +102,8 @@ _MEASURED = "COALESCE(t.regime, 'measured') = 'measured'"  # decode levels past 
 METRICS: tuple[MetricDef, ...] = (
     MetricDef("decode", "aggregate_tok_s", "tok_s", "concurrency", "throughput", "higher", True,
               "t.aggregate_tok_s_min", "t.aggregate_tok_s_max", where=_MEASURED),
-    MetricDef("decode", "ttft_p95_s", "ttft_p95_s", "concurrency", "latency", "lower", True, where=_MEASURED),
+    MetricDef("decode", "ttft_p95_s", "ttft_p95_s", "concurrency", "latency", "lower", True, where=_MEASURED,
+              samples="t.requests - t.failed_requests", min_samples=20),
     MetricDef("decode", "per_user_tok_s", "per_user_tok_s", "concurrency", "throughput", "higher", False,
               where=_MEASURED),
     MetricDef("decode", "ttft_p50_s", "ttft_p50_s", "concurrency", "latency", "lower", False, where=_MEASURED),

@@ -53,8 +53,9 @@ def payload(flow_name: str, flow_run_id: str, flow_run_name: str, state_name: st
             if a.kind == "regression" and a.validation == "passed":
                 df = pd.read_parquet(folder / a.path)
                 for r in df[df.verdict == "regression"].to_dict(orient="records"):
-                    regressions.append({k: r[k] for k in ("lane", "metric", "current", "baseline", "change_pct",
-                                                          "ci_low_pct", "ci_high_pct", "baseline_runs")})
+                    regressions.append({k: r[k] for k in ("lane", "metric", "better", "current", "baseline",
+                                                          "change_pct", "ci_low_pct", "ci_high_pct",
+                                                          "baseline_runs")})
     lines = [f"lanebench {flow_name} {flow_run_name}: {state_name}: {message}"]
     lines += [f"- regression {r['lane']} {r['metric']} {r['change_pct']:+.1f}% "
               f"[{r['ci_low_pct']:+.1f}%, {r['ci_high_pct']:+.1f}%]" for r in regressions]

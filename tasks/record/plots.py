@@ -19,7 +19,8 @@ from tasks.record.regression import RegressionRow
 
 _DPI = 80
 _VERDICT_COLOUR = {"regression": "tab:red", "improvement": "tab:green", "no change": "tab:blue",
-                   "no baseline": "tab:gray"}
+                   "no baseline": "tab:gray",
+                   "too few samples": "tab:gray"}
 
 
 def _plt() -> Any:

@@ -21,6 +21,13 @@ a percentile bootstrap over three runs would claim far more certainty than three
 A metric regresses when its whole interval lies on the worse side of zero AND the change is
 at least the family's minimum effect (a change too small to matter is not worth a red
 morning, however sure). Metrics that can be zero (KL figures) use the linear scale instead.
+
+A lane is judged on several metrics at once, and each 95 % interval alone misses one night in
+twenty on pure noise: six metrics would fail a quiet night about one time in four. The
+confidence is therefore held for the lane as a whole (Bonferroni: each of m judged metrics at
+1 - (1 - confidence) / m), so an ordinary night fails on noise at most one time in twenty. A
+tail percentile resting on too few requests (the p95 of four requests is their maximum) gets
+the verdict "too few samples" and is no baseline for later nights either.
 """
 
 from __future__ import annotations
@@ -37,7 +44,7 @@ from tasks.record.kinds import metric_def
 
 # Row keys for GX failure lines of this kind (tasks/expectations.py looks them up by kind).
 
-Verdict = Literal["regression", "improvement", "no change", "no baseline"]
+Verdict = Literal["regression", "improvement", "no change", "no baseline", "too few samples"]
 
 
 class RegressionPolicy(BaseModel):
@@ -165,32 +172,44 @@ def compare_lane(con: Any, run: str, lane: str, policy: RegressionPolicy) -> Lan
     if policy.since:
         row = con.execute("SELECT started_at FROM runs WHERE run = ?", [policy.since]).fetchone()
         since = row[0] if row else pd.Timestamp(policy.since, tz="UTC")
-    current = con.execute("SELECT metric, value FROM metrics WHERE run = ? AND lane = ? AND headline ORDER BY metric",
-                          [run, lane]).fetchall()
-    rows = []
+    current = con.execute(
+        "SELECT metric, value, samples FROM metrics WHERE run = ? AND lane = ? AND headline ORDER BY metric",
+        [run, lane]).fetchall()
     newest_baseline: str | None = None
-    for metric, value in current:
+    bases: dict[str, list[tuple[str, float]]] = {}
+    for metric, value, samples in current:
         d = metric_def(metric)
         assert d is not None
-        base = con.execute(
+        bases[metric] = con.execute(
             """SELECT run, value FROM metrics
                WHERE flow = ? AND lane = ? AND metric = ? AND passed AND NOT regressed AND run <> ?
                  AND started_at < ? AND (? IS NULL OR started_at >= ?) AND value IS NOT NULL AND NOT isnan(value)
+                 AND (samples IS NULL OR samples >= ?)
                ORDER BY started_at DESC LIMIT ?""",
-            [flow, lane, metric, run, started, since, since, policy.window]).fetchall()[::-1]
+            [flow, lane, metric, run, started, since, since, d.min_samples, policy.window]).fetchall()[::-1]
+    enough = {m for m, v, n in current if (n is None or n >= metric_def(m).min_samples)  # type: ignore[union-attr]
+              and v is not None and not math.isnan(v)}
+    judged_count = sum(1 for m in enough if len(bases[m]) >= policy.min_runs)
+    confidence = 1 - (1 - policy.confidence) / max(judged_count, 1)  # for the lane as a whole (docstring)
+    rows = []
+    for metric, value, samples in current:
+        d = metric_def(metric)
+        assert d is not None
+        base = bases[metric]
         if base:
             newest_baseline = newest_baseline or base[-1][0]
         values = [float(v) for _, v in base]
         judged = None
-        if len(base) >= policy.min_runs and value is not None and not math.isnan(value):
-            judged = change_interval(float(value), values, policy.confidence)
+        if metric in enough and len(base) >= policy.min_runs:
+            judged = change_interval(float(value), values, confidence)
         min_effect = policy.min_effect_pct.get(d.family, 5.0)
         common = dict(lane=lane, metric=metric, family=d.family, better=d.better, current=float(value),
                       min_effect_pct=min_effect, baseline_runs=len(base), baseline_from=",".join(b[0] for b in base),
                       baseline_min=min(values) if values else None, baseline_max=max(values) if values else None)
         if judged is None:
             rows.append(RegressionRow(**common, baseline=None, baseline_spread_pct=None, band_low=None, band_high=None,
-                                      change_pct=None, ci_low_pct=None, ci_high_pct=None, verdict="no baseline"))
+                                      change_pct=None, ci_low_pct=None, ci_high_pct=None,
+                                      verdict="no baseline" if metric in enough else "too few samples"))
             continue
         j = judged
         rows.append(RegressionRow(**common, baseline=j.centre, baseline_spread_pct=j.spread_pct, band_low=j.band_low,

@@ -159,7 +159,7 @@ def _regression_summary(run: RunFolder) -> list[str]:
             flagged.append(f"- **{r.verdict}** {r.lane} `{r.metric}`: {r.change_pct:+.1f}% "
                            f"[{r.ci_low_pct:+.1f}%, {r.ci_high_pct:+.1f}%], {_num(r.current)} against "
                            f"{_num(r.baseline)} over {int(r.baseline_runs)} runs")
-        judged = int((df.verdict != "no baseline").sum())
+        judged = int((~df.verdict.isin(["no baseline", "too few samples"])).sum())
         if not judged:
             out.append(f"- {entry.lane}: no baseline yet ({len(df)} metrics, fewer than "
                        f"{policy.get('min_runs', '?')} earlier good runs)")
