@@ -26,6 +26,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel
 
+from tasks.client.control import control
 from tasks.record.run_folder import RunFolder
 from tasks.stages.boot import Server
 from tasks.client.chat import send_chats
@@ -152,7 +153,7 @@ def token_counter(base_url: str, engine: Engine) -> Callable[[str], int]:
 
     def count(text: str) -> int:
         spec = engine.tokenize_request(text)
-        r = httpx.post(base_url + spec.path, json=spec.body, timeout=30.0)
+        r = control().post(base_url + spec.path, json=spec.body, timeout=30.0)
         r.raise_for_status()
         return len(engine.parse_tokenize(r.json()))
 

@@ -16,6 +16,7 @@ import httpx
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from tasks.client.control import control
 from tasks.inventory.models import Host, Lane
 from tasks.engines import engine_for
 from tasks.engines.facts import BootFacts
@@ -151,7 +152,7 @@ def wait_healthy(server: Server, lane: Lane, deadline_s: float) -> float:
         if dead := server.dead_workers():  # the group cannot form without every node
             raise BootError(f"{'; '.join(dead)} while the lane was booting")
         try:
-            r = httpx.get(server.base_url + engine.health_path, timeout=5.0)
+            r = control().get(server.base_url + engine.health_path, timeout=5.0)
             if engine.healthy(r.status_code, r.text):
                 return time.monotonic() - t0
             last = f"HTTP {r.status_code}"
@@ -192,7 +193,7 @@ def read_facts(server: Server, engine_name: str, carry: BootFacts | None = None)
     engine = engine_for(engine_name)
     log, info = server.log(), None
     if engine.info_path:
-        r = httpx.get(server.base_url + engine.info_path, timeout=10.0)
+        r = control().get(server.base_url + engine.info_path, timeout=10.0)
         if r.status_code == 200:
             info = r.json()
     # The release decides which log format is read (tasks/engines/releases.py).

@@ -20,6 +20,7 @@ import time
 
 import httpx
 
+from tasks.client.control import control
 from tasks.client.deadline import TTFT_ALLOWANCE_S, floor_tok_s, request_deadline_s  # noqa: F401  (re-exported)
 
 HEALTH_TIMEOUT_S = 5.0
@@ -43,7 +44,7 @@ def check_alive(server, engine_health_path: str = "/health") -> None:  # type: i
         if (wcode := worker.poll()) is not None:
             raise ServerDied(f"an RPC worker the server depends on died (exit code {wcode}): {' '.join(worker.argv[:1])}")
     try:
-        r = httpx.get(server.base_url + engine_health_path, timeout=HEALTH_TIMEOUT_S)
+        r = control().get(server.base_url + engine_health_path, timeout=HEALTH_TIMEOUT_S)
     except httpx.TimeoutException:
         raise ServerDied(f"the server stopped answering (health gave no answer within {HEALTH_TIMEOUT_S:g} s: "
                          "hung, stopped, or its link cut)") from None

@@ -17,6 +17,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 from prefect.tasks import exponential_backoff
 
+from tasks.client.control import control
 from tasks.stages.boot import Server
 from tasks.inventory.models import CapacityGate, CounterGate, Lane
 from tasks.engines import engine_for
@@ -54,7 +55,7 @@ def _transient(task, task_run, state) -> bool:
 def scrape_metrics(server: Server, engine_name: str) -> Metrics:
     engine = engine_for(engine_name)
     try:
-        r = httpx.get(server.base_url + engine.metrics_path, timeout=10.0)
+        r = control().get(server.base_url + engine.metrics_path, timeout=10.0)
     except httpx.TransportError as e:
         raise TransientFault(f"metrics scrape: {type(e).__name__}") from e
     if r.status_code >= 500:
