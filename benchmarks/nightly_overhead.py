@@ -5,11 +5,16 @@ or with requests in flight. Measured from outside, the same way for any lanebenc
 
 - wall: the command, from launch to exit (imports, Prefect's server, the flow, the exit);
 - measuring: the server's boot (`boot_seconds` in the manifest) plus the union of every
-  request's in-flight interval (`requests.jsonl`: started_at .. started_at + e2el_s) plus the
-  correctness gates' requests (`tool_cases.jsonl`, needles: sent one at a time, so their
-  seconds add up);
+  request's in-flight interval (`requests.jsonl`, `prefill.jsonl`: started_at .. started_at +
+  e2el_s) plus the correctness gates' and evals' requests (`tool_cases.jsonl`, needles,
+  `accuracy.jsonl`: sent one at a time, so their seconds add up). The boot gates' few requests
+  keep no record and are not counted;
 - where the checkout records a timeline (stage marks, GX seconds per artifact), a
   stage-by-stage breakdown.
+
+`--server running` runs every nightly against one Prefect server started before them (what a
+deployed nightly has: `lanebench serve` keeps `prefect server start` up), so no run pays for an
+API server's start; the default, `ephemeral`, is the embedded default: each command starts its own.
 
 `--baseline REF` also runs the nightly from a git worktree of REF (e.g. the commit before the
 restructuring), alternating the two so both see the same machine. Run it on an idle machine;
@@ -22,8 +27,10 @@ a result from a busy machine a result.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -59,14 +66,15 @@ def measured(folder: Path) -> dict:
     for lane, record in m["lanes"].items():
         out["boot_s"] += record.get("boot_seconds") or 0.0
         spans = []
-        raw = folder / lane / "requests.jsonl"
-        if raw.is_file():
-            for line in raw.read_text().splitlines():
-                r = json.loads(line)
-                if r.get("started_at") and r.get("e2el_s"):
-                    spans.append((r["started_at"], r["started_at"] + r["e2el_s"]))
+        for name in ("requests.jsonl", "prefill.jsonl"):  # timed records: start and end-to-end latency
+            raw = folder / lane / name
+            if raw.is_file():
+                for line in raw.read_text().splitlines():
+                    r = json.loads(line)
+                    if r.get("started_at") and r.get("e2el_s"):
+                        spans.append((r["started_at"], r["started_at"] + r["e2el_s"]))
         serial = 0.0
-        for name in ("tool_cases.jsonl", "needles.jsonl"):
+        for name in ("tool_cases.jsonl", "needles.jsonl", "accuracy.jsonl"):  # one at a time: seconds add up
             if (folder / lane / name).is_file():
                 serial += sum(json.loads(x).get("seconds") or 0.0 for x in (folder / lane / name).read_text().splitlines())
         out["in_flight_s"] += union(spans) + serial
@@ -79,13 +87,13 @@ def measured(folder: Path) -> dict:
     return out
 
 
-def one_run(checkout: Path, artifacts: Path) -> dict:
+def one_run(checkout: Path, artifacts: Path, api_url: str | None = None) -> dict:
     load = os.getloadavg()[0]
     s0, t0 = steal()
+    env = {**os.environ, "DO_NOT_TRACK": "1"} | ({"PREFECT_API_URL": api_url} if api_url else {})
     start = time.time()
     r = subprocess.run(["uv", "run", "--frozen", "--project", str(checkout), "lanebench", "nightly", "--artifacts",
-                        str(artifacts)], cwd=checkout, capture_output=True, text=True,
-                       env={**os.environ, "DO_NOT_TRACK": "1"})
+                        str(artifacts)], cwd=checkout, capture_output=True, text=True, env=env)
     wall = time.time() - start
     s1, t1 = steal()
     folder = Path(r.stdout.strip().splitlines()[-1].removeprefix("run folder: ")) if r.stdout.strip() else None
@@ -104,9 +112,20 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=2, help="runs per checkout (alternating)")
     ap.add_argument("--baseline", help="git ref to compare against, run from a temporary worktree")
+    ap.add_argument("--server", choices=["ephemeral", "running"], default="ephemeral",
+                    help="ephemeral: each run starts its own API server; running: one started before the runs")
     args = ap.parse_args()
     subprocess.run(["bash", str(REPO / "scripts/build-llama-cpp.sh")], check=True, stdout=subprocess.DEVNULL)
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
+        api_url = None
+        if args.server == "running":
+            sys.path.insert(0, str(REPO))
+            from flows.deployments import server
+
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", 0))
+                port = sock.getsockname()[1]
+            api_url = stack.enter_context(server("127.0.0.1", port, Path(tmp) / "prefect-home"))
         checkouts = {"this checkout": REPO}
         if args.baseline:
             wt = Path(tmp) / "baseline"
@@ -118,7 +137,7 @@ def main() -> int:
         try:
             for i in range(args.runs):
                 for name, checkout in checkouts.items():
-                    row = one_run(checkout, Path(tmp) / f"art-{i}-{len(rows)}")
+                    row = one_run(checkout, Path(tmp) / f"art-{i}-{len(rows)}", api_url)
                     rows.append((name, row))
                     print(f"{name}: wall {row['wall_s']:.1f} s, measuring {100 * row['share']:.0f}%, "
                           f"load {row['load']:.2f}", file=sys.stderr)
@@ -128,7 +147,8 @@ def main() -> int:
                                capture_output=True)
     cpu = next((x.split(":", 1)[1].strip() for x in Path("/proc/cpuinfo").read_text().splitlines()
                 if x.startswith("model name")), "?")
-    print(f"machine: {cpu}, {os.cpu_count()} cores; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n")
+    print(f"machine: {cpu}, {os.cpu_count()} cores; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
+          f"Prefect API server: {args.server}\n")
     print("| checkout | wall s | boot s | requests in flight s | measuring share | GX s | load at start | steal % | exit |")
     print("|---|---|---|---|---|---|---|---|---|")
     for name, r in rows:

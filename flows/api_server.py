@@ -19,6 +19,7 @@ import socket
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 
 PR_SET_PDEATHSIG = 1
@@ -37,21 +38,51 @@ def _free_port() -> int:
 
 
 def launch() -> tuple[subprocess.Popen, str] | None:
-    """Start the server process now (it boots while the flow modules import); None when
-    PREFECT_API_URL names a server already."""
-    import prefect
-    from prefect.settings import get_current_settings
+    """Start the server process now, before Prefect, GX or the flows are imported: its seconds
+    of booting then overlap theirs on the other core. None when PREFECT_API_URL names a server.
 
-    if os.environ.get("PREFECT_API_URL") or get_current_settings().api.url:
+    Nothing of Prefect is imported here (that alone is ~2 s); a server configured in a profile
+    or a prefect.toml is seen once Prefect is imported, and `api_server` then stops this one.
+    """
+    import importlib.util
+
+    if os.environ.get("PREFECT_API_URL"):
+        return None
+    from tasks.hosts.lock_storage import use_file_leases
+
+    use_file_leases()  # the host lock's leases, read by the server at its start
+    spec = importlib.util.find_spec("prefect")
+    if spec is None or not spec.submodule_search_locations:
         return None
     port = _free_port()
-    env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1",
-           **get_current_settings().to_environment_variables(exclude_unset=True)}
-    argv = [sys.executable, "-m", "uvicorn", "--app-dir", str(prefect.__module_path__.parent), "--factory",
-            "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(port),
+    env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
+    argv = [sys.executable, "-m", "uvicorn", "--app-dir", str(Path(spec.submodule_search_locations[0]).parent),
+            "--factory", "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(port),
             "--log-level", "error", "--lifespan", "on"]
     proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, preexec_fn=_own_session_dying_with_parent)
     return proc, f"http://127.0.0.1:{port}/api"
+
+
+def _configured_elsewhere() -> bool:
+    """A server named in Prefect's profile or prefect.toml (visible once Prefect is imported)."""
+    from prefect.settings import get_current_settings
+
+    return bool(get_current_settings().api.url)
+
+
+def stop(launched: tuple[subprocess.Popen, str] | None) -> None:
+    """Stop a launched server that will not be used (bad input found after the launch)."""
+    if launched is not None:
+        _terminate(launched[0])
+
+
+def _terminate(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 @contextlib.contextmanager
@@ -62,6 +93,9 @@ def api_server(launched: tuple[subprocess.Popen, str] | None = None, timeout_s: 
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     launched = launched or launch()
+    if launched is not None and _configured_elsewhere():
+        stop(launched)
+        launched = None
     if launched is None:
         yield None
         return
@@ -84,9 +118,4 @@ def api_server(launched: tuple[subprocess.Popen, str] | None = None, timeout_s: 
             from prefect.events.worker import EventsWorker
 
             EventsWorker.drain_all(timeout=5)
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        _terminate(proc)

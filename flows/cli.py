@@ -67,6 +67,37 @@ def prefect_ready() -> None:
 
 
 def cmd_nightly(args: argparse.Namespace) -> int:
+    # Prefect's API server first, in a session of its own so a terminal's Ctrl-C spares it
+    # (flows/api_server.py): it boots (~6 s on 2 cores) while the inventory is checked and the
+    # flow modules import, instead of after them. Bad input stops it again.
+    _quiet_prefect(start_api=False)
+    from flows.api_server import api_server, launch, stop
+
+    launched = launch()
+    try:
+        refused = _refused_nightly(args)
+    except BaseException:
+        stop(launched)
+        raise
+    if refused is not None:
+        stop(launched)
+        return refused
+    import tasks.hosts.lock  # noqa: F401  # sets the lease storage before the server starts
+    from tasks.record.interrupted import install_stop_handlers
+
+    install_stop_handlers()
+    from flows.nightly import nightly
+    from tasks.record.progress import closing_verdict, run_folder_of
+
+    hosts, artifacts = Path(args.hosts), Path(args.artifacts)
+    with api_server(launched):
+        state = nightly(hosts=str(hosts.resolve()), lanes=args.lane, artifacts_root=str(artifacts),
+                        return_state=True)
+    return closing_verdict(state, run_folder_of(state, artifacts, "nightly"), "nightly")
+
+
+def _refused_nightly(args: argparse.Namespace) -> int | None:
+    """Exit 2 with one line for an inventory the nightly cannot run; None when it can."""
     from tasks.inventory.models import ConfigError
     from tasks.inventory.load import check_prompt_files, load_inventory
 
@@ -84,25 +115,7 @@ def cmd_nightly(args: argparse.Namespace) -> int:
         check_prompt_files(inventory, hosts)
     except ConfigError as e:
         return _bad_input(str(e))
-
-    # Prefect's API server in a session of its own, so a terminal's Ctrl-C spares it
-    # (flows/api_server.py); launched now, it boots while the flow modules import.
-    _quiet_prefect(start_api=False)
-    import tasks.hosts.lock  # noqa: F401  # sets the lease storage before the server starts
-    from flows.api_server import api_server, launch
-
-    launched = launch()
-    from tasks.record.interrupted import install_stop_handlers
-
-    install_stop_handlers()
-    from flows.nightly import nightly
-    from tasks.record.progress import closing_verdict, run_folder_of
-
-    artifacts = Path(args.artifacts)
-    with api_server(launched):
-        state = nightly(hosts=str(hosts.resolve()), lanes=args.lane, artifacts_root=str(artifacts),
-                        return_state=True)
-    return closing_verdict(state, run_folder_of(state, artifacts, "nightly"), "nightly")
+    return None
 
 
 def _capped_by_config(inventory, names: list[str]) -> str | None:

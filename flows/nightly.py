@@ -30,6 +30,7 @@ from tasks.record.notify import on_failure
 from tasks.record.interrupted import interrupts, mark_lanes, reclaim_dead_runs, refresh_marked, signal_name, stop_requested
 from tasks.record.progress import progress, say
 from tasks.record.regression import LaneComparison, RegressionPolicy, describe
+from tasks.record import plots
 from tasks.record.report import embed_images, render
 from tasks.record.verdict import STATE_NAMES, night_verdict
 
@@ -74,8 +75,6 @@ def _history(con: Any, lane: str, metrics: list[str]) -> dict[str, Any]:
 def _plots(run: RunFolder, name: str, con: Any, comparison: LaneComparison | None) -> None:
     """Concurrency curve, per-position acceptance and the trend, registered beside the tables."""
     import pandas as pd
-
-    from tasks.record import plots
 
     tables = {a.kind: a for a in run.manifest.artifacts if a.lane == name and a.validation == "passed"}
     made = []
@@ -136,7 +135,8 @@ def nightly(hosts: str = "hosts.yaml", lanes: list[str] | None = None, artifacts
     inventory_path = Path(hosts).resolve()
     inventory = load_inventory(inventory_path)
     names = lanes or list(inventory.lanes)
-    warm_up(["requests", "warmup", "decode", "acceptance", "regression", "tools", "needles"])  # while servers boot
+    # GX and matplotlib load while the servers boot, not inside the warmup window or the tail.
+    warm_up(["requests", "warmup", "decode", "acceptance", "regression", "tools", "needles"], and_then=plots.warm)
     run = RunFolder(Path(artifacts_root), "nightly", str(flow_run.get_id()), inventory_path)
     for line in reclaim_dead_runs(Path(artifacts_root), by=run.path.name):
         say(line)

@@ -40,11 +40,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-LEASE_STORAGE_ENV = "PREFECT_SERVER_CONCURRENCY_LEASE_STORAGE"
-FILE_LEASES = "prefect.server.concurrency.lease_storage.filesystem"
-# Must be in the environment before the ephemeral server (a subprocess) starts: set on import,
-# which flows do before their first API call. An explicit setting wins.
-os.environ.setdefault(LEASE_STORAGE_ENV, FILE_LEASES)
+from tasks.hosts.lock_storage import FILE_LEASES, LEASE_STORAGE_ENV  # noqa: F401  (sets it on import)
 
 POLL_S = 20.0  # how often a waiting lane looks for expired leases
 

@@ -16,6 +16,7 @@ import logging
 import math
 import re
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -140,12 +141,15 @@ def _get_engine() -> _Engine:
         return _engine
 
 
-def warm_up(kinds: list[str] | None = None, suites_dir: Path = SUITES_DIR) -> threading.Thread:
+def warm_up(kinds: list[str] | None = None, suites_dir: Path = SUITES_DIR,
+            and_then: Callable[[], object] | None = None) -> threading.Thread:
     """Import GX and load the suites in a background thread, started before the server boots.
 
     GX's first check costs seconds (import, context, suite loading); paid inside the warmup
     window it was a stall with no request in flight. Loaded while the server boots, the first
     table is validated at the speed of the others. `validate` waits for it through the lock.
+    `and_then` runs next in the same thread (the report's plotting library, imported now
+    rather than after the last request, where it was a second of the run's tail).
     """
     def load() -> None:
         engine = _get_engine()
@@ -154,6 +158,8 @@ def warm_up(kinds: list[str] | None = None, suites_dir: Path = SUITES_DIR) -> th
             if path.is_file():
                 with engine.lock:
                     engine.definition(path)
+        if and_then is not None:
+            and_then()
 
     thread = threading.Thread(target=load, name="gx-warm-up", daemon=True)
     thread.start()

@@ -23,6 +23,11 @@ _VERDICT_COLOUR = {"regression": "tab:red", "improvement": "tab:green", "no chan
                    "too few samples": "tab:gray"}
 
 
+def warm() -> None:
+    """Import matplotlib ahead of the first plot (flows/nightly.py does it while servers boot)."""
+    _plt()
+
+
 def _plt() -> Any:
     import matplotlib
 
