@@ -13,13 +13,9 @@ from typing import Any
 
 import pandas as pd
 
+from tasks.record.markdown import table
 from tasks.record.run_folder import RunFolder
 from tasks.correctness.tool_grader import MISS_KINDS, MISS_LABELS
-
-
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
-            *("| " + " | ".join(r) + " |" for r in rows)]
 
 
 def _money(v: float | None) -> str:
@@ -56,7 +52,7 @@ def section(run: RunFolder, lane: str) -> list[str]:
             rows = [[r.suite, r.split + (f" #{r.run_number}" if r.split == "held_out" else ""),
                      f"{r.solved}/{r.cases}", f"{r.solved_pct:.1f}", *(str(getattr(r, k)) for k in kinds),
                      f"{r.seconds:.1f}", _money(r.cost_per_1000_solved)] for r in df.itertuples()]
-            out += _table(header, rows)
+            out += table(header, rows)
         protocol = (entry_ledger.get("tool_gate") or {}).get("protocol") or {}
         if protocol:
             out += ["", f"Protocol `{protocol.get('path')}` (sha256 {str(protocol.get('sha256'))[:12]}): "
@@ -78,7 +74,7 @@ def section(run: RunFolder, lane: str) -> list[str]:
                      "" if pd.isna(r.prompt_tokens) else str(int(r.prompt_tokens)),
                      f"{r.keys_found}/{r.keys_expected}", f"**{r.outcome}**" if r.outcome != "pass" else "pass"]
                     for r in df.itertuples()]
-            out += _table(["needle", "rung", "target tokens", "message tokens", "prompt tokens", "keys found",
+            out += table(["needle", "rung", "target tokens", "message tokens", "prompt tokens", "keys found",
                            "outcome"], rows)
             out += ["", "Each prompt opens with its own nonce; truncated = cut off by max_tokens before the keys "
                         "came back (counted apart from wrong answers)."]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tasks.record.markdown import table
 from tasks.matrix.config import Matrix
 from tasks.matrix.bars import EarlierRun, Registration
 from tasks.matrix.verdict import ArmClassRow, DrafterVerdict, SpeedRow, VerdictRow
@@ -28,10 +29,6 @@ def _ranged(v: float | None, lo: float | None, hi: float | None, digits: int = 2
     if lo is None or hi is None or (abs(hi - lo) < 10 ** -(digits + 1)):
         return _f(v, digits)
     return f"{_f(v, digits)} [{_f(lo, digits)}, {_f(hi, digits)}]"
-
-
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(r) + " |" for r in rows]
 
 
 def _plt():
@@ -240,7 +237,7 @@ def render(run_name: str, manifest: dict, m: Matrix, reg: Registration, earlier:
             f"**{reg.baseline}** (a relative bar compares an arm with the baseline's arm at the same K). "
             "The verdict below judges this registered copy, not the file as it is now.", ""]
     out += [f"{i + 1}. {t}" for i, t in enumerate(reg.bars_text)]
-    out += ["", *_table(["prompt set", "file", "sha256", "prompts used / in file"],
+    out += ["", *table(["prompt set", "file", "sha256", "prompts used / in file"],
                         [[c, f"`{Path(f.path).name}`", f"`{f.sha256[:16]}`", f"{reg.prompts_per_class} / {f.prompts}"]
                          for c, f in reg.prompt_sets.items()]), ""]
     if earlier is None:
@@ -261,7 +258,7 @@ def render(run_name: str, manifest: dict, m: Matrix, reg: Registration, earlier:
                          f"**{rec.get('status', 'not run')}**", str(arm_facts.get("port", "—")),
                          f"{boot:.1f}" if boot else "—", str(arm_facts.get("load_at_end", "—")),
                          (rec.get("reason") or "").replace("|", "/")])
-    out += _table(["arm", "drafter", "revision", "K", "status", "port", "boot s", "1-min load at end", "reason"],
+    out += table(["arm", "drafter", "revision", "K", "status", "port", "boot s", "1-min load at end", "reason"],
                   arm_rows)
     moved = [f"{name}: {f['port_note']}" for name, f in manifest["flow"].get("matrix", {}).get("arms", {}).items()
              if f.get("port_note")]
@@ -284,8 +281,8 @@ def render(run_name: str, manifest: dict, m: Matrix, reg: Registration, earlier:
                 digits = 1 if v.metric.endswith("tok_s") else 2
                 cells.append(f"**{v.outcome}** {_ranged(v.measured, v.measured_min, v.measured_max, digits)}")
         grid.append(cells)
-    out += _table(header, grid)
-    out += ["", *_table(["bar", "arm", "measured [min, max]", "bound", "baseline", "margin", "outcome", "note"], [
+    out += table(header, grid)
+    out += ["", *table(["bar", "arm", "measured [min, max]", "bound", "baseline", "margin", "outcome", "note"], [
         [str(v.bar_index + 1), v.arm,
          _ranged(v.measured, v.measured_min, v.measured_max, 3),
          f"{v.op} {_f(v.threshold, 3)}", f"{v.baseline_arm} = {_f(v.baseline_value, 3)}" if v.baseline_arm else "",
@@ -296,7 +293,7 @@ def render(run_name: str, manifest: dict, m: Matrix, reg: Registration, earlier:
             "accepted / drafted tokens: the share of verify work spent on tokens the target kept. Rejected/step = draft "
             "tokens the target verified and threw away per verify step. Single-stream tok/s: the probe's requests, one "
             "at a time, end to end. Median [min, max] over repeats.", ""]
-    out += _table(["arm", "class", "acceptance length", "per-position acceptance", "draft efficiency", "rejected/step",
+    out += table(["arm", "class", "acceptance length", "per-position acceptance", "draft efficiency", "rejected/step",
                    "single-stream tok/s"],
                   [[r.arm, r.prompt_class,
                     _ranged(r.acceptance_length, r.acceptance_length_min, r.acceptance_length_max),
@@ -307,7 +304,7 @@ def render(run_name: str, manifest: dict, m: Matrix, reg: Registration, earlier:
                    for r in rows if r.acceptance_length is not None] or [["—"] * 7])
     if speed:
         out += ["", f"Speed rows (`{m.speed_set}` prompts, the lane's decode curve, median [min, max] over repeats):", ""]
-        out += _table(["arm", "C", "aggregate tok/s"],
+        out += table(["arm", "C", "aggregate tok/s"],
                       [[s.arm, str(s.concurrency), _ranged(s.aggregate_tok_s, s.aggregate_tok_s_min, s.aggregate_tok_s_max, 1)]
                        for s in speed])
 

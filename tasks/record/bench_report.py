@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 import pandas as pd
 
+from tasks.record.markdown import frame
 from tasks.correctness.accuracy import AccuracyRow, in_words
 from tasks.record.run_folder import ArtifactEntry, RunFolder
 
@@ -19,10 +20,7 @@ def _num(v: object, fmt: str = "{:.3g}") -> str:
     return "" if v is None or (isinstance(v, float) and pd.isna(v)) else fmt.format(v)
 
 
-def _md(df: pd.DataFrame) -> str:
-    lines = ["| " + " | ".join(df.columns) + " |", "|" + "---|" * len(df.columns)]
-    lines += ["| " + " | ".join(str(v) for v in row) + " |" for row in df.itertuples(index=False)]
-    return "\n".join(lines)
+_md = frame
 
 
 def prefill_lines(df: pd.DataFrame) -> list[str]:

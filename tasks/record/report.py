@@ -13,9 +13,11 @@ import base64
 import re
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
+from tasks.record.markdown import frame
 from tasks.correctness import record as correctness
 from tasks.record import bench_report
 from tasks.record.run_folder import RunFolder
@@ -27,14 +29,14 @@ _DECODE_COLS = {
 }
 
 
+def _cell(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.3g}" if abs(v) < 1000 else f"{v:.0f}"
+    return str(v)
+
+
 def _md(df: pd.DataFrame) -> str:
-    cols = list(df.columns)
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for _, row in df.iterrows():
-        cells = [f"{v:.3g}" if isinstance(v, float) and abs(v) < 1000 else f"{v:.0f}" if isinstance(v, float) else str(v)
-                 for v in row]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    return frame(df, _cell)
 
 
 def decode_table(df: pd.DataFrame) -> pd.DataFrame:
