@@ -19,11 +19,21 @@ from tests.fault_lane import Nightly, kill, pidfile_pid, tiny_inventory, uvicorn
 PORTS = range(18190, 18196)
 
 
+def _started_by(pid: int, tmp_path: Path) -> bool:
+    """Whether a process inherited this test's PREFECT_HOME (every run a test starts has its own):
+    other sessions run these tests, on these ports, on the same machine."""
+    try:
+        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return any(v.startswith(f"PREFECT_HOME={tmp_path}/".encode()) for v in env)
+
+
 @pytest.fixture(autouse=True)
-def no_leftovers():
+def no_leftovers(tmp_path):
     yield
-    for port in PORTS:  # whatever a test did, it leaves no server of its own
-        if (pid := llama_server_pid(port)) is not None:
+    for port in PORTS:  # whatever a test did, it leaves no server of its own (and kills no one else's)
+        if (pid := llama_server_pid(port)) is not None and _started_by(pid, tmp_path):
             kill(pid)
             pytest.fail(f"a llama-server was left on port {port}")
 
