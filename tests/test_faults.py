@@ -16,7 +16,7 @@ import pytest
 from tests.conftest import llama_server_pid, shipped_inventory, write_inventory
 from tests.fault_lane import Nightly, kill, pidfile_pid, tiny_inventory, uvicorn_servers_of, verify, wait_for
 
-PORTS = range(18190, 18196)
+PORTS = range(18190, 18198)
 
 
 def _started_by(pid: int, tmp_path: Path) -> bool:
@@ -138,6 +138,32 @@ def test_sigkill_then_next_night_reclaims_and_keeps_secrets_out(tmp_path, llama_
         assert found == "", f"{value} written to: {found}"
     print(f"\n[reliability] SIGKILL then next night: next night ended in {took:.1f} s; "
           f"{_records(dead)} records of the dead run kept")
+
+
+def test_a_boot_error_echoing_a_secret_flag_stays_out_of_prefect(tmp_path, llama_bin):
+    """The server refuses a secret flag's value and echoes it ("not a directory: <value>"): the boot
+    task raises with that log tail, so Prefect's failure message, the traceback it logs and the
+    task-run state event all carry the value. The lane fails (exit 1) naming the refusal; neither the
+    run folder nor PREFECT_HOME (its SQLite database) holds the value, though the error reached it."""
+    port = PORTS[6]
+    token, missing = "tok-7be0c2d91a", str(tmp_path / "no-such-folder-e5a0b3c6d2")
+    hosts = tiny_inventory(tmp_path, port, env={"HF_TOKEN": token}, flags=["--slot-save-path", missing],
+                           secrets=["--slot-save-path"])
+    home = tmp_path / "prefect"
+    n = Nightly(hosts, tmp_path / "artifacts", home)
+    rc = n.wait(timeout=300)
+    out = n.output()
+    assert rc == 1, out
+    lane = n.manifest()["lanes"]["rehearsal"]
+    assert lane["status"] == "failed" and "not a directory: REDACTED" in lane["reason"], lane
+    for value in (token, missing):
+        found = subprocess.run(["grep", "-rlaF", value, str(tmp_path / "artifacts"), str(home)],
+                               capture_output=True, text=True).stdout
+        assert found == "", f"{value} written to: {found}"
+        assert value not in out
+    reached = subprocess.run(["grep", "-rlaF", "not a directory: REDACTED", str(home)], capture_output=True, text=True)
+    assert reached.stdout, "the boot error never reached Prefect's database: the test proves nothing"
+    assert llama_server_pid(port) is None and verify(n.folder).returncode == 0, verify(n.folder).stdout
 
 
 def test_server_killed_mid_curve_is_named(tmp_path, llama_bin):
