@@ -89,6 +89,35 @@ def test_interrupt_tears_down_and_marks_interrupted(tmp_path, llama_bin, how):
     print(f"\n[reliability] {how}: ended in {took:.1f} s, {_records(folder)} records kept")
 
 
+def test_ctrl_c_stops_lanebench_tools_like_nightly(tmp_path, llama_bin):
+    """`lanebench tools` shares the nightly's way of running (flows/cli.py `run_flow`): Ctrl-C to its
+    process group mid tool gate ends it with exit 130, the lane torn down (no llama-server on the
+    run's port), the run folder marked interrupted (verify passes), its API server gone."""
+    port = PORTS[7]
+    inv = shipped_inventory()
+    lane = inv["lanes"]["rehearsal"]
+    lane["port"] = port
+    hosts = write_inventory(tmp_path, inv)
+    home = tmp_path / "prefect"
+    n = Nightly(hosts, tmp_path / "artifacts", home, command="tools")
+    folder = n.wait_stage(("boot gates", "tool gate"))
+    wait_for(lambda: llama_server_pid(port), 30, "the lane's server")
+    t0 = time.monotonic()
+    n.signal_group(signal.SIGINT)
+    rc = n.wait(timeout=60)
+    took = time.monotonic() - t0
+    out = n.output()
+    assert rc == 130, out
+    assert "tools interrupted by SIGINT" in out and "Error logging to API" not in out, out
+    assert out.strip().splitlines()[-1] == f"run folder: {folder}"
+    m = json.loads((folder / "manifest.json").read_text())
+    assert m["flow"]["status"] == "interrupted" and m["flow"]["interrupted_by"] == "SIGINT", m["flow"]
+    assert m["lanes"]["rehearsal"]["status"] == "interrupted" and "SIGINT" in m["lanes"]["rehearsal"]["reason"]
+    assert verify(folder).returncode == 0, verify(folder).stdout
+    assert llama_server_pid(port) is None and uvicorn_servers_of(home) == []
+    print(f"\n[reliability] tools, SIGINT in {m['lanes']['rehearsal']['reason'].split(':')[0]}: ended in {took:.1f} s")
+
+
 def test_sigkill_then_next_night_reclaims_and_keeps_secrets_out(tmp_path, llama_bin):
     """lanebench SIGKILLed mid decode curve: the server is orphaned, the manifest says running. The
     next nightly marks that run interrupted (verify passes on it), stops the orphan from its
