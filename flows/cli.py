@@ -12,9 +12,10 @@ import argparse
 import logging
 import os
 import sys
-import threading
+from collections.abc import Callable
 from importlib import import_module
 from pathlib import Path
+from typing import Any
 
 from tasks.engines.build import REPO
 
@@ -29,49 +30,65 @@ def _bad_input(message: str) -> int:
     return 2
 
 
-_api_start: threading.Thread | None = None
-
-
-def _quiet_prefect(start_api: bool = True) -> None:
+def _quiet_prefect() -> None:
     """Telemetry off; Prefect's own logs at WARNING so the progress display stays readable.
-
-    With no PREFECT_API_URL, Prefect's ephemeral API server is started now, in a thread, so its
-    start (seconds of a subprocess booting) overlaps the imports of the flow modules instead of
-    following them; `prefect_ready()` waits for it before the flow is called.
-    """
-    global _api_start
+    Prefect reads its settings once, at its first import: called before anything imports it."""
     os.environ.setdefault("DO_NOT_TRACK", "1")
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    # The ephemeral server takes 15-25 s on 2 idle cores; its default 20 s limit fails on a busy box.
+    # The API server takes 15-25 s on 2 idle cores; its default 20 s limit fails on a busy box.
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
     logging.getLogger("great_expectations").setLevel(logging.WARNING)
-    if start_api and _api_start is None and not os.environ.get("PREFECT_API_URL"):
-        def start() -> None:
-            import tasks.hosts.lock  # noqa: F401  # sets the lease storage before the server starts
-            from prefect.server.api.server import SubprocessASGIServer
-
-            try:
-                SubprocessASGIServer().start()
-            except Exception:  # the flow call starts it again and reports what is wrong
-                pass
-
-        _api_start = threading.Thread(target=start, name="prefect-api-start", daemon=True)
-        _api_start.start()
 
 
-def prefect_ready() -> None:
-    """Wait for the API server `_quiet_prefect` started (Prefect's own start is not thread-safe)."""
-    if _api_start is not None:
-        _api_start.join()
+_LAUNCH_NOW: Any = object()
+
+
+def run_flow(flow: str, build: Callable[[], Any], artifacts: Path, launched: Any = _LAUNCH_NOW,
+             **params: Any) -> tuple[Any, Path | None]:
+    """Call a flow the way every flow command does; returns its final state and its run folder.
+
+    Prefect's API server runs in a session of its own (flows/api_server.py), so a terminal's
+    Ctrl-C spares it and the run can record its own end; it is launched before `build` imports
+    the flow modules, so it boots meanwhile (or earlier: `launched`, from `api_server.launch()`,
+    when the command launched it before checking its input). Ctrl-C and SIGTERM then stop the run: the flow
+    tears its lane down, marks its run folder interrupted and ends in a state named Interrupted
+    (exit 130, `tasks/record/verdict.py`). Nothing secret reaches Prefect
+    (`tasks/record/prefect_redaction.py`).
+    """
+    _quiet_prefect()
+    from flows.api_server import api_server, launch
+
+    if launched is _LAUNCH_NOW:
+        launched = launch()  # sets the host lock's lease storage for the server first
+    import tasks.hosts.lock  # noqa: F401
+    from tasks.record.interrupted import install_stop_handlers
+    from tasks.record.prefect_redaction import install
+    from tasks.record.progress import run_folder_of
+
+    install_stop_handlers()
+    install()
+    call = build()
+    with api_server(launched):
+        state = call(**params, return_state=True)
+    return state, run_folder_of(state, artifacts, flow)
+
+
+def interrupted_exit(state: Any, folder: Path | None, flow: str) -> int | None:
+    """130 with the closing line when the run was stopped by a signal, else None (the command
+    closes with its own verdict)."""
+    from tasks.record.progress import closing_verdict
+    from tasks.record.verdict import EXIT_CODES, exit_code_of
+
+    if exit_code_of(state) != EXIT_CODES["interrupted"]:
+        return None
+    return closing_verdict(state, folder, flow)
 
 
 def cmd_nightly(args: argparse.Namespace) -> int:
-    # Prefect's API server first, in a session of its own so a terminal's Ctrl-C spares it
-    # (flows/api_server.py): it boots (~6 s on 2 cores) while the inventory is checked and the
-    # flow modules import, instead of after them. Bad input stops it again.
-    _quiet_prefect(start_api=False)
-    from flows.api_server import api_server, launch, stop
+    # Prefect's API server first (flows/api_server.py): it boots (~6 s on 2 cores) while the
+    # inventory is checked and the flow modules import, instead of after them. Bad input stops it.
+    from flows.api_server import launch, stop
 
     launched = launch()
     try:
@@ -82,18 +99,18 @@ def cmd_nightly(args: argparse.Namespace) -> int:
     if refused is not None:
         stop(launched)
         return refused
-    import tasks.hosts.lock  # noqa: F401  # sets the lease storage before the server starts
-    from tasks.record.interrupted import install_stop_handlers
 
-    install_stop_handlers()
-    from flows.nightly import nightly
-    from tasks.record.progress import closing_verdict, run_folder_of
+    def build() -> Any:
+        from flows.nightly import nightly
+
+        return nightly
 
     hosts, artifacts = Path(args.hosts), Path(args.artifacts)
-    with api_server(launched):
-        state = nightly(hosts=str(hosts.resolve()), lanes=args.lane, artifacts_root=str(artifacts),
-                        return_state=True)
-    return closing_verdict(state, run_folder_of(state, artifacts, "nightly"), "nightly")
+    state, folder = run_flow("nightly", build, artifacts, launched=launched, hosts=str(hosts.resolve()),
+                             lanes=args.lane, artifacts_root=str(artifacts))
+    from tasks.record.progress import closing_verdict
+
+    return closing_verdict(state, folder, "nightly")
 
 
 def _refused_nightly(args: argparse.Namespace) -> int | None:
@@ -161,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     # Prefect reads its settings once, at its first import: quiet them before any command's
     # checks import a module that imports Prefect.
-    _quiet_prefect(start_api=False)
+    _quiet_prefect()
     try:
         return args.func(args)
     except KeyboardInterrupt:

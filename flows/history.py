@@ -92,7 +92,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from flows.cli import _quiet_prefect
     from flows.deployments import serve
 
-    _quiet_prefect(start_api=False)  # serve starts a real server of its own
+    _quiet_prefect()  # serve starts a real server of its own
     return serve(args.host, args.port, Path(args.home) if args.home else None, Path(args.prefect_file), args.pool,
                  args.api_url, start_worker=not args.no_worker)
 

@@ -11,8 +11,10 @@ own text differ) and refuses a candidate whose tokenizer differs; a candidate th
 mid-scoring keeps its partial results, marked, and fails.
 
 `lanebench kl FILE` exits 0 when every candidate meets the bars, 1 when any does not (or the
-gate refused to judge), 2 on bad input; its last line names the run folder. This module stays
-cheap to import: Prefect is imported on first use of the flow (`kl_gate`, built lazily).
+gate refused to judge), 2 on bad input, 130 when Ctrl-C or SIGTERM stopped it (the lane torn
+down, the run folder marked interrupted, no verdict); its last line names the run folder.
+This module stays cheap to import: Prefect is imported on first use of the flow (`kl_gate`,
+built lazily).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ def run_gate(kl_file: str, artifacts_root: str = "artifacts", prompt_count: int 
     from tasks.kl.config import load_kl_file, resolve, resolve_lanes
     from tasks.kl.gate import Gate
     from tasks.client.prompts import load_prompts
+    from tasks.record.interrupted import interrupts, raise_if_stopped, record_stop
 
     path = Path(kl_file).resolve()
     spec = load_kl_file(path)
@@ -43,11 +46,20 @@ def run_gate(kl_file: str, artifacts_root: str = "artifacts", prompt_count: int 
     gate = Gate(run, spec, lanes, prompts, title)
     try:
         gate.prepare_models()
+        raise_if_stopped()
         if gate.reference():
             for name in spec.candidates:
+                raise_if_stopped()
                 gate.candidate(name)
-    finally:
-        passed, reasons = gate.finish()
+        raise_if_stopped()
+    except interrupts() as e:  # no verdict from a gate cut short: the scores so far are kept
+        stopped = record_stop(run, "kl", e, [spec.reference, *spec.candidates])
+        run.finish()
+        return Failed(name="Interrupted", message=stopped)
+    except BaseException:
+        gate.finish()
+        raise
+    passed, reasons = gate.finish()
     return Completed(message=str(run.path)) if passed else Failed(message="; ".join(reasons))
 
 
@@ -64,7 +76,7 @@ def __getattr__(name: str) -> Any:
 
 
 def cmd_kl(args: argparse.Namespace) -> int:
-    from flows.cli import _bad_input, _quiet_prefect, prefect_ready
+    from flows.cli import _bad_input, interrupted_exit, run_flow
     from tasks.inventory.models import ConfigError
     from tasks.kl.config import load_kl_file, resolve, resolve_lanes
     from tasks.client.prompts import load_prompts
@@ -88,14 +100,14 @@ def cmd_kl(args: argparse.Namespace) -> int:
     if len({p.id for p in prompts}) != len(prompts):
         return _bad_input(f"{path}: prompts: prompt ids repeat in the prompt file. Fix: give every prompt its own id")
 
-    _quiet_prefect()
-    from tasks.record.progress import closing, run_folder_of
-
     artifacts = Path(args.artifacts)
-    prefect_ready()
-    state = __getattr__("kl_gate")(kl_file=str(path.resolve()), artifacts_root=str(artifacts),
-                                   prompt_count=args.prompt_count, return_state=True)
-    return 0 if closing(state, run_folder_of(state, artifacts, "kl"), "kl gate passed", "kl gate failed") else 1
+    state, folder = run_flow("kl", lambda: __getattr__("kl_gate"), artifacts, kl_file=str(path.resolve()),
+                             artifacts_root=str(artifacts), prompt_count=args.prompt_count)
+    if (code := interrupted_exit(state, folder, "kl")) is not None:
+        return code
+    from tasks.record.progress import closing
+
+    return 0 if closing(state, folder, "kl gate passed", "kl gate failed") else 1
 
 
 def register_cli(subparsers: Any) -> None:

@@ -13,7 +13,8 @@ matrix goes on; its bars read `no-data`, which never passes.
 `lanebench matrix FILE` exits 0 when the matrix ran completely, whatever the verdict (a
 drafter failing its bars is a result; add `--require-bars` to exit 1 on a failed bar), 1 when
 the matrix is incomplete (an arm failed or was skipped, a table was quarantined, or the
-registered bars were altered), 2 on bad input. Its last line names the run folder.
+registered bars were altered), 2 on bad input, 130 when Ctrl-C or SIGTERM stopped it (the arm
+torn down, the run folder marked interrupted, no verdict). Its last line names the run folder.
 
 The Prefect flow is `matrix(matrix_file, artifacts_root="artifacts")`; relative paths are
 resolved against the repository, so a deployment needs only `matrix_file`. This module stays
@@ -53,6 +54,7 @@ def run_matrix(matrix_file: str, artifacts_root: str = "artifacts") -> Any:
     from tasks.hosts.lock import limit_name
     from tasks.matrix.config import arm_lane, arm_port, load_matrix
     from tasks.matrix.bars import earlier_run, register
+    from tasks.record.interrupted import interrupts, raise_if_stopped, record_stop
     from tasks.record.progress import progress
 
     logger = get_run_logger()
@@ -116,10 +118,18 @@ def run_matrix(matrix_file: str, artifacts_root: str = "artifacts") -> Any:
             facts.update(finished_at=datetime.now(UTC).isoformat(), load_at_end=round(os.getloadavg()[0], 2),
                          host_lock=record.host_lock, state=record.status, message=message)
             run.save_manifest()
+            raise_if_stopped()
         # The arm every speculation verdict needs: the same target with no drafter at all.
         _no_speculation_arm(run, m)
-    finally:
-        complete, message = _finish(run, m)
+        raise_if_stopped()
+    except interrupts() as e:  # no verdict from a matrix cut short: the arms' records are kept
+        stopped = record_stop(run, "matrix", e, [*(a.name for a in m.arms), NO_SPEC])
+        run.finish()
+        return Failed(name="Interrupted", message=stopped)
+    except BaseException:
+        _finish(run, m)
+        raise
+    complete, message = _finish(run, m)
     return Completed(message=message) if complete else Failed(message=message)
 
 
@@ -293,7 +303,7 @@ def __getattr__(name: str) -> Any:
 
 
 def cmd_matrix(args: argparse.Namespace) -> int:
-    from flows.cli import _bad_input, _quiet_prefect, prefect_ready
+    from flows.cli import _bad_input, interrupted_exit, run_flow
     from tasks.inventory.models import ConfigError
     from tasks.matrix.config import load_matrix
 
@@ -303,13 +313,13 @@ def cmd_matrix(args: argparse.Namespace) -> int:
     except ConfigError as e:
         return _bad_input(str(e))
 
-    _quiet_prefect()
-    from tasks.record.progress import closing, run_folder_of, say
-
     artifacts = Path(args.artifacts).resolve()
-    prefect_ready()
-    state = __getattr__("matrix")(matrix_file=str(path.resolve()), artifacts_root=str(artifacts), return_state=True)
-    folder = run_folder_of(state, artifacts, "matrix")
+    state, folder = run_flow("matrix", lambda: __getattr__("matrix"), artifacts, matrix_file=str(path.resolve()),
+                             artifacts_root=str(artifacts))
+    if (code := interrupted_exit(state, folder, "matrix")) is not None:
+        return code
+    from tasks.record.progress import closing, say
+
     verdict: dict = {}
     if folder:
         verdict = json.loads((folder / "manifest.json").read_text())["flow"].get("matrix", {}).get("verdict") or {}

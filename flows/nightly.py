@@ -27,7 +27,7 @@ from tasks.record.run_folder import RunFolder
 from tasks.inventory.load import load_inventory
 from tasks.record.expectations import warm_up
 from tasks.record.notify import on_failure
-from tasks.record.interrupted import interrupts, mark_lanes, reclaim_dead_runs, refresh_marked, signal_name, stop_requested
+from tasks.record.interrupted import interrupts, reclaim_dead_runs, record_stop, refresh_marked, stop_requested
 from tasks.record.progress import progress, say
 from tasks.record.regression import LaneComparison, RegressionPolicy, describe
 from tasks.record import plots
@@ -146,6 +146,7 @@ def nightly(hosts: str = "hosts.yaml", lanes: list[str] | None = None, artifacts
     comparisons: dict[str, LaneComparison] = {}
     problems: list[str] = []
     stopped: BaseException | None = None
+    stop_message = ""
     try:
         # Lanes on different hosts measure side by side; each host's lanes one at a time.
         run_lanes(run, [LaneJob(name=name, lane=inventory.lanes[name], host=inventory.hosts[inventory.lanes[name].host],
@@ -154,12 +155,7 @@ def nightly(hosts: str = "hosts.yaml", lanes: list[str] | None = None, artifacts
             raise KeyboardInterrupt(stop_requested())
     except interrupts() as e:
         stopped = e
-        run.manifest.flow["status"] = "interrupted"
-        run.manifest.flow["interrupted_by"] = signal_name(e)
-        mark_lanes(run.manifest.lanes, f"interrupted by {signal_name(e)}")
-        for name in names:  # lanes never started are recorded as such, not left out
-            if name not in run.manifest.lanes:
-                run.lane(name).status, run.lane(name).reason = "interrupted", "not started: the run was interrupted"
+        stop_message = record_stop(run, "nightly", e, names)
         raise
     finally:
         try:
@@ -171,7 +167,7 @@ def nightly(hosts: str = "hosts.yaml", lanes: list[str] | None = None, artifacts
         run.finish()
         refresh_marked(Path(artifacts_root), by=run.path.name)
         if stopped is not None:  # stop within seconds: the tables and manifest are the record
-            return Failed(name="Interrupted", message=f"nightly interrupted by {signal_name(stopped)}")
+            return Failed(name="Interrupted", message=stop_message)
         try:
             report = render(run)
         except Exception as e:  # the tables and the manifest are the record; a report bug must not hide them

@@ -9,9 +9,11 @@ held-out score is never looked at by accident. Every held-out run is counted in 
 (`flow.correctness.<lane>.tool_gate.held_out.run_number`, with the earlier runs found under
 the same artifacts folder).
 
-Exit codes: 0 every selected lane passed its gates, 1 a gate failed, 2 bad input. The last
-line names the run folder. This module stays cheap to import: Prefect is imported on first
-use of the flow (`tools`, built lazily).
+Exit codes (tasks/record/verdict.py): 0 every selected lane passed its gates, 1 a gate failed,
+2 bad input, 3 nothing was measured (every lane skipped by a precondition: not a pass), 130
+Ctrl-C or SIGTERM stopped it (lane torn down, run folder marked interrupted). The last line
+names the run folder. This module stays cheap to import: Prefect is imported on first use of
+the flow (`tools`, built lazily).
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ def run_tools(hosts: str, lanes: list[str], artifacts_root: str = "artifacts", h
     from prefect.states import Completed, Failed
 
     from flows.lanes import LaneJob, run_lanes
+    from tasks.record.interrupted import interrupts, record_stop
+    from tasks.record.verdict import STATE_NAMES, night_verdict
     from tasks.correctness import record as correctness
     from tasks.record.run_folder import RunFolder
     from tasks.inventory.load import load_inventory
@@ -39,19 +43,29 @@ def run_tools(hosts: str, lanes: list[str], artifacts_root: str = "artifacts", h
     inventory = load_inventory(inventory_path)
     run = RunFolder(Path(artifacts_root), "tools", str(flow_run.get_id()), inventory_path)
     run.manifest.flow["held_out_requested"] = held_out
+    stopped = ""
     try:
         run_lanes(run, [LaneJob(name=name, lane=inventory.lanes[name], host=inventory.hosts[inventory.lanes[name].host],
                                 base_dir=str(inventory_path.parent), stages="tools", held_out=held_out,
                                 inventory=inventory) for name in lanes])
+    except interrupts() as e:
+        stopped = record_stop(run, "tools", e, lanes)
     finally:
         run.finish()
-        report = render(run)
-        for name in run.manifest.lanes:
-            report += "\n" + "\n".join(correctness.section(run, name)) + "\n"
-        (run.path / "report.md").write_text(report)
-        run.register("", "report.md", "report")
-    problems = [f"{n}: {r.reason}" for n, r in run.manifest.lanes.items() if r.status == "failed"]
-    return Failed(message="; ".join(problems)) if problems else Completed(message=str(run.path))
+        if not stopped:  # a stopped run ends within seconds: the manifest and records are the record
+            report = render(run)
+            for name in run.manifest.lanes:
+                report += "\n" + "\n".join(correctness.section(run, name)) + "\n"
+            (run.path / "report.md").write_text(report)
+            run.register("", "report.md", "report")
+    if stopped:
+        return Failed(name="Interrupted", message=stopped)
+    verdict = night_verdict("tools", run.manifest.lanes, [])
+    run.manifest.flow["verdict"] = {"outcome": verdict.outcome, "exit_code": verdict.exit_code, "line": verdict.line}
+    run.save_manifest()
+    if verdict.outcome == "failed":
+        return Failed(message=verdict.line)
+    return Completed(name=STATE_NAMES[verdict.outcome], message=verdict.line)
 
 
 def __getattr__(name: str) -> Any:
@@ -97,27 +111,24 @@ def _selected(args: argparse.Namespace) -> tuple[Path, list[str]] | str:
 
 
 def cmd_tools(args: argparse.Namespace) -> int:
-    from flows.cli import _bad_input, _quiet_prefect, prefect_ready
+    from flows.cli import _bad_input, run_flow
 
     selected = _selected(args)
     if isinstance(selected, str):
         return _bad_input(selected)
     hosts, names = selected
-    _quiet_prefect()
-    from tasks.record.progress import closing, run_folder_of, say
-
     artifacts = Path(args.artifacts).resolve()
-    prefect_ready()
-    state = __getattr__("tools")(hosts=str(hosts.resolve()), lanes=names, artifacts_root=str(artifacts),
-                                 held_out=args.held_out, return_state=True)
-    folder = run_folder_of(state, artifacts, "tools")
+    state, folder = run_flow("tools", lambda: __getattr__("tools"), artifacts, hosts=str(hosts.resolve()),
+                             lanes=names, artifacts_root=str(artifacts), held_out=args.held_out)
+    from tasks.record.progress import closing_verdict, say
+
     if folder:
         flow = json.loads((folder / "manifest.json").read_text())["flow"]
         for lane, entry in (flow.get("correctness") or {}).items():
             for gate in entry.get("gates", []):
                 colour = "green" if gate["passed"] else "red"
                 say(f"[bold]{lane}[/bold] [{colour}]{gate['gate']}[/{colour}]: {gate['detail']}")
-    return 0 if closing(state, folder, "tool gate passed", "tool gate failed") else 1
+    return closing_verdict(state, folder, "tools")
 
 
 def register_cli(subparsers: Any) -> None:

@@ -27,16 +27,17 @@ def tiny_inventory(folder: Path, port: int, **lane_update) -> Path:
 
 
 class Nightly:
-    """`lanebench nightly` in its own process group (as a terminal starts it), with its own PREFECT_HOME."""
+    """`lanebench nightly` (or another flow command) in its own process group (as a terminal starts
+    it), with its own PREFECT_HOME."""
 
-    def __init__(self, hosts: Path, artifacts: Path, prefect_home: Path) -> None:
+    def __init__(self, hosts: Path, artifacts: Path, prefect_home: Path, command: str = "nightly") -> None:
         artifacts.mkdir(parents=True, exist_ok=True)
         self.artifacts = artifacts
-        self.log = artifacts.parent / f"nightly-{time.monotonic_ns()}.out"
+        self.log = artifacts.parent / f"{command}-{time.monotonic_ns()}.out"
         self._out = self.log.open("w")
         env = {**os.environ, "PREFECT_HOME": str(prefect_home)}
         env.pop("PREFECT_API_URL", None)
-        self.proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "nightly", "--hosts", str(hosts),
+        self.proc = subprocess.Popen([sys.executable, "-m", "flows.cli", command, "--hosts", str(hosts),
                                       "--artifacts", str(artifacts)], cwd=REPO, stdout=self._out,
                                      stderr=subprocess.STDOUT, text=True, start_new_session=True, env=env)
         self.folder: Path | None = None

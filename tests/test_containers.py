@@ -167,6 +167,7 @@ def test_run_container_serves_the_target_model(lab: DockerLab, local: LocalTrans
         assert info["HostConfig"]["NetworkMode"] == "host"
         assert [(m["Source"], m["RW"]) for m in info["Mounts"]] == [(str(MODELS), False)]
         assert "LLAMA_ARG_BATCH=64" in info["Config"]["Env"]
+        assert "LLAMA_ARG_BATCH" in handle.argv and "LLAMA_ARG_BATCH=64" not in handle.argv  # no value on argv
         assert info["Config"]["Labels"]["lanebench.lane"] == "rehearsal-c"
         time.sleep(0.5)
         assert "target-f16.gguf" in log_path.read_text(errors="replace")  # the engine's log reached the file

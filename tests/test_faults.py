@@ -16,14 +16,24 @@ import pytest
 from tests.conftest import llama_server_pid, shipped_inventory, write_inventory
 from tests.fault_lane import Nightly, kill, pidfile_pid, tiny_inventory, uvicorn_servers_of, verify, wait_for
 
-PORTS = range(18190, 18196)
+PORTS = range(18190, 18198)
+
+
+def _started_by(pid: int, tmp_path: Path) -> bool:
+    """Whether a process inherited this test's PREFECT_HOME (every run a test starts has its own):
+    other sessions run these tests, on these ports, on the same machine."""
+    try:
+        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return any(v.startswith(f"PREFECT_HOME={tmp_path}/".encode()) for v in env)
 
 
 @pytest.fixture(autouse=True)
-def no_leftovers():
+def no_leftovers(tmp_path):
     yield
-    for port in PORTS:  # whatever a test did, it leaves no server of its own
-        if (pid := llama_server_pid(port)) is not None:
+    for port in PORTS:  # whatever a test did, it leaves no server of its own (and kills no one else's)
+        if (pid := llama_server_pid(port)) is not None and _started_by(pid, tmp_path):
             kill(pid)
             pytest.fail(f"a llama-server was left on port {port}")
 
@@ -79,6 +89,35 @@ def test_interrupt_tears_down_and_marks_interrupted(tmp_path, llama_bin, how):
     print(f"\n[reliability] {how}: ended in {took:.1f} s, {_records(folder)} records kept")
 
 
+def test_ctrl_c_stops_lanebench_tools_like_nightly(tmp_path, llama_bin):
+    """`lanebench tools` shares the nightly's way of running (flows/cli.py `run_flow`): Ctrl-C to its
+    process group mid tool gate ends it with exit 130, the lane torn down (no llama-server on the
+    run's port), the run folder marked interrupted (verify passes), its API server gone."""
+    port = PORTS[7]
+    inv = shipped_inventory()
+    lane = inv["lanes"]["rehearsal"]
+    lane["port"] = port
+    hosts = write_inventory(tmp_path, inv)
+    home = tmp_path / "prefect"
+    n = Nightly(hosts, tmp_path / "artifacts", home, command="tools")
+    folder = n.wait_stage(("boot gates", "tool gate"))
+    wait_for(lambda: llama_server_pid(port), 30, "the lane's server")
+    t0 = time.monotonic()
+    n.signal_group(signal.SIGINT)
+    rc = n.wait(timeout=60)
+    took = time.monotonic() - t0
+    out = n.output()
+    assert rc == 130, out
+    assert "tools interrupted by SIGINT" in out and "Error logging to API" not in out, out
+    assert out.strip().splitlines()[-1] == f"run folder: {folder}"
+    m = json.loads((folder / "manifest.json").read_text())
+    assert m["flow"]["status"] == "interrupted" and m["flow"]["interrupted_by"] == "SIGINT", m["flow"]
+    assert m["lanes"]["rehearsal"]["status"] == "interrupted" and "SIGINT" in m["lanes"]["rehearsal"]["reason"]
+    assert verify(folder).returncode == 0, verify(folder).stdout
+    assert llama_server_pid(port) is None and uvicorn_servers_of(home) == []
+    print(f"\n[reliability] tools, SIGINT in {m['lanes']['rehearsal']['reason'].split(':')[0]}: ended in {took:.1f} s")
+
+
 def test_sigkill_then_next_night_reclaims_and_keeps_secrets_out(tmp_path, llama_bin):
     """lanebench SIGKILLed mid decode curve: the server is orphaned, the manifest says running. The
     next nightly marks that run interrupted (verify passes on it), stops the orphan from its
@@ -128,6 +167,32 @@ def test_sigkill_then_next_night_reclaims_and_keeps_secrets_out(tmp_path, llama_
         assert found == "", f"{value} written to: {found}"
     print(f"\n[reliability] SIGKILL then next night: next night ended in {took:.1f} s; "
           f"{_records(dead)} records of the dead run kept")
+
+
+def test_a_boot_error_echoing_a_secret_flag_stays_out_of_prefect(tmp_path, llama_bin):
+    """The server refuses a secret flag's value and echoes it ("not a directory: <value>"): the boot
+    task raises with that log tail, so Prefect's failure message, the traceback it logs and the
+    task-run state event all carry the value. The lane fails (exit 1) naming the refusal; neither the
+    run folder nor PREFECT_HOME (its SQLite database) holds the value, though the error reached it."""
+    port = PORTS[6]
+    token, missing = "tok-7be0c2d91a", str(tmp_path / "no-such-folder-e5a0b3c6d2")
+    hosts = tiny_inventory(tmp_path, port, env={"HF_TOKEN": token}, flags=["--slot-save-path", missing],
+                           secrets=["--slot-save-path"])
+    home = tmp_path / "prefect"
+    n = Nightly(hosts, tmp_path / "artifacts", home)
+    rc = n.wait(timeout=300)
+    out = n.output()
+    assert rc == 1, out
+    lane = n.manifest()["lanes"]["rehearsal"]
+    assert lane["status"] == "failed" and "not a directory: REDACTED" in lane["reason"], lane
+    for value in (token, missing):
+        found = subprocess.run(["grep", "-rlaF", value, str(tmp_path / "artifacts"), str(home)],
+                               capture_output=True, text=True).stdout
+        assert found == "", f"{value} written to: {found}"
+        assert value not in out
+    reached = subprocess.run(["grep", "-rlaF", "not a directory: REDACTED", str(home)], capture_output=True, text=True)
+    assert reached.stdout, "the boot error never reached Prefect's database: the test proves nothing"
+    assert llama_server_pid(port) is None and verify(n.folder).returncode == 0, verify(n.folder).stdout
 
 
 def test_server_killed_mid_curve_is_named(tmp_path, llama_bin):

@@ -395,6 +395,40 @@ def test_ssh_spawn_survives_a_dropped_connection_and_stops_over_a_fresh_one(sshd
     assert wait_gone(token) == [] and not group_alive(spawned.pid)
 
 
+def test_ssh_env_values_never_reach_a_command_line(shared_sshd, make_ssh, tmp_path, token):
+    """A secret in `env` (a lane's HF_TOKEN) reaches the remote process's environment, never an
+    argv: not the server's, not the wrapper shell's, not any process on the host (`ps` shows argv
+    to every user, and sshd may log the command)."""
+    ssh = make_ssh(shared_sshd)
+    secret = f"hf_{uuid.uuid4().hex}"
+    value = f"{secret} two words $(touch nope) 'q'"
+    log = tmp_path / "server.log"
+    spawned = ssh.spawn(["sh", "-c", f'echo "ready $LB_TOKEN"; while :; do sleep {token}; done'], log,
+                        name=f"test-{uuid.uuid4().hex[:8]}", env={"LB_TOKEN": value, "LB_PLAIN": "x"})
+    try:
+        end = time.monotonic() + 5
+        while "ready" not in log.read_text() and time.monotonic() < end:
+            time.sleep(0.05)
+        assert log.read_text() == f"ready {value}\n"  # the process got the value, whole
+        members = [p for p in procs_with(token) if os.getpgid(p) == spawned.pid]
+        assert members, "no process of the spawned group found"
+        server = [p for p in members if Path(f"/proc/{p}/cmdline").read_bytes().startswith(b"sh\0-c\0echo")]
+        environ = Path(f"/proc/{server[0]}/environ").read_bytes().split(b"\0")  # the wrapper's child
+        assert f"LB_TOKEN={value}".encode() in environ
+        assert procs_with(secret) == [], "the secret is on a command line on the host"
+        assert secret not in spawned.argv and secret not in shared_sshd.log()
+    finally:
+        spawned.stop(grace_s=1.0)
+
+    seen: list[list[int]] = []
+    r = ssh.run(["sh", "-c", f'echo started; sleep 1; printf "%s|" "$LB_TOKEN"; cat'], env={"LB_TOKEN": value},
+                stdin=b"stdin after the environment", on_output=lambda s: seen.append(procs_with(secret)))
+    assert r.exit_code == 0 and r.stdout == f"started\n{value}|stdin after the environment", r
+    assert seen and seen[0] == [], "the secret is on a command line while `run` runs"
+    with pytest.raises(ValueError):
+        ssh.run(["true"], env={"LB_TOKEN": "two\nlines"})
+
+
 def test_spawn_rejects_unsafe_names_and_env_keys(shared_sshd, make_ssh, tmp_path):
     ssh = make_ssh(shared_sshd)
     with pytest.raises(ValueError):

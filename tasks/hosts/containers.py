@@ -13,7 +13,9 @@ What each step guards against:
   `ImageError` carrying docker's own message, never a hang (the pull has a deadline).
 - run: `--pull never` (a run never fetches anything behind our back), host network (the bench
   reaches the server on the host's address), model folders mounted read-only, and a
-  `lanebench.lane` label so a leftover is recognised as ours.
+  `lanebench.lane` label so a leftover is recognised as ours. The environment is passed as
+  `-e NAME` (the docker CLI takes the value from its own environment, which the transport sets
+  without a command line): a `-e NAME=value` would show an `HF_TOKEN` to `ps` on the host.
 - teardown: `docker stop -t grace` then `docker rm -f`, idempotent; a crashed run's container
   under the lane's name is removed before the next boot (`remove_leftover`).
 """
@@ -87,8 +89,8 @@ def _docker_argv(docker_host: str | None, *args: str) -> list[str]:
 
 
 def _docker(transport: Transport, docker_host: str | None, *args: str, deadline_s: float = 60.0,
-            idempotent: bool = True) -> CommandResult:
-    r = transport.run(_docker_argv(docker_host, *args), deadline_s=deadline_s, idempotent=idempotent)
+            idempotent: bool = True, env: dict[str, str] | None = None) -> CommandResult:
+    r = transport.run(_docker_argv(docker_host, *args), deadline_s=deadline_s, idempotent=idempotent, env=env)
     if r.exit_code != 0 and ("Cannot connect to the Docker daemon" in r.stderr or "docker: not found" in r.stderr
                              or r.exit_code == 127):
         where = docker_host or "the default docker host"
@@ -245,14 +247,14 @@ def run_container(transport: Transport, docker_host: str | None, name: str, imag
     for key, value in env.items():
         if not _ENV_KEY.fullmatch(key) or not _SAFE_FLAG.fullmatch(value):
             raise ValueError(f"environment {key}={value!r}: name must be A-Z, 0-9, '_' and the value plain")
-        env_args += ["-e", f"{key}={value}"]
+        env_args += ["-e", key]  # the value from the docker CLI's environment, not its argv
     run_argv = ["run", "-d", "--name", container, "--pull", "never", "--network", "host",
                 "--ipc", settings.ipc, "--shm-size", settings.shm_size,
                 *(["--gpus", "all"] if gpus > 0 else []), *volumes, *env_args,
                 *(["--entrypoint", entrypoint] if entrypoint else []),
                 "--label", f"{LANE_LABEL}={name}", image_ref, *argv]
     try:
-        r = _docker(transport, docker_host, *run_argv, deadline_s=deadline_s, idempotent=False)
+        r = _docker(transport, docker_host, *run_argv, deadline_s=deadline_s, idempotent=False, env=env)
     except CommandTimeout:
         _docker(transport, docker_host, "rm", "-f", container, deadline_s=60)  # it may have been created
         raise

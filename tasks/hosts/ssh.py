@@ -11,6 +11,10 @@ Why each rule (see tasks/hosts/transport.py for the contract):
 - Every remote command is `shlex.join`ed and run as `setsid -w sh -c WRAPPER sh ARGV...`: the
   wrapper reports its pid (= process group) first, so a command past its deadline, or a server
   being stopped, can be killed as a whole group from a fresh channel.
+- Environment values never ride on the remote command line (`ps` on the host and sshd's logs
+  show it): they are sent on the channel's stdin as `NAME=value` lines ended by an empty line,
+  and the wrapper exports them before running the command (`_READ_ENV`). paramiko's
+  `environment=` would need `AcceptEnv` in every host's sshd_config, so it is not used.
 - A dropped connection leaves a command's fate unknown: it is re-run only when the caller
   declared it idempotent. Opening the connection (nothing has run yet) is always retried.
 """
@@ -50,6 +54,10 @@ if TYPE_CHECKING:
     from tasks.inventory.models import Host
 
 _MARK = b"lanebench-pgid "
+# Prefixed to a wrapper when the command has an environment: export the `NAME=value` lines read
+# from stdin up to an empty line. `read` takes a pipe byte by byte, so the command's own stdin
+# (sent after the block) is left whole.
+_READ_ENV = 'while IFS= read -r kv && [ -n "$kv" ]; do export "$kv"; done; '
 # Run "$@" as a child (not exec), and outlive a group-wide SIGTERM (the no-op trap resets to the
 # default in the child), so the exit code is the child's own, 128+N when a signal killed it
 # (paramiko ignores SSH's exit-signal message).
@@ -97,8 +105,15 @@ def host_key_name(address: str, port: int) -> str:
     return address if port == 22 else f"[{address}]:{port}"
 
 
-def _wrap(wrapper: str, argv: list[str]) -> str:
+def _wrap(wrapper: str, argv: list[str], env: dict[str, str] | None = None) -> str:
+    """The remote command line: the wrapper and argv, never an environment value."""
+    wrapper = _READ_ENV + wrapper if env else wrapper
     return f"exec setsid -w sh -c {shlex.quote(wrapper)} sh {shlex.join(argv)}"
+
+
+def _env_block(env: dict[str, str] | None) -> bytes:
+    """What `_READ_ENV` reads first on stdin (values checked by `check_env`: no newline)."""
+    return "".join(f"{k}={v}\n" for k, v in check_env(env).items()).encode() + b"\n" if env else b""
 
 
 class _FirstLine:
@@ -369,17 +384,19 @@ class SSHTransport(Transport):
     # -- commands -----------------------------------------------------------------------------
 
     def run(self, argv: list[str], *, deadline_s: float = 60.0, idempotent: bool = False,
-            stdin: bytes | None = None, on_output: OutputCallback | None = None) -> CommandResult:
+            stdin: bytes | None = None, on_output: OutputCallback | None = None,
+            env: dict[str, str] | None = None) -> CommandResult:
         """Run argv on the host; `deadline_s` bounds each attempt. Re-run after a dropped connection
-        only when `idempotent`."""
+        only when `idempotent`. `env` goes over stdin, ahead of `stdin`."""
         if not argv:
             raise ValueError("empty argv")
+        env = check_env(env)
         t0 = time.monotonic()
         attempt = 0
         while True:
             attempt += 1
             try:
-                result = self._run_once(argv, deadline_s, stdin, on_output)
+                result = self._run_once(argv, deadline_s, stdin, on_output, env)
                 return result.model_copy(update={"attempts": attempt, "seconds": time.monotonic() - t0})
             except (_NotStarted, _Dropped) as e:
                 started = isinstance(e, _Dropped)
@@ -394,19 +411,20 @@ class SSHTransport(Transport):
                 time.sleep(self._delay(attempt))
 
     def _run_once(self, argv: list[str], deadline_s: float, stdin: bytes | None,
-                  on_output: OutputCallback | None) -> CommandResult:
+                  on_output: OutputCallback | None, env: dict[str, str] | None = None) -> CommandResult:
         conn, chan = self._channel()
         t0 = time.monotonic()
         out, err = StreamText(on_output), StreamText(on_output)
         head = _FirstLine(err)
         try:
             try:
-                chan.exec_command(_wrap(_RUN_WRAPPER, argv))
+                chan.exec_command(_wrap(_RUN_WRAPPER, argv, env))
             except _CONNECTION_FAULTS as e:
                 self._drop(conn)
                 raise _NotStarted(f"{type(e).__name__}: {e}") from None
-            if stdin:
-                threading.Thread(target=_send_stdin, args=(chan, stdin), daemon=True).start()
+            if stdin or env:
+                threading.Thread(target=_send_stdin, args=(chan, _env_block(env) + (stdin or b"")),
+                                 daemon=True).start()
             else:
                 chan.shutdown_write()
             end = t0 + deadline_s
@@ -475,12 +493,13 @@ class SSHTransport(Transport):
             raise ValueError("empty argv")
         check_spawn_name(name)
         env = check_env(env)
-        command = [name, *(["env", *(f"{k}={v}" for k, v in env.items())] if env else []), *argv]
         log_path.parent.mkdir(parents=True, exist_ok=True)
         conn, chan = self._channel()
         try:
             chan.set_combine_stderr(True)
-            chan.exec_command(_wrap(_SPAWN_WRAPPER, command))
+            chan.exec_command(_wrap(_SPAWN_WRAPPER, [name, *argv], env))
+            if env:
+                chan.sendall(_env_block(env))  # read by the wrapper, never on a command line
             chan.shutdown_write()  # the server's stdin sees EOF, as with DEVNULL locally
         except _CONNECTION_FAULTS as e:
             self._drop(conn)

@@ -6,6 +6,10 @@ and teardown read the same whether the host is this machine or a GB300 across th
 Contract (both implementations):
 - `run` executes an argv (never a shell string: each value is quoted with `shlex.join` on
   the way to a remote shell) with a wall-clock deadline, returning exit code and output.
+- `env` (of `run` and `spawn`) never reaches a command line: an argv is visible to every
+  user of the host (`ps`, /proc/PID/cmdline) and a remote one to sshd's logs, and env values
+  carry secrets (`HF_TOKEN`). Locally it is the process's environment; over SSH it is sent
+  on the channel's stdin and exported by the remote wrapper before the command starts.
   A non-zero exit code is a result, not an exception.
 - Connection-level faults (refused, reset, dropped, keepalive timeout) raise
   `TransportError`. `run` retries them with backoff only when the caller declares the
@@ -88,8 +92,10 @@ class Transport(ABC):
 
     @abstractmethod
     def run(self, argv: list[str], *, deadline_s: float = 60.0, idempotent: bool = False,
-            stdin: bytes | None = None, on_output: OutputCallback | None = None) -> CommandResult:
-        """Run argv to completion within the deadline; `on_output` sees stdout/stderr text as it comes."""
+            stdin: bytes | None = None, on_output: OutputCallback | None = None,
+            env: dict[str, str] | None = None) -> CommandResult:
+        """Run argv to completion within the deadline; `on_output` sees stdout/stderr text as it comes;
+        `env` is added to its environment (never to its command line)."""
 
     @abstractmethod
     def spawn(self, argv: list[str], log_path: Path, *, name: str, env: dict[str, str] | None = None) -> Spawned:
@@ -112,11 +118,15 @@ def check_spawn_name(name: str) -> str:
 
 
 def check_env(env: dict[str, str] | None) -> dict[str, str]:
-    """Environment names must be plain identifiers (values are quoted, so any value is safe)."""
+    """Environment names must be plain identifiers; values may hold anything but a newline or NUL
+    (over SSH they travel one `NAME=value` line each on stdin, and no environment holds a NUL)."""
     env = dict(env or {})
-    for key in env:
+    for key, value in env.items():
         if not _ENV_KEY.fullmatch(key):
             raise ValueError(f"environment variable name {key!r} is not a valid identifier")
+        if "\n" in value or "\0" in value:
+            raise ValueError(f"environment variable {key}: its value holds a newline or NUL, which an "
+                             "environment cannot carry safely")
     return env
 
 
@@ -230,11 +240,14 @@ class LocalTransport(Transport):
         self.host_name = host_name
 
     def run(self, argv: list[str], *, deadline_s: float = 60.0, idempotent: bool = False,
-            stdin: bytes | None = None, on_output: OutputCallback | None = None) -> CommandResult:
+            stdin: bytes | None = None, on_output: OutputCallback | None = None,
+            env: dict[str, str] | None = None) -> CommandResult:
         t0 = time.monotonic()
+        full_env = {**os.environ, **check_env(env)} if env else None
         try:
             proc = subprocess.Popen(argv, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                                    env=full_env)
         except OSError as e:
             # What a remote shell reports for the same mistake: 127 not found, 126 not executable.
             code = 127 if isinstance(e, FileNotFoundError) else 126

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from tasks.inventory import secrets
 from tasks.inventory.base import ConfigError, _RefError
 from tasks.inventory.models import Inventory, Lane, load_protocol
 from tasks.inventory.safe_yaml import load_yaml
@@ -63,7 +64,7 @@ def load_inventory(path: str | Path) -> Inventory:
     raw = read_yaml_mapping(path, "pass an existing file with --hosts, or run without --hosts for the rehearsal lane",
                             "'hosts' and 'lanes'", "the shipped hosts.yaml")
     try:
-        return Inventory.model_validate(raw)
+        inventory = Inventory.model_validate(raw)
     except ValidationError as e:
         err = e.errors()[0]
         ctx_err = (err.get("ctx") or {}).get("error")
@@ -84,6 +85,8 @@ def load_inventory(path: str | Path) -> Inventory:
         if more:
             problem += f" (and {more} more problem{'s' if more > 1 else ''} after this one)"
         raise ConfigError(path, field, problem, fix) from None
+    secrets.remember(inventory)  # scrubbed from whatever this process says about any lane from now on
+    return inventory
 
 
 REPO_DIR = Path(__file__).resolve().parents[2]

@@ -88,10 +88,21 @@ def reveal(name: str, lane: Any) -> Any:
     return lane
 
 
+def remember(inventory: Any) -> None:
+    """Know every lane's secret values from the moment the inventory is read, so any text about
+    any lane (an error before its flow starts, another lane's log) can be scrubbed."""
+    for lane in inventory.lanes.values():
+        _VALUES.update(secret_values(lane))
+
+
+def known_values() -> list[str]:
+    """The secret values `scrub` replaces, longest first (a value inside another is not cut in two)."""
+    return sorted((v for v in _VALUES if len(v) >= 4), key=len, reverse=True)
+
+
 def scrub(text: str) -> str:
-    for value in sorted(_VALUES, key=len, reverse=True):
-        if len(value) >= 4:
-            text = text.replace(value, REDACTED)
+    for value in known_values():
+        text = text.replace(value, REDACTED)
     return text
 
 

@@ -132,6 +132,28 @@ def mark_lanes(lanes: dict[str, Any], why: str) -> list[str]:
     return names
 
 
+def record_stop(run: Any, flow: str, e: BaseException | None, names: list[str] | tuple[str, ...] = ()) -> str:
+    """A run stopped by a signal records itself: the run folder `interrupted` (by which signal),
+    every running lane `interrupted` at its stage, every lane of `names` never started said so.
+    The caller still finishes the folder (`run.finish()` keeps this status). Returns the closing
+    message, `<flow> interrupted by SIGINT`, which every flow command prints and maps to 130."""
+    why = signal_name(e)
+    run.manifest.flow["status"] = "interrupted"
+    run.manifest.flow["interrupted_by"] = why
+    mark_lanes(run.manifest.lanes, f"interrupted by {why}")
+    for name in names:  # lanes never started are recorded as such, not left out
+        if name not in run.manifest.lanes:
+            run.lane(name).status, run.lane(name).reason = "interrupted", "not started: the run was interrupted"
+    return f"{flow} interrupted by {why}"
+
+
+def raise_if_stopped() -> None:
+    """Between lanes, arms or candidates: a stop the lane's own error handling swallowed (Prefect
+    may turn the KeyboardInterrupt into another error) still ends the run here."""
+    if stop_requested():
+        raise KeyboardInterrupt(stop_requested())
+
+
 def _sha256(path: Path) -> str:
     h = hashlib.sha256()
     with path.open("rb") as f:

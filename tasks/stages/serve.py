@@ -33,6 +33,7 @@ from tasks.hosts.reclaim import reclaim_leftovers
 from tasks.inventory import secrets
 from tasks.inventory.load import shipped_or_local
 from tasks.inventory.models import CapacityGate, Host, Inventory, Lane
+from tasks.record import prefect_redaction
 from tasks.record.run_folder import LaneRecord, RunFolder
 from tasks.stages.boot import NodeLost, Placement, Server, Worker, boot, read_facts, stop
 from tasks.stages.gates import GateFailed, capacity_gate, counter_gate, scrape_metrics
@@ -41,6 +42,10 @@ from tasks.stages.preflight import Preflight, Reach, model_paths, preflight
 from tasks.stages.safety import (as_gate, effective_findings, explain, implied_gates, pinned_identity,
                                  speculation_gates)
 from tasks.stages import topology
+
+# Every process that serves a lane (nightly, matrix, tools, KL, a deployment's flow run) hands
+# Prefect nothing secret: a failed boot's exception quotes the server's log, which may echo a flag.
+prefect_redaction.install()
 
 
 @dataclass
@@ -208,7 +213,10 @@ def served_lane(run: RunFolder, name: str, lane: Lane, host: Host, base_dir: Pat
         if server is not None:
             run.mark(name, "teardown")
             stop(server)
-            secrets.scrub_file(run.lane_dir(name) / "boot.log")
+        # A boot that failed left its log too (no server to stop): a refused secret flag is echoed there.
+        for log in run.lane_dir(name).glob("*.log"):
+            secrets.scrub_file(log)
+        if server is not None:
             run.register(name, f"{name}/boot.log", "boot-log")
             for worker in [*(lane.rpc.workers if lane.rpc else []), *(n for _, n in topology.worker_ranks(lane))]:
                 if (run.path / name / f"worker-{worker}.log").exists():
