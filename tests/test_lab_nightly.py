@@ -6,6 +6,8 @@ a container pulled by digest from the registry, and `spark-pair`, llama-server o
 layers on an rpc-server on spark2, across the direct link. Each test shows one thing the issue
 asks for: digests and link checks in the manifest; a cut link skips only the lane that needs it;
 a registry that is down fails its lane clearly; and the two-host lane really crosses the link.
+Faults mid-run on the two-host lane (the link cut, its host's sshd killed, its worker killed) end
+it within a bounded time, naming stage and reason, and leave nothing behind.
 """
 
 from __future__ import annotations
@@ -334,3 +336,48 @@ def test_a_link_cut_mid_curve_fails_the_two_host_lane_at_its_deadline_and_the_re
     print(f"\n[reliability] link cut mid curve: lane ended {took:.1f} s after the cut (deadline "
           f"{LAB_DEADLINE_S} s); load {Path('/proc/loadavg').read_text().split()[0]}; reason: {pair['reason'][:200]}")
 
+
+def test_the_lane_hosts_sshd_killed_mid_run_fails_the_lane_and_leaves_nothing(lab, tmp_path):
+    """spark1's sshd (listener and every connection, lanebench's own too) is SIGKILLed while the
+    two-host lane measures: lanebench can no longer ask spark1 after its server, nor stop it. The
+    lane fails at the next check naming the stage and the unreachable host, without a hang, exit 1;
+    teardown still ends (the timeline has `done`), stops what it can reach (spark2's rpc-server) and
+    says what it left on spark1. Once sshd is back, the next run's first step (reclaim, from the
+    pidfile) stops that server: nothing of the lane is left on either host. Records kept, verify passes."""
+    from tasks.hosts.reclaim import reclaim_leftovers
+
+    n = _Nightly(_lab_inventory(lab, tmp_path), tmp_path / "art", "--lane", "spark-pair")
+    try:
+        n.measuring("spark-pair")
+        assert lab.kill_sshd("spark1") >= 2  # the listener and lanebench's connection
+        t0 = time.time()
+        rc, folder = n.wait(timeout=300)
+        took = time.time() - t0
+        reachable_left = _lab_rpc_servers()
+    finally:
+        n.kill()
+        lab.start_sshd("spark1")
+    m = manifest_of(folder)
+    pair = m["lanes"]["spark-pair"]
+    assert rc == 1, n.output()[-3000:]
+    assert pair["status"] == "failed" and pair["reason"].startswith("decode curve: "), pair["reason"]
+    assert "cannot be reached" in pair["reason"] and "spark1" in pair["reason"], pair["reason"]
+    assert took < 90, f"took {took:.1f} s to end"
+    assert reachable_left == []  # spark2, still reachable, has no worker left
+    assert any(w.startswith("teardown: spark1") and "left on its host" in w for w in pair["warnings"]), pair["warnings"]
+    assert _ended(pair) - t0 < took  # teardown ended, it did not raise past the lane
+    assert any(a["path"] == "spark-pair/requests.jsonl" for a in m["artifacts"])
+    verify = run_cli("verify", str(folder))
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+    # sshd back: the next run reclaims what spark1 kept (its server, if it outlived its session).
+    inv = lab.inventory()
+    transports = lab.transports()
+    try:
+        lines = reclaim_leftovers("spark-pair", inv.lanes["spark-pair"], inv.hosts["spark1"], transports, "spark1")
+    finally:
+        for t in transports.values():
+            t.close()
+    assert not any("not done" in line for line in lines), lines
+    assert _lab_engines_left(lab) == []
+    print(f"\n[reliability] sshd killed mid run: ended in {took:.1f} s; "
+          f"load {Path('/proc/loadavg').read_text().split()[0]}; reason: {pair['reason'][:200]}; then {lines}")

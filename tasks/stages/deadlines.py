@@ -25,6 +25,7 @@ import time
 import httpx
 
 from tasks.client.deadline import TTFT_ALLOWANCE_S, floor_tok_s, request_deadline_s  # noqa: F401  (re-exported)
+from tasks.hosts.transport import TransportError
 
 HEALTH_TIMEOUT_S = 5.0
 
@@ -68,13 +69,17 @@ def check_alive(server, engine_health_path: str = "/health", late: Late | None =
 
 
 def _check_alive(server, engine_health_path: str) -> None:  # type: ignore[no-untyped-def]
-    code = server.process.poll()
-    if code is not None:
-        raise ServerDied(f"the server died (exit code {code}); last log lines: "
-                         + " | ".join(server.log().splitlines()[-3:]))
-    for worker in getattr(server, "workers", []):
-        if (wcode := worker.poll()) is not None:
-            raise ServerDied(f"an RPC worker the server depends on died (exit code {wcode}): {' '.join(worker.argv[:1])}")
+    try:  # over SSH, a dropped connection asks the host again: its sshd may be gone
+        code = server.process.poll()
+        if code is not None:
+            raise ServerDied(f"the server died (exit code {code}); last log lines: "
+                             + " | ".join(server.log().splitlines()[-3:]))
+        for worker in getattr(server, "workers", []):
+            if (wcode := worker.poll()) is not None:
+                raise ServerDied(f"an RPC worker the server depends on died (exit code {wcode}): "
+                                 f"{' '.join(worker.argv[:1])}")
+    except TransportError as e:
+        raise ServerDied(f"a host of the lane cannot be reached to ask after its processes ({e})") from None
     try:
         r = httpx.get(server.base_url + engine_health_path, timeout=HEALTH_TIMEOUT_S)
     except httpx.TimeoutException:
