@@ -42,7 +42,7 @@ from tasks.record.rows import GateResult
 from tasks.record.run_folder import LaneRecord, RunFolder, RunFolderWriteError
 from tasks.stages.acceptance import acceptance_probe
 from tasks.stages.boot import NodeLost, Server
-from tasks.stages.deadlines import ServerDied, check_alive
+from tasks.stages.deadlines import Late, ServerDied, check_alive
 from tasks.stages.decode_curve import decode_curve
 from tasks.stages.gates import GateFailed, conservative_cap
 from tasks.stages.limits import with_bandwidth_share
@@ -86,7 +86,14 @@ def lane_flow(lane_name: str, lane: Lane, host: Host, base_dir: Path, run_dir: s
             raise RunFolderWriteError(28, run.write_error)
         run.stage(lane_name, name)
 
-    def keep(rec) -> None:
+    late = Late()  # requests past their wall deadline: the lane ends at the next check, naming it
+
+    def alive() -> None:
+        check_alive(served.server, late=late)
+
+    def keep(rec, judged: bool = True) -> None:
+        if judged:
+            late.note(rec)
         if run.write_error is not None:
             return  # the disk is full: the lane ends at its next step, with that one line
         try:
@@ -129,11 +136,12 @@ def lane_flow(lane_name: str, lane: Lane, host: Host, base_dir: Path, run_dir: s
                 shapes += [(1, c, lane.bench.acceptance.max_tokens) for c in class_prompts]
             warm = warmup(server, lane_name, lane.engine, shapes, {"decode": decode_prompts, **class_prompts}, keep)
             run.write_table(lane_name, "warmup", warm)
+            alive()  # a fault in the last warmup wave is the warmup's
 
             # 6. Decode curve: repeats at each concurrency level, median and spread. Levels declared
             # `beyond_cap: queue` that exceed the server's cap run after it, labelled "queueing".
             stage("decode curve")
-            check_alive(server)
+            alive()
             cap, _ = conservative_cap(served.facts)
             past_cap = [c for c in lane.bench.decode.queue_levels() if cap is None or c > cap]
             for level in sorted(set(lane.bench.decode.queue_levels()) - set(past_cap)):
@@ -142,15 +150,17 @@ def lane_flow(lane_name: str, lane: Lane, host: Host, base_dir: Path, run_dir: s
             plan = lane.bench.decode.model_copy(update={"concurrency": [c for c in lane.bench.decode.concurrency
                                                                         if c not in past_cap]})
             rows = decode_curve(server, lane_name, lane.engine, plan, lane.bench.repeats, decode_prompts,
-                                keep, on_progress=lambda s: (check_alive(server), progress(lane_name, s)),
+                                keep, on_progress=lambda s: (alive(), progress(lane_name, s)),
                                 unstable_spread_pct=lane.bench.unstable_spread_pct)
+            alive()  # the last wave's requests past their deadline end the lane here, not in a table
             model_bytes = next((m["bytes"] for m in record.models if m["role"] == "model"), None)
             rows = with_bandwidth_share(rows, model_bytes, host.memory_gbps)
             queue_rows = []
             if past_cap:
                 stage("queueing levels")
                 queued, queue_rows = queueing_levels(server, lane_name, lane.engine, lane.bench.decode,
-                                                     lane.bench.repeats, decode_prompts, past_cap, cap, rows, keep,
+                                                     lane.bench.repeats, decode_prompts, past_cap, cap, rows,
+                                                     lambda rec: keep(rec, judged=False),  # queued: may wait long
                                                      on_progress=lambda s: progress(lane_name, s))
                 rows = sorted([*rows, *queued], key=lambda r: r.concurrency)
             run.write_table(lane_name, "decode", rows)
@@ -184,7 +194,8 @@ def lane_flow(lane_name: str, lane: Lane, host: Host, base_dir: Path, run_dir: s
                 stage("acceptance probe")
                 acc_rows, silent = acceptance_probe(server, lane_name, lane.engine, lane.speculative.k, class_prompts,
                                                     lane.bench.acceptance.max_tokens, lane.bench.repeats, keep,
-                                                    on_progress=lambda s: (check_alive(server), progress(lane_name, s)))
+                                                    on_progress=lambda s: (alive(), progress(lane_name, s)))
+                alive()
                 for prompt_class in silent:
                     record.warnings.append(f"acceptance probe: class {prompt_class} had no verification step")
                 record.flags += [f.model_dump(mode="json") for f in acceptance_findings(lane, acc_rows)]

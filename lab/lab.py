@@ -298,6 +298,32 @@ class Lab:
                 return
             time.sleep(0.05)
 
+    # ---- a host's sshd killed, and started again ------------------------------------------------
+    def kill_sshd(self, host: str) -> int:
+        """SIGKILL a host's sshd, its listener and every connection it serves (what an OOM kill or
+        `pkill -9 sshd` does): clients lose their sessions and cannot reconnect. The processes the
+        sessions started are left as they are. Returns how many sshd processes were killed."""
+        import signal
+
+        from lab.sshd import _comm
+
+        pid = int(self.state()["processes"][f"sshd-{host}"])
+        victims = [p for p in procs.descendants([pid]) if _comm(p) in ("sshd", "sshd-session")]
+        procs.signal_all([pid, *victims], signal.SIGKILL)
+        for daemon in self._live:  # reap it if this process started it
+            if getattr(daemon, "pid", None) == pid and getattr(daemon, "_proc", None) is not None:
+                daemon._proc.wait(timeout=10)
+        return 1 + len(victims)
+
+    def start_sshd(self, host: str) -> None:
+        """Start a host's sshd again (the same host key, so known_hosts still holds)."""
+        from lab.sshd import start_sshd
+
+        old = self.state().get("processes", {}).get(f"sshd-{host}")
+        sshd = start_sshd(self.dir / host / "sshd", HOSTS[host], SSH_PORT, self.dir / "authorized_keys", netns=host)
+        self._live = [d for d in self._live if getattr(d, "pid", None) != old] + [sshd]
+        self._record(processes={f"sshd-{host}": sshd.pid})
+
     # ---- faults for tests: the registry down, an image the host does not have ----------------
     def stop_registry(self) -> None:
         """Take the lab registry down (its storage stays): a pull that needs it must fail clearly."""

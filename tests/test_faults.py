@@ -16,7 +16,7 @@ import pytest
 from tests.conftest import llama_server_pid, shipped_inventory, write_inventory
 from tests.fault_lane import Nightly, kill, pidfile_pid, tiny_inventory, uvicorn_servers_of, verify, wait_for
 
-PORTS = range(18190, 18198)
+PORTS = range(18190, 18199)
 
 
 def _started_by(pid: int, tmp_path: Path) -> bool:
@@ -211,6 +211,58 @@ def test_server_killed_mid_curve_is_named(tmp_path, llama_bin):
     assert lane["status"] == "failed" and "server died" in lane["reason"] and "metric" not in lane["reason"], lane
     assert verify(n.folder).returncode == 0 and _records(n.folder) >= 1
     print(f"\n[reliability] server killed: ended in {time.monotonic() - t0:.1f} s; reason: {lane['reason'][:80]}")
+
+
+def _state(pid: int) -> str | None:
+    """A process's state letter (T: stopped, Z: zombie), None once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def test_server_stopped_mid_curve_ends_at_the_deadline(tmp_path, llama_bin):
+    """The server is SIGSTOPped with a decode request in flight (its 30 s SSE pings stop too, but
+    even a pinging stream never trips a read timeout): the request ends at the lane's declared wall
+    deadline, the next check finds the health silent, and the lane fails naming the stage, the
+    deadline and the stopped server; the stopped server is torn down (it acts on SIGTERM only once
+    continued) and nothing is left; the records so far, the late one among them, are kept, exit 1."""
+    port, deadline = PORTS[8], 12
+    bench = {"repeats": 1, "decode": {"concurrency": [1, 2, 3], "max_tokens": 48, "requests_per_stream": 3,
+                                      "deadline_s": deadline, "prompts": "testbed/prompts/prose.jsonl"}}
+    n = Nightly(tiny_inventory(tmp_path, port, bench=bench), tmp_path / "artifacts", tmp_path / "prefect")
+    folder = n.wait_stage(("decode curve",))
+    server = wait_for(lambda: pidfile_pid("rehearsal", port), 10, "the server's pidfile")
+    # The first record of a stream of three: the stream's next request is on its way.
+    wait_for(lambda: _decode_records(folder) >= 1, 120, "a first decode record", step=0.02)
+    kill(server, signal.SIGSTOP)
+    t0, stopped_at = time.monotonic(), time.time()
+    wait_for(lambda: _state(server) == "T", 5, "the server to be stopped", step=0.01)  # delivered asynchronously
+    rc = n.wait(timeout=120)
+    took = time.monotonic() - t0
+    out = n.output()
+    assert rc == 1, out
+    m = n.manifest()
+    lane = m["lanes"]["rehearsal"]
+    assert lane["status"] == "failed" and lane["reason"].startswith("decode curve: "), lane
+    assert f"{deadline} s wall deadline" in lane["reason"] and "stopped answering" in lane["reason"], lane["reason"]
+    assert took < deadline + 45, f"took {took:.1f} s to end"
+    late = [json.loads(line) for line in (n.folder / "rehearsal" / "requests.jsonl").read_text().splitlines()]
+    assert any((r["error"] or "").startswith("deadline:") and r["stage"] == "decode" for r in late)
+    assert any(a["path"] == "rehearsal/requests.jsonl" for a in m["artifacts"])
+    assert verify(n.folder).returncode == 0, verify(n.folder).stdout
+    assert _state(server) is None and llama_server_pid(port) is None  # gone, not left stopped
+    lane_took = next(t["at"] for t in lane["timeline"] if t["stage"] == "done") - stopped_at
+    print(f"\n[reliability] server stopped: lane torn down in {lane_took:.1f} s, process ended in {took:.1f} s "
+          f"(deadline {deadline} s), "
+          f"{_records(n.folder)} records kept; load {Path('/proc/loadavg').read_text().split()[0]}; "
+          f"reason: {lane['reason'][:160]}")
+
+
+def _decode_records(folder: Path) -> int:
+    path = folder / "rehearsal" / "requests.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return sum('"stage":"decode"' in line for line in lines)
 
 
 @pytest.fixture

@@ -6,6 +6,8 @@ a container pulled by digest from the registry, and `spark-pair`, llama-server o
 layers on an rpc-server on spark2, across the direct link. Each test shows one thing the issue
 asks for: digests and link checks in the manifest; a cut link skips only the lane that needs it;
 a registry that is down fails its lane clearly; and the two-host lane really crosses the link.
+Faults mid-run on the two-host lane (the link cut, its host's sshd killed, its worker killed) end
+it within a bounded time, naming stage and reason, and leave nothing behind.
 """
 
 from __future__ import annotations
@@ -237,3 +239,145 @@ bars: {{max_mean_abs_dlogprob: 0.02}}
     assert pair["host_lock"]["limit"] == "gpu:spark1,gpu:spark2" and container["host_lock"]["limit"] == "gpu:gb300"
     assert m["flow"]["kl"]["positions"] > 0
     assert _engines_left(lab) == []
+
+
+# ---- faults mid-run on the two-host lane: the link cut, the lane host's sshd killed -----------------
+
+LAB_DEADLINE_S = 15  # the two-host lane's declared request deadline in these tests (its derived one is 62 s)
+
+
+def _lab_inventory(lab, folder: Path) -> Path:
+    """hosts.lab.yaml with the Spark pair's decode requests under a short declared wall deadline."""
+    import yaml
+
+    from conftest import write_inventory
+
+    inv = yaml.safe_load(lab.inventory_path.read_text())
+    inv["lanes"]["spark-pair"]["bench"]["decode"]["deadline_s"] = LAB_DEADLINE_S
+    return write_inventory(folder, inv)
+
+
+class _Nightly:
+    """`lanebench nightly` running in the background, its output in a file (a pipe could fill and stall it)."""
+
+    def __init__(self, hosts: Path, artifacts: Path, *extra: str) -> None:
+        import sys
+
+        from conftest import REPO
+
+        self.artifacts, self.log = artifacts, artifacts.parent / "nightly.out"
+        self._out = self.log.open("w")
+        self.proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "nightly", "--hosts", str(hosts),
+                                      "--artifacts", str(artifacts), *extra], cwd=REPO, stdout=self._out,
+                                     stderr=subprocess.STDOUT, text=True)
+
+    def output(self) -> str:
+        return self.log.read_text()
+
+    def measuring(self, lane: str, timeout: float = 420) -> None:
+        """Wait until the lane's decode curve has kept a record (warmup and boot gates are behind it)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, f"the nightly ended early:\n{self.output()[-3000:]}"
+            for path in self.artifacts.glob(f"*/{lane}/requests.jsonl"):
+                if '"stage":"decode"' in path.read_text():
+                    return
+            time.sleep(0.1)
+        raise AssertionError(f"{lane} never started its decode curve")
+
+    def wait(self, timeout: float) -> tuple[int, Path]:
+        rc = self.proc.wait(timeout)
+        self._out.close()
+        return rc, Path(self.output().strip().splitlines()[-1].removeprefix("run folder: "))
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def _lab_engines_left(lab) -> list[str]:
+    """Engine containers on gb300, engine processes of the lab (this machine is shared with other runs)."""
+    return [e for e in _engines_left(lab) if not e.startswith("pid ") or _on_the_lab(int(e.split()[1]))]
+
+
+def _ended(lane: dict) -> float:
+    """When the lane's teardown ended (seconds since the epoch)."""
+    return next(m["at"] for m in lane["timeline"] if m["stage"] == "done")
+
+
+def test_a_link_cut_mid_curve_fails_the_two_host_lane_at_its_deadline_and_the_rest_runs(lab, tmp_path):
+    """The direct link is cut once the two-host lane is measuring (past preflight, boot and warmup):
+    llama-server on spark1 waits on its RPC worker for ever and still answers its health, so only the
+    request deadline can end it. The lane fails naming the stage and the deadline within a bounded
+    time, its records are kept and listed (verify passes), the container lane of the same nightly
+    passes, and no engine process or container is left on any host. One boot per lane."""
+    n = _Nightly(_lab_inventory(lab, tmp_path), tmp_path / "art")
+    try:
+        n.measuring("spark-pair")
+        lab.cut_link()
+        cut = time.time()
+        rc, folder = n.wait(timeout=420)
+    finally:
+        n.kill()
+        lab.restore_link()
+    m = manifest_of(folder)
+    pair, gb300 = m["lanes"]["spark-pair"], m["lanes"]["gb300-container"]
+    assert rc == 1, n.output()[-3000:]
+    assert pair["status"] == "failed" and pair["reason"].startswith("decode curve: "), pair["reason"]
+    assert f"ran past the {LAB_DEADLINE_S} s wall deadline" in pair["reason"], pair["reason"]
+    took = _ended(pair) - cut
+    assert took < LAB_DEADLINE_S + 60, f"the lane took {took:.1f} s to end after the cut"
+    assert gb300["status"] == "passed", gb300["reason"]  # the other lane of the night still ran
+    assert any(a["path"] == "spark-pair/requests.jsonl" for a in m["artifacts"])
+    verify = run_cli("verify", str(folder))
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+    assert _lab_engines_left(lab) == []
+    print(f"\n[reliability] link cut mid curve: lane ended {took:.1f} s after the cut (deadline "
+          f"{LAB_DEADLINE_S} s); load {Path('/proc/loadavg').read_text().split()[0]}; reason: {pair['reason'][:200]}")
+
+
+def test_the_lane_hosts_sshd_killed_mid_run_fails_the_lane_and_leaves_nothing(lab, tmp_path):
+    """spark1's sshd (listener and every connection, lanebench's own too) is SIGKILLed while the
+    two-host lane measures: lanebench can no longer ask spark1 after its server, nor stop it. The
+    lane fails at the next check naming the stage and the unreachable host, without a hang, exit 1;
+    teardown still ends (the timeline has `done`), stops what it can reach (spark2's rpc-server) and
+    says what it left on spark1. Once sshd is back, the next run's first step (reclaim, from the
+    pidfile) stops that server: nothing of the lane is left on either host. Records kept, verify passes."""
+    from tasks.hosts.reclaim import reclaim_leftovers
+
+    n = _Nightly(_lab_inventory(lab, tmp_path), tmp_path / "art", "--lane", "spark-pair")
+    try:
+        n.measuring("spark-pair")
+        assert lab.kill_sshd("spark1") >= 2  # the listener and lanebench's connection
+        t0 = time.time()
+        rc, folder = n.wait(timeout=300)
+        took = time.time() - t0
+        reachable_left = _lab_rpc_servers()
+    finally:
+        n.kill()
+        lab.start_sshd("spark1")
+    m = manifest_of(folder)
+    pair = m["lanes"]["spark-pair"]
+    assert rc == 1, n.output()[-3000:]
+    assert pair["status"] == "failed" and pair["reason"].startswith("decode curve: "), pair["reason"]
+    assert "cannot be reached" in pair["reason"] and "spark1" in pair["reason"], pair["reason"]
+    assert took < 90, f"took {took:.1f} s to end"
+    assert reachable_left == []  # spark2, still reachable, has no worker left
+    assert any(w.startswith("teardown: spark1") and "left on its host" in w for w in pair["warnings"]), pair["warnings"]
+    assert _ended(pair) - t0 < took  # teardown ended, it did not raise past the lane
+    assert any(a["path"] == "spark-pair/requests.jsonl" for a in m["artifacts"])
+    verify = run_cli("verify", str(folder))
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+    # sshd back: the next run reclaims what spark1 kept (its server, if it outlived its session).
+    inv = lab.inventory()
+    transports = lab.transports()
+    try:
+        lines = reclaim_leftovers("spark-pair", inv.lanes["spark-pair"], inv.hosts["spark1"], transports, "spark1")
+    finally:
+        for t in transports.values():
+            t.close()
+    assert not any("not done" in line for line in lines), lines
+    assert _lab_engines_left(lab) == []
+    print(f"\n[reliability] sshd killed mid run: ended in {took:.1f} s; "
+          f"load {Path('/proc/loadavg').read_text().split()[0]}; reason: {pair['reason'][:200]}; then {lines}")

@@ -130,6 +130,16 @@ def test_wall_deadline_fires_on_a_stream_kept_alive_by_pings(fake):
     assert fine.ok
 
 
+def test_a_request_past_its_deadline_ends_the_wave_without_new_requests(fake):
+    """A stopped server stalls every request: the stream sends no more after the first ran past its
+    deadline (the lane ends at its next check), so the fault costs one deadline, not one per request."""
+    url, _ = fake
+    t = time.perf_counter()
+    result = run_wave(url, VLLM, _wave(1, 3, deadline_s=0.6), _prompts("#fault=stall"))
+    assert time.perf_counter() - t < 1.5
+    assert len(result.records) == 1 and result.records[0].error.startswith("deadline:")
+
+
 def test_open_loop_keeps_its_schedule_under_a_ceiling(fake):
     url, _ = fake
     wave = _wave(2, 5, max_tokens=8, rate=40.0, arrival="constant")

@@ -352,6 +352,23 @@ def test_ssh_spawn_poll_stop(shared_sshd, make_ssh, tmp_path, token):
     spawned.stop()  # idempotent
 
 
+@pytest.mark.parametrize("where", ["local", "ssh"])
+def test_a_stopped_group_is_stopped_without_waiting_out_the_grace(where, shared_sshd, make_ssh, tmp_path, token):
+    """A server SIGSTOPped (hung, or stopped by hand) holds SIGTERM until it is continued: stop
+    continues it, so it ends on SIGTERM at once rather than after the whole grace and a SIGKILL."""
+    transport = LocalTransport() if where == "local" else make_ssh(shared_sshd)
+    spawned = transport.spawn(["sh", "-c", f"sleep {token} & sleep {token}; wait"], tmp_path / "s.log",
+                              name=f"test-{uuid.uuid4().hex[:8]}")
+    end = time.monotonic() + 5
+    while len(procs_with(f"sleep {token}", exact=True)) < 2 and time.monotonic() < end:
+        time.sleep(0.05)
+    os.killpg(spawned.pid, signal.SIGSTOP)
+    t0 = time.monotonic()
+    spawned.stop(grace_s=30.0)
+    assert time.monotonic() - t0 < 10.0, "the stopped group waited out its grace"
+    assert wait_gone(token) == [] and not group_alive(spawned.pid)
+
+
 def test_ssh_spawn_reports_its_exit_code(shared_sshd, make_ssh, tmp_path):
     ssh = make_ssh(shared_sshd)
     spawned = ssh.spawn(["sh", "-c", "echo bye; exit 4"], tmp_path / "s.log", name=f"test-{uuid.uuid4().hex[:8]}")

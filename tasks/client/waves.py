@@ -9,7 +9,9 @@ connections are reused; the wave records how many it opened.
 Clocks (docs/metrics.md): send time is taken just before the request's bytes are written, after
 any connect (timed apart); each read is stamped as it returns, and only then are its events
 split and parsed (overlapping the wait for the next read). A wall deadline, not a read timeout, bounds each request: llama-server
-pings an idle stream every 30 s, so a read timeout would never fire.
+pings an idle stream every 30 s, so a read timeout would never fire. Once a request has run past
+it, the wave sends no new request (those in flight end by their own deadlines): the lane ends at
+its next check, so a fault costs one request deadline, not one per request left in the stream.
 
 While a wave runs, a probe measures the event loop's lag and the process's CPU: a client that
 is itself the bottleneck says so (WaveResult.client_saturated) instead of reporting its own
@@ -97,6 +99,7 @@ class _Client:
         self.engine, self.wave = engine, wave
         self.pool = http.Pool(self.host, self.port, wave.concurrency)
         self.t0 = time.perf_counter()
+        self.late = False  # a request ran past its wall deadline: send no more
 
     async def _exchange(self, payload: bytes, sink: Callable[[float, bytes], None],
                         sent: Callable[[float], None]) -> tuple[http.Response, float, float | None, bool]:
@@ -147,6 +150,7 @@ class _Client:
                 resp, t_send, connect_s, reused = await self._exchange(payload, sink, sent)
         except TimeoutError:
             error = f"deadline: no complete response within {wave.deadline_s:g} s (wall clock)"
+            self.late = True
         except (OSError, http.HTTPError, asyncio.IncompleteReadError) as e:
             error = f"{type(e).__name__}: {e}"
         if error is not None and acc.out.error is not None:
@@ -208,6 +212,8 @@ async def _run_wave(base_url: str, engine: Engine, wave: Wave, prompts: list[Pro
         if shape.stagger_s:
             await asyncio.sleep(i * shape.stagger_s)
         for j in range(wave.requests_per_stream):
+            if client.late:
+                return
             keep(await client.request(prompts[(i * wave.requests_per_stream + j) % len(prompts)], i, None))
 
     async def open_loop() -> None:
@@ -216,6 +222,8 @@ async def _run_wave(base_url: str, engine: Engine, wave: Wave, prompts: list[Pro
         async def one(k: int, at: float) -> None:
             t = time.perf_counter()
             async with ceiling:
+                if client.late:
+                    return
                 keep(await client.request(prompts[k % len(prompts)], None, at, time.perf_counter() - t))
 
         tasks = []

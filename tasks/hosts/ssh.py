@@ -79,6 +79,7 @@ case "$g" in ''|*[!0-9]*) exit 3;; esac
 [ "$g" -gt 1 ] || exit 3
 kill -0 -"$g" 2>/dev/null || { unrecord; exit 3; }
 kill -TERM -"$g" 2>/dev/null
+kill -CONT -"$g" 2>/dev/null  # a stopped (SIGSTOP) group acts on SIGTERM only once continued
 i=0
 while kill -0 -"$g" 2>/dev/null; do
   [ "$i" -eq "$n" ] && kill -KILL -"$g" 2>/dev/null

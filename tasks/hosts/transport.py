@@ -201,6 +201,7 @@ def _group_alive(pgid: int) -> bool:
 def _stop_group(pgid: int, grace_s: float) -> None:
     """SIGTERM a process group, SIGKILL it after `grace_s` if anything in it still runs."""
     _killpg(pgid, signal.SIGTERM)
+    _killpg(pgid, signal.SIGCONT)  # a stopped (SIGSTOP) process acts on SIGTERM only once continued
     end = time.monotonic() + grace_s
     while _group_alive(pgid) and time.monotonic() < end:
         time.sleep(0.05)
@@ -222,6 +223,7 @@ class LocalSpawned(Spawned):
     def stop(self, grace_s: float = 10.0) -> None:
         if self.proc.poll() is None:
             _killpg(self.pid, signal.SIGTERM)
+            _killpg(self.pid, signal.SIGCONT)  # a stopped server would hold SIGTERM for the whole grace
             try:
                 self.proc.wait(timeout=grace_s)
             except subprocess.TimeoutExpired:

@@ -9,7 +9,11 @@ with the stage and the reason, and the other lanes go on. llama-server sends an 
 - wave deadline = requests per stream x request deadline + slack (streams run side by side);
 - between waves, the server is checked (`check_alive`): process gone, or health not answering
   within seconds, ends the lane naming what happened, instead of sending the remaining waves
-  to a dead server and blaming the next metrics scrape.
+  to a dead server and blaming the next metrics scrape;
+- a request that ran past its wall deadline ends the lane at the next check (between waves, and
+  after each measuring stage, so a fault in the last wave is caught too), naming the deadline
+  and what the check found: a stopped server's health goes silent, but a server hung on a cut
+  link or a lost worker still answers its health, so the deadline is the only witness.
 
 The client (tasks/client/waves.py) takes the request deadline; these functions derive it.
 """
@@ -22,6 +26,7 @@ import httpx
 
 from tasks.client.control import control
 from tasks.client.deadline import TTFT_ALLOWANCE_S, floor_tok_s, request_deadline_s  # noqa: F401  (re-exported)
+from tasks.hosts.transport import TransportError
 
 HEALTH_TIMEOUT_S = 5.0
 
@@ -34,15 +39,48 @@ class ServerDied(RuntimeError):
     """The lane's server is gone or not answering: the lane ends here, with this reason."""
 
 
-def check_alive(server, engine_health_path: str = "/health") -> None:  # type: ignore[no-untyped-def]
-    """Raise ServerDied when the server's process has exited or its health does not answer in time."""
-    code = server.process.poll()
-    if code is not None:
-        raise ServerDied(f"the server died (exit code {code}); last log lines: "
-                         + " | ".join(server.log().splitlines()[-3:]))
-    for worker in getattr(server, "workers", []):
-        if (wcode := worker.poll()) is not None:
-            raise ServerDied(f"an RPC worker the server depends on died (exit code {wcode}): {' '.join(worker.argv[:1])}")
+class Late:
+    """The lane's requests that ran past their wall deadline, noted as the records arrive."""
+
+    def __init__(self) -> None:
+        self.count, self.deadline_s = 0, 0.0
+
+    def note(self, record) -> None:  # type: ignore[no-untyped-def]
+        if record.error and record.error.startswith("deadline:"):
+            self.count += 1
+            self.deadline_s = record.deadline_s or 0.0
+
+    def words(self) -> str:
+        many = f"{self.count} requests" if self.count > 1 else "a request"
+        return f"{many} ran past the {self.deadline_s:g} s wall deadline"
+
+
+def check_alive(server, engine_health_path: str = "/health", late: Late | None = None) -> None:  # type: ignore[no-untyped-def]
+    """Raise ServerDied when the server's process has exited or its health does not answer in time;
+    with `late` holding requests past their deadline, raise in any case, naming the deadline."""
+    try:
+        _check_alive(server, engine_health_path)
+    except ServerDied as e:
+        if late is not None and late.count:
+            raise ServerDied(f"{late.words()}; {e}") from None
+        raise
+    if late is not None and late.count:
+        raise ServerDied(f"{late.words()}, though the server answers its health: hung (a worker or its link "
+                         "gone), or too slow for that deadline")
+
+
+def _check_alive(server, engine_health_path: str) -> None:  # type: ignore[no-untyped-def]
+    try:  # over SSH, a dropped connection asks the host again: its sshd may be gone
+        code = server.process.poll()
+        if code is not None:
+            raise ServerDied(f"the server died (exit code {code}); last log lines: "
+                             + " | ".join(server.log().splitlines()[-3:]))
+        for worker in getattr(server, "workers", []):
+            if (wcode := worker.poll()) is not None:
+                raise ServerDied(f"an RPC worker the server depends on died (exit code {wcode}): "
+                                 f"{' '.join(worker.argv[:1])}")
+    except TransportError as e:
+        raise ServerDied(f"a host of the lane cannot be reached to ask after its processes ({e})") from None
     try:
         r = control().get(server.base_url + engine_health_path, timeout=HEALTH_TIMEOUT_S)
     except httpx.TimeoutException:

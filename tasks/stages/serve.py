@@ -27,9 +27,10 @@ from tasks.correctness.smoke import smoke_gate
 from tasks.correctness.thinking import thinking_check
 from tasks.engines import engine_for
 from tasks.engines.facts import BootFacts
-from tasks.hosts.containers import image_pull
+from tasks.hosts.containers import container_name, image_pull
 from tasks.hosts.gpu import gpu_facts, idle_gpu_gate, server_gpu_memory
-from tasks.hosts.reclaim import reclaim_leftovers
+from tasks.hosts.reclaim import reclaim_leftovers, server_spawn_name
+from tasks.hosts.transport import TransportError
 from tasks.inventory import secrets
 from tasks.inventory.load import shipped_or_local
 from tasks.inventory.models import CapacityGate, Host, Inventory, Lane
@@ -212,7 +213,15 @@ def served_lane(run: RunFolder, name: str, lane: Lane, host: Host, base_dir: Pat
     finally:
         if server is not None:
             run.mark(name, "teardown")
-            stop(server)
+            try:
+                stop(server)
+            except TransportError as e:  # its host cannot be reached (sshd gone): say what is left where
+                what = f"container {container_name(name)}" if server.image else \
+                    f"pidfile {server_spawn_name(name, lane)}.pid"
+                left = (f"teardown: {e}; the server is left on its host ({what}): the next run that reaches "
+                        "the host stops it before preflight")
+                record.warnings.append(left)
+                progress(name, left)
         # A boot that failed left its log too (no server to stop): a refused secret flag is echoed there.
         for log in run.lane_dir(name).glob("*.log"):
             secrets.scrub_file(log)
