@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+import json
+import re
 
 import pandas as pd
 import pytest
@@ -86,7 +88,11 @@ def test_report_shows_the_tables(nightly_run):
     report = (folder / "report.md").read_text()
     for heading in ("## Lanes", "### Warmup", "### Decode curve", "### Speculative acceptance"):
         assert heading in report
-    assert "| rehearsal | **passed** |" in report
+    # Passed; a flag here may only be the host's noise (a box shared with other work), never a
+    # declared-vs-effective mismatch on the shipped lane.
+    assert re.search(r"\| rehearsal \| \*\*passed\*\*( \(\d+ flagged\))? \|", report), report[:1500]
+    flags = json.loads((folder / "manifest.json").read_text())["lanes"]["rehearsal"]["flags"]
+    assert {f["check"] for f in flags} <= {"warmup noise", "unstable"}, flags
 
 
 def _lane_variant(tmp_path, **changes) -> tuple:
