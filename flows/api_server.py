@@ -71,18 +71,11 @@ def _configured_elsewhere() -> bool:
 
 
 def stop(launched: tuple[subprocess.Popen, str] | None) -> None:
-    """Stop a launched server that will not be used (bad input found after the launch)."""
+    """Stop a launched server (its own session, so its process group): `lanebench serve`'s stop."""
     if launched is not None:
-        _terminate(launched[0])
+        from flows.deployments import stop as stop_group
 
-
-def _terminate(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+        stop_group(launched[0], grace_s=10)
 
 
 @contextlib.contextmanager
@@ -118,4 +111,4 @@ def api_server(launched: tuple[subprocess.Popen, str] | None = None, timeout_s: 
             from prefect.events.worker import EventsWorker
 
             EventsWorker.drain_all(timeout=5)
-        _terminate(proc)
+        stop(launched)

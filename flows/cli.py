@@ -41,10 +41,7 @@ def _quiet_prefect() -> None:
     logging.getLogger("great_expectations").setLevel(logging.WARNING)
 
 
-_LAUNCH_NOW: Any = object()
-
-
-def run_flow(flow: str, build: Callable[[], Any], artifacts: Path, launched: Any = _LAUNCH_NOW,
+def run_flow(flow: str, build: Callable[[], Any], artifacts: Path, launched: tuple[Any, str] | None = None,
              **params: Any) -> tuple[Any, Path | None]:
     """Call a flow the way every flow command does; returns its final state and its run folder.
 
@@ -59,15 +56,13 @@ def run_flow(flow: str, build: Callable[[], Any], artifacts: Path, launched: Any
     _quiet_prefect()
     from flows.api_server import api_server, launch
 
-    if launched is _LAUNCH_NOW:
-        launched = launch()  # sets the host lock's lease storage for the server first
-    import tasks.hosts.lock  # noqa: F401
+    launched = launched or launch()  # None again when PREFECT_API_URL names a server
     from tasks.record.interrupted import install_stop_handlers
     from tasks.record.prefect_redaction import install
     from tasks.record.progress import run_folder_of
 
     install_stop_handlers()
-    install()
+    install()  # before the flow run exists: its creation and first states are scrubbed too
     call = build()
     with api_server(launched):
         state = call(**params, return_state=True)

@@ -23,7 +23,7 @@ from pydantic import BaseModel
 
 from tasks.hosts.lock import Hold, host_lock
 from tasks.inventory import secrets
-from tasks.record.interrupted import interrupts, mark_lanes, signal_name, stop_requested
+from tasks.record.interrupted import interrupts, mark_lanes, raise_if_stopped, signal_name, stop_requested
 from tasks.inventory.models import Host, Inventory, Lane
 from tasks.record.progress import progress
 from tasks.record.run_folder import RunFolder
@@ -104,8 +104,7 @@ def run_lanes(run: RunFolder, jobs: list[LaneJob]) -> None:
     if len(queues) <= 1:  # one host: no thread needed, lanes in the order given
         for job in jobs:
             run_lane(str(run.path), job)
-            if stop_requested():
-                raise KeyboardInterrupt(stop_requested())
+            raise_if_stopped()
         return
     futures = [host_queue.submit(str(run.path), host, queue) for host, queue in queues.items()]
     for future in futures:

@@ -27,7 +27,7 @@ from tasks.record.run_folder import RunFolder
 from tasks.inventory.load import load_inventory
 from tasks.record.expectations import warm_up
 from tasks.record.notify import on_failure
-from tasks.record.interrupted import interrupts, reclaim_dead_runs, record_stop, refresh_marked, stop_requested
+from tasks.record.interrupted import interrupts, raise_if_stopped, reclaim_dead_runs, record_stop, refresh_marked
 from tasks.record.progress import progress, say
 from tasks.record.regression import LaneComparison, RegressionPolicy, describe
 from tasks.record import plots
@@ -151,8 +151,7 @@ def nightly(hosts: str = "hosts.yaml", lanes: list[str] | None = None, artifacts
         # Lanes on different hosts measure side by side; each host's lanes one at a time.
         run_lanes(run, [LaneJob(name=name, lane=inventory.lanes[name], host=inventory.hosts[inventory.lanes[name].host],
                                 base_dir=str(inventory_path.parent), inventory=inventory) for name in names])
-        if stop_requested():
-            raise KeyboardInterrupt(stop_requested())
+        raise_if_stopped()
     except interrupts() as e:
         stopped = e
         stop_message = record_stop(run, "nightly", e, names)
