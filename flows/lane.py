@@ -36,6 +36,7 @@ from tasks.correctness.needles import needle_ladder
 from tasks.correctness.tool_gate import tool_gate
 from tasks.inventory.models import Host, Inventory, Lane
 from tasks.inventory import secrets
+from tasks.record.expectations import warmed_up
 from tasks.record.interrupted import stop_requested
 from tasks.record.progress import progress
 from tasks.record.rows import GateResult
@@ -131,6 +132,7 @@ def lane_flow(lane_name: str, lane: Lane, host: Host, base_dir: Path, run_dir: s
 
             # 5. Warmup: every batch shape a bench will use, first hit recorded apart.
             stage("warmup")
+            warmed_up()  # GX and matplotlib finish loading before the first measured request
             shapes = [(c, "decode", lane.bench.decode.max_tokens) for c in lane.bench.decode.concurrency]
             if lane.bench.acceptance is not None:
                 shapes += [(1, c, lane.bench.acceptance.max_tokens) for c in class_prompts]
