@@ -13,6 +13,12 @@ from pathlib import Path
 from tests.conftest import REPO, shipped_inventory, write_inventory
 
 
+# A decode curve that runs for seconds, not tenths: a fault injected after its first decode record
+# lands mid-curve even on a quick idle box (CI once saw the tiny curve end before the kill).
+LONG_CURVE = {"repeats": 1, "decode": {"concurrency": [1, 2, 3], "max_tokens": 64, "requests_per_stream": 4,
+                                       "prompts": "testbed/prompts/prose.jsonl"}}
+
+
 def tiny_inventory(folder: Path, port: int, **lane_update) -> Path:
     inv = shipped_inventory()
     lane = inv["lanes"]["rehearsal"]

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import llama_server_pid, shipped_inventory, write_inventory
-from tests.fault_lane import Nightly, kill, pidfile_pid, tiny_inventory, uvicorn_servers_of, verify, wait_for
+from tests.fault_lane import LONG_CURVE, Nightly, kill, pidfile_pid, tiny_inventory, uvicorn_servers_of, verify, wait_for
 
 PORTS = range(18190, 18199)
 
@@ -65,7 +65,7 @@ def test_interrupt_tears_down_and_marks_interrupted(tmp_path, llama_bin, how):
     (its own session) outlived the signal to report the end, then stopped."""
     port = PORTS[0] if how.startswith("SIGINT") else PORTS[1]
     home = tmp_path / "prefect"
-    n = Nightly(tiny_inventory(tmp_path, port), tmp_path / "artifacts", home)
+    n = Nightly(tiny_inventory(tmp_path, port, bench=LONG_CURVE), tmp_path / "artifacts", home)
     folder = n.wait_stage(("warmup", "decode curve"))
     assert pidfile_pid("rehearsal", port) is not None
     t0 = time.monotonic()
@@ -128,13 +128,13 @@ def test_sigkill_then_next_night_reclaims_and_keeps_secrets_out(tmp_path, llama_
     slots = tmp_path / "slots-c04e19d7b3"  # a flag whose value llama-server checks (an existing folder)
     slots.mkdir()
     flag_value = str(slots)
-    hosts = tiny_inventory(tmp_path, port, env={"HF_TOKEN": token, "PLAIN_NAME": declared},
+    hosts = tiny_inventory(tmp_path, port, bench=LONG_CURVE, env={"HF_TOKEN": token, "PLAIN_NAME": declared},
                            flags=["--spec-draft-n-min", "0", "--slot-save-path", flag_value],
                            secrets=["PLAIN_NAME", "--slot-save-path"])
     home = tmp_path / "prefect"
     first = Nightly(hosts, tmp_path / "artifacts", home)
     dead = first.wait_stage(("decode curve",))
-    wait_for(lambda: _records(dead) >= 1, 60, "a first decode record")
+    wait_for(lambda: _decode_records(dead) >= 1, 60, "a first decode record", step=0.02)
     first.proc.kill()  # SIGKILL to lanebench alone: no teardown runs
     first.wait(timeout=30)
     orphan = wait_for(lambda: llama_server_pid(port), 10, "the orphaned server")
@@ -199,9 +199,9 @@ def test_server_killed_mid_curve_is_named(tmp_path, llama_bin):
     """The server dies mid decode curve: the lane fails at once naming the dead server (not a
     metrics scrape), the records so far are kept and listed, exit 1."""
     port = PORTS[3]
-    n = Nightly(tiny_inventory(tmp_path, port), tmp_path / "artifacts", tmp_path / "prefect")
+    n = Nightly(tiny_inventory(tmp_path, port, bench=LONG_CURVE), tmp_path / "artifacts", tmp_path / "prefect")
     folder = n.wait_stage(("decode curve",))
-    wait_for(lambda: _records(folder) >= 1, 60, "a decode record")
+    wait_for(lambda: _decode_records(folder) >= 1, 60, "a decode record", step=0.02)
     t0 = time.monotonic()
     kill(wait_for(lambda: pidfile_pid("rehearsal", port), 10, "the server's pidfile"))
     rc = n.wait(timeout=120)
@@ -281,9 +281,9 @@ def test_disk_full_mid_run_keeps_records_and_a_consistent_manifest(tmp_path, lla
     kept and listed, no manifest.json.tmp, verify passes, exit 1."""
     port = PORTS[4]
     monkeypatch.setenv("LANEBENCH_MIN_FREE_MB", "2")  # preflight's free-space check passes; the fill comes later
-    n = Nightly(tiny_inventory(tmp_path, port), small_disk / "artifacts", tmp_path / "prefect")
+    n = Nightly(tiny_inventory(tmp_path, port, bench=LONG_CURVE), small_disk / "artifacts", tmp_path / "prefect")
     folder = n.wait_stage(("warmup", "decode curve"))
-    wait_for(lambda: _records(folder) >= 1, 120, "a first record")
+    wait_for(lambda: _records(folder) >= 1, 120, "a first record", step=0.02)
     filler = small_disk / "filler"
     subprocess.run(["dd", "if=/dev/zero", f"of={filler}", "bs=64k"], capture_output=True)  # until the disk is full
     t0 = time.monotonic()
