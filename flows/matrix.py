@@ -17,46 +17,54 @@ registered bars were altered), 2 on bad input, 130 when Ctrl-C or SIGTERM stoppe
 torn down, the run folder marked interrupted, no verdict). Its last line names the run folder.
 
 The Prefect flow is `matrix(matrix_file, artifacts_root="artifacts")`; relative paths are
-resolved against the repository, so a deployment needs only `matrix_file`. This module stays
-cheap to import: Prefect is imported on first use of the flow (PEP 562 `__getattr__`).
+resolved against the repository, so a deployment needs only `matrix_file`. `lanebench
+matrix` (flows/cli/matrix.py) checks the file before the flow starts.
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
-_flow: Any = None
+import pandas as pd
+from prefect import flow, get_run_logger
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.runtime import flow_run
+from prefect.states import Completed, Failed, State
+
+from flows.lanes import LaneJob, run_lane
+from tasks.engines.build import REPO
+from tasks.hosts.files import sha256_of
+from tasks.hosts.lock import limit_name
+from tasks.inventory.models import Lane
+from tasks.kl.config import strip_speculation
+from tasks.matrix.bars import EarlierRun, Registration, earlier_run, register
+from tasks.matrix.config import Matrix, arm_lane, arm_port, load_matrix
+from tasks.matrix.report import curves_png, k_png, render
+from tasks.matrix.verdict import collect, contention, drafter_verdicts, judge, model_drift
+from tasks.record.interrupted import interrupts, raise_if_stopped, record_stop
+from tasks.record.progress import progress
+from tasks.record.report import render as render_lanes
+from tasks.record.run_folder import RunFolder
 MATRIX_DIR = "matrix"  # run-folder folder of the cross-arm tables and plots
 
 
 def _in_repo(p: str) -> Path:
-    from tasks.engines.build import REPO
-
     q = Path(p).expanduser()
     return q if q.is_absolute() else (REPO / q).resolve()
 
 
-def run_matrix(matrix_file: str, artifacts_root: str = "artifacts") -> Any:
-    """The flow body: one run of `matrix_file` into a new `*_matrix_*` run folder under `artifacts_root`."""
-    from prefect import get_run_logger
-    from prefect.runtime import flow_run
-    from prefect.states import Completed, Failed
+def _run_name() -> str:
+    """`matrix-<file stem>`: the UI lists runs by matrix, not by absolute path."""
+    return f"matrix-{Path(str(flow_run.parameters.get('matrix_file', 'matrix'))).stem}"
 
-    from flows.lanes import LaneJob, run_lane
-    from tasks.record.run_folder import RunFolder
-    from tasks.hosts.files import sha256_of
-    from tasks.hosts.lock import limit_name
-    from tasks.matrix.config import arm_lane, arm_port, load_matrix
-    from tasks.matrix.bars import earlier_run, register
-    from tasks.record.interrupted import interrupts, raise_if_stopped, record_stop
-    from tasks.record.progress import progress
 
+@flow(name="matrix", flow_run_name=_run_name)
+def matrix(matrix_file: str, artifacts_root: str = "artifacts") -> State:
+    """One run of `matrix_file` into a new `*_matrix_*` run folder under `artifacts_root`."""
     logger = get_run_logger()
     path = _in_repo(matrix_file)
     m = load_matrix(path)  # a ConfigError fails the flow with its one line
@@ -136,15 +144,9 @@ def run_matrix(matrix_file: str, artifacts_root: str = "artifacts") -> Any:
 NO_SPEC = "no-speculation"
 
 
-def _no_speculation_arm(run: Any, m: Any) -> None:
+def _no_speculation_arm(run: RunFolder, m: Matrix) -> None:
     """Boot the target without a drafter (speculation flags dropped) and measure the same speed
     rows: "speculation is slower than none" can only be said against this arm."""
-    from flows.lanes import LaneJob, run_lane
-    from tasks.inventory.models import Lane
-    from tasks.kl.config import strip_speculation
-    from tasks.matrix.config import arm_lane, arm_port
-    from tasks.record.progress import progress
-
     progress("matrix", f"arm {NO_SPEC}: the target without a drafter (the baseline speculation must beat)")
     data = arm_lane(m, m.arms[0]).model_dump()
     flags, _ = strip_speculation(list(m.target.flags))
@@ -160,10 +162,8 @@ def _no_speculation_arm(run: Any, m: Any) -> None:
     run_lane(str(run.path), job, before=on_port)
 
 
-def against_no_speculation(run: Any, speed: list) -> list[str]:
+def against_no_speculation(run: RunFolder, speed: list) -> list[str]:
     """One line per arm and concurrency where speculation is slower than none (or no baseline)."""
-    import pandas as pd
-
     record = run.manifest.lanes.get(NO_SPEC)
     entry = next((a for a in run.manifest.artifacts if a.lane == NO_SPEC and a.kind == "decode"
                   and a.validation == "passed"), None)
@@ -180,11 +180,8 @@ def against_no_speculation(run: Any, speed: list) -> list[str]:
     return out
 
 
-def _registered_copy(run: Any) -> tuple[Any, str]:
+def _registered_copy(run: RunFolder) -> tuple[Registration, str]:
     """The registration as written before the first boot, checked against the hashes in the manifest."""
-    from tasks.hosts.files import sha256_of
-    from tasks.matrix.bars import Registration
-
     facts = run.manifest.flow["matrix"]
     path = run.path / "registration.json"
     reg = Registration.model_validate_json(path.read_text())
@@ -196,13 +193,8 @@ def _registered_copy(run: Any) -> tuple[Any, str]:
     return reg, "; ".join(problems)
 
 
-def _finish(run: Any, m: Any) -> tuple[bool, str]:
+def _finish(run: RunFolder, m: Matrix) -> tuple[bool, str]:
     """Tables (GX), plots, report and Prefect artifacts from whatever the arms left; (complete, message)."""
-    from tasks.hosts.files import sha256_of
-    from tasks.matrix.report import curves_png, k_png, render
-    from tasks.matrix.verdict import collect, contention, drafter_verdicts, judge, model_drift
-    from tasks.record.report import render as render_lanes
-
     facts = run.manifest.flow["matrix"]
     reg, altered = _registered_copy(run)
     if sha256_of(m.path) != facts["file_sha256"]:
@@ -260,17 +252,12 @@ def _finish(run: Any, m: Any) -> tuple[bool, str]:
     return False, f"incomplete matrix ({'; '.join(why)}); verdict so far: {summary}"
 
 
-def _earlier(facts: dict) -> Any:
-    from tasks.matrix.bars import EarlierRun
-
+def _earlier(facts: dict) -> EarlierRun | None:
     return EarlierRun.model_validate(facts["earlier_run"]) if facts.get("earlier_run") else None
 
 
 def _publish(rows: list, verdict: list, report: str, run_name: str) -> None:
     """The verdict and arm tables and the report as Prefect artifacts, for the UI."""
-    import pandas as pd
-    from prefect.artifacts import create_markdown_artifact, create_table_artifact
-
     if verdict:
         df = pd.DataFrame([v.model_dump() for v in verdict]).drop(columns=["bars_sha256"])
         create_table_artifact(key="matrix-verdict", table=df.round(4).astype(object).where(df.notna(), None)
@@ -280,65 +267,3 @@ def _publish(rows: list, verdict: list, report: str, run_name: str) -> None:
     create_table_artifact(key="matrix-arms", table=df.round(4).astype(object).where(df.notna(), None)
                           .to_dict(orient="records"), description=f"arm x prompt class ({run_name})")
     create_markdown_artifact(key="matrix-report", markdown=report, description=run_name)
-
-
-def _run_name() -> str:
-    """`matrix-<file stem>`: the UI lists runs by matrix, not by absolute path."""
-    from prefect.runtime import flow_run
-
-    return f"matrix-{Path(str(flow_run.parameters.get('matrix_file', 'matrix'))).stem}"
-
-
-def __getattr__(name: str) -> Any:
-    """`flows.matrix.matrix`: the Prefect flow, built on first access (PEP 562)."""
-    global _flow
-    if name != "matrix":
-        raise AttributeError(name)
-    if _flow is None:
-        import tasks.hosts.lock  # noqa: F401  # sets the lease storage before any Prefect server starts
-        from prefect import flow
-
-        _flow = flow(name="matrix", flow_run_name=_run_name)(run_matrix)
-    return _flow
-
-
-def cmd_matrix(args: argparse.Namespace) -> int:
-    from flows.cli import _bad_input, interrupted_exit, run_flow
-    from tasks.inventory.models import ConfigError
-    from tasks.matrix.config import load_matrix
-
-    path = Path(args.file)
-    try:
-        load_matrix(path)
-    except ConfigError as e:
-        return _bad_input(str(e))
-
-    artifacts = Path(args.artifacts).resolve()
-    state, folder = run_flow("matrix", lambda: __getattr__("matrix"), artifacts, matrix_file=str(path.resolve()),
-                             artifacts_root=str(artifacts))
-    if (code := interrupted_exit(state, folder, "matrix")) is not None:
-        return code
-    from tasks.record.progress import closing, say
-
-    verdict: dict = {}
-    if folder:
-        verdict = json.loads((folder / "manifest.json").read_text())["flow"].get("matrix", {}).get("verdict") or {}
-    for name, d in (verdict.get("drafters") or {}).items():
-        if d["checks"]:
-            colour = "green" if d["verdict"] == "PASSED" else "red"
-            say(f"drafter [bold]{name}[/bold]: [{colour}]{d['verdict']}[/{colour}] "
-                f"({d['passed']} passed, {d['failed']} failed, {d['no_data']} not measured of {d['checks']} checks)")
-    if not closing(state, folder, f"matrix complete: {state.message}", "matrix incomplete"):
-        return 1
-    return 1 if args.require_bars and verdict.get("bars_failed", 0) else 0
-
-
-def register_cli(subparsers: Any) -> None:
-    from tasks.engines.build import REPO
-
-    p = subparsers.add_parser("matrix", help="drafter matrix: drafters x K x prompt class, judged against registered bars")
-    p.add_argument("file", help="matrix file (e.g. matrix/rehearsal.yaml)")
-    p.add_argument("--artifacts", default=str(REPO / "artifacts"), help="folder that receives the run folder")
-    p.add_argument("--require-bars", action="store_true",
-                   help="exit 1 when any bar fails (default: a failed bar is a verdict, exit 0)")
-    p.set_defaults(func=cmd_matrix)

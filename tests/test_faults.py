@@ -90,7 +90,7 @@ def test_interrupt_tears_down_and_marks_interrupted(tmp_path, llama_bin, how):
 
 
 def test_ctrl_c_stops_lanebench_tools_like_nightly(tmp_path, llama_bin):
-    """`lanebench tools` shares the nightly's way of running (flows/cli.py `run_flow`): Ctrl-C to its
+    """`lanebench tools` shares the nightly's way of running (flows/cli/__init__.py `run_flow`): Ctrl-C to its
     process group mid tool gate ends it with exit 130, the lane torn down (no llama-server on the
     run's port), the run folder marked interrupted (verify passes), its API server gone."""
     port = PORTS[7]

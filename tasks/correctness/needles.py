@@ -21,7 +21,6 @@ import re
 from collections.abc import Callable
 from typing import Literal
 
-import httpx
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel

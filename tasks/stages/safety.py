@@ -235,7 +235,7 @@ def explain(result: GateResult, lane: Lane) -> GateResult:
     if result.passed or "(implied)" not in result.gate:
         return result
     if result.gate.startswith("drafts-happen"):
-        how = (f"declare speculative: {{method: draft-simple, k: 4}} (llama.cpp drafts only with --spec-type)"
+        how = ("declare speculative: {method: draft-simple, k: 4} (llama.cpp drafts only with --spec-type)"
                if lane.speculative is None else "check the speculative flags and the boot log")
         fix = (f"declared drafter {_name(lane.drafter.path if lane.drafter else '')}, effective drafts over the "
                f"probe: {result.value:g}; fix: {how}")

@@ -20,9 +20,12 @@ from typing import Any
 from tasks.engines.build import REPO
 
 DEFAULT_HOSTS = REPO / "hosts.yaml"
-# Flows that bring their own subcommand: each module has register_cli(subparsers), which
-# must stay cheap to import (no Prefect or GX at import time).
-_SUBCOMMANDS: list[str] = ["flows.kl", "flows.matrix", "flows.history", "flows.tools", "flows.lab", "flows.plan"]
+# Commands that bring their own subcommand: each module has register_cli(subparsers), which
+# must stay cheap to import (no Prefect or GX at import time). The flows themselves
+# (flows/nightly.py, kl.py, matrix.py, tools.py) are Prefect flows defined at module level,
+# imported only once a command has checked its input and launched the API server.
+_SUBCOMMANDS: list[str] = ["flows.cli.kl", "flows.cli.matrix", "flows.history", "flows.cli.tools", "flows.lab",
+                           "flows.plan"]
 
 
 def _bad_input(message: str) -> int:
@@ -179,7 +182,3 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("lanebench: interrupted; what was measured so far is in the run folder", file=sys.stderr)
         return 130
-
-
-if __name__ == "__main__":
-    sys.exit(main())
