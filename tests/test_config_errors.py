@@ -36,6 +36,16 @@ def test_shipped_inventory_is_valid():
     assert "rehearsal" in inv.lanes
 
 
+def test_requests_per_level_tops_up_the_low_levels_only():
+    """bench.decode.requests_per_level: streams at low levels send more; none sends fewer than
+    requests_per_stream; every level reaches the asked count over the repeats."""
+    plan = load_inventory(REPO / "hosts.yaml").lanes["rehearsal"].bench.decode
+    assert plan.requests_per_level == 24 and plan.requests_per_stream == 2
+    assert [plan.per_stream(c, 3) for c in (1, 2, 4, 8)] == [8, 4, 2, 2]
+    assert all(c * plan.per_stream(c, 3) * 3 >= 24 for c in (1, 2, 3, 5, 7, 8))
+    assert plan.model_copy(update={"requests_per_level": None}).per_stream(1, 3) == 2
+
+
 def _mutate(path: str, value):
     def apply(d: dict) -> dict:
         keys = path.split(".")
@@ -75,6 +85,8 @@ CASES = {
                              "kind: counter"),
     "empty concurrency list": (_mutate("lanes.rehearsal.bench.decode.concurrency", []),
                                "lanes.rehearsal.bench.decode.concurrency", "at least one"),
+    "requests per level of zero": (_mutate("lanes.rehearsal.bench.decode.requests_per_level", 0),
+                                   "lanes.rehearsal.bench.decode.requests_per_level", "greater than or equal to 1"),
     "missing prompt file": (_mutate("lanes.rehearsal.bench.acceptance.classes.prose", "nope/prose.jsonl"),
                             "lanes.rehearsal.bench.acceptance.classes.prose", "JSONL"),
     "bad host address": (_mutate("hosts.localhost.address", "127.0.0.1; reboot"), "hosts.localhost.address",

@@ -75,6 +75,10 @@ def test_measurement_rules_hold(nightly_run):
     assert raw.nonce.is_unique
     table = pd.read_parquet(folder / "rehearsal" / "decode.parquet")
     assert list(table.concurrency) == [1, 2, 4, 8] and (table.repeats == 3).all()
+    # bench.decode.requests_per_level: every level's TTFT p95 stands on at least 20 requests, so
+    # the regression check judges it at C=1 too (not "too few samples").
+    assert ((table.requests - table.failed_requests) >= 20).all(), table[["concurrency", "requests"]]
+    assert decode.groupby("concurrency").size().to_dict() == {1: 24, 2: 24, 4: 24, 8: 48}
     assert (table.aggregate_tok_s_min <= table.aggregate_tok_s).all()
     acc = pd.read_parquet(folder / "rehearsal" / "acceptance.parquet")
     assert set(acc.prompt_class) == {"prose", "code", "math", "tool"}

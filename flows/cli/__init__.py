@@ -9,13 +9,14 @@ is run); 3 nothing was measured (every lane skipped by a precondition); 130 inte
 from __future__ import annotations
 
 import argparse
+import atexit
 import logging
 import os
 import sys
 from collections.abc import Callable
 from importlib import import_module
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from tasks.engines.build import REPO
 
@@ -182,3 +183,18 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("lanebench: interrupted; what was measured so far is in the run folder", file=sys.stderr)
         return 130
+
+
+def run() -> NoReturn:
+    """The `lanebench` script: `main`, then exit without the interpreter's teardown.
+
+    After a flow the process holds Prefect's, pandas' and GX's objects, and freeing them module
+    by module took 1.5 s after the last line was printed (measured on the 2-core rehearsal box,
+    docs/benchmarks.md). By then the run folder is complete and its servers are stopped; the
+    atexit handlers and the log handlers still run here, only the teardown is skipped.
+    """
+    code = main()
+    atexit._run_exitfuncs()  # what a normal exit runs first (logging.shutdown among them)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -1,7 +1,5 @@
 """`python -m flows.cli`: the `lanebench` command without the installed script."""
 
-import sys
+from flows.cli import run
 
-from flows.cli import main
-
-sys.exit(main())
+run()

@@ -141,8 +141,17 @@ class DecodePlan(_Strict):
     concurrency: Annotated[list[Annotated[int, Field(ge=1, le=1024)]], Field(min_length=1)] = [1, 2, 4, 8]
     max_tokens: Annotated[int, Field(ge=1)] = 64
     requests_per_stream: Annotated[int, Field(ge=1)] = 2
+    # At least this many measured requests per level, over all repeats: a p95 over fewer than 20
+    # is one request's noise (the regression check reads it "too few samples"). Low levels then
+    # send more requests per stream; a level never sends fewer than requests_per_stream.
+    requests_per_level: Annotated[int, Field(ge=1)] | None = None
     prompts: str
     beyond_cap: BeyondCap | None = None  # levels run past the server's cap, labelled "queueing"
+
+    def per_stream(self, concurrency: int, repeats: int) -> int:
+        """Requests each stream sends at `concurrency` in one repeat."""
+        wanted = -(-(self.requests_per_level or 0) // (concurrency * repeats))  # ceiling division
+        return max(self.requests_per_stream, wanted)
 
     @model_validator(mode="after")
     def _queue_levels_declared(self) -> DecodePlan:

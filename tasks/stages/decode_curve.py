@@ -104,7 +104,7 @@ def decode_curve(server: Server, lane_name: str, engine_name: str, plan: DecodeP
         waves, noise = [], []
         for repeat in range(1, repeats + 1):
             wave = Wave(lane=lane_name, stage="decode", repeat=repeat, concurrency=concurrency,
-                        requests_per_stream=plan.requests_per_stream, max_tokens=plan.max_tokens,
+                        requests_per_stream=plan.per_stream(concurrency, repeats), max_tokens=plan.max_tokens,
                         stagger_s=plan.stagger_s, rate=rate, arrival=plan.arrival, deadline_s=plan.deadline_s,
                         seed=repeat)
             on_progress(f"decode curve {wave.shape.describe()} repeat {repeat}/{repeats}")
