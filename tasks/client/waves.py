@@ -113,7 +113,7 @@ class _Client:
             try:
                 t_send = time.perf_counter()
                 sent(t_send)
-                conn.writer.write(payload)
+                conn.write(payload)
                 resp = await http.read_response(conn, sink)
                 keep = resp.reused
                 self.pool.server_closed += not keep  # `Connection: close` or a body ended by the close
