@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,6 +37,11 @@ from tasks.client.records import RequestRecord, truncation_of
 from tasks.client.shapes import LoadShape
 from tasks.client.stream import Assembler
 from tasks.engines.base import Engine
+
+try:  # optional: a faster event loop (a C loop on libuv); asyncio's own when it cannot load
+    import uvloop
+except ImportError:  # pragma: no cover - uvloop ships for Linux and macOS only
+    uvloop = None
 
 LAG_PROBE_S = 0.005  # how often the loop-lag probe wakes
 LAG_LIMIT_S = 0.002  # p99 loop lag above this: stamps may be off by as much; the client is saturated
@@ -256,12 +262,26 @@ async def _run_wave(base_url: str, engine: Engine, wave: Wave, prompts: list[Pro
                       shape=shape.describe())
 
 
+def _runner() -> asyncio.Runner:
+    """uvloop's loop when it is installed; LANEBENCH_LOOP=asyncio forces asyncio's own."""
+    if uvloop is not None and os.environ.get("LANEBENCH_LOOP", "uvloop") != "asyncio":
+        return asyncio.Runner(loop_factory=uvloop.new_event_loop)
+    return asyncio.Runner()
+
+
+def loop_name() -> str:
+    """The event loop run_wave uses, for a report."""
+    with _runner() as r:
+        return type(r.get_loop()).__module__.split(".")[0]
+
+
 def run_wave(base_url: str, engine: Engine, wave: Wave, prompts: list[Prompt],
              on_record: Callable[[RequestRecord], None] | None = None) -> WaveResult:
     """Run one wave to completion (blocking); failures are recorded, not raised."""
     if not prompts:
         raise ValueError("a wave needs at least one prompt")
-    return asyncio.run(_run_wave(base_url, engine, wave, prompts, on_record))
+    with _runner() as runner:
+        return runner.run(_run_wave(base_url, engine, wave, prompts, on_record))
 
 
 def sweep(base_url: str, engine: Engine, waves: list[Wave], prompts: list[Prompt],
