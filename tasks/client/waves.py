@@ -7,8 +7,12 @@ the pool opens at most `concurrency` connections and every body is read to its e
 connections are reused; the wave records how many it opened.
 
 Clocks (docs/metrics.md): send time is taken just before the request's bytes are written, after
-any connect (timed apart); each read is stamped as it returns, and only then are its events
-split and parsed (overlapping the wait for the next read). A wall deadline, not a read timeout, bounds each request: llama-server
+any connect (timed apart); each piece of received bytes is stamped where the event loop hands it
+to the connection (its protocol's data_received, tasks/client/http.py), and only later, in the
+reading task, are its events split and parsed (overlapping the wait for the next bytes). The
+loop is uvloop's when it is installed, asyncio's otherwise; while a wave runs, the objects alive
+before it are frozen out of the cycle collector (a full collection of the imported heap stopped
+the loop for tens of ms). A wall deadline, not a read timeout, bounds each request: llama-server
 pings an idle stream every 30 s, so a read timeout would never fire. Once a request has run past
 it, the wave sends no new request (those in flight end by their own deadlines): the lane ends at
 its next check, so a fault costs one request deadline, not one per request left in the stream.
@@ -142,7 +146,7 @@ class _Client:
         started = time.time()
         t_start = time.perf_counter()
         resp, t_send, connect_s, reused, error = None, None, None, False, None
-        # Events are split and parsed read by read, after each read was stamped.
+        # Events are split and parsed piece by piece, each piece already stamped at its arrival.
         splitter, acc = http.EventSplitter(), Assembler(engine, 0.0)
 
         def sent(t: float) -> None:
