@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from peers import PEERS, run_peer, venv  # noqa: E402
 from tasks.client.prompts import Prompt  # noqa: E402
-from tasks.client.waves import Wave, loop_name, run_wave  # noqa: E402
+from tasks.client.waves import Wave, run_wave  # noqa: E402
 from tasks.engines import engine_for  # noqa: E402
 
 PORT = 18531
@@ -67,22 +67,8 @@ def _pct(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) if values else float("nan")
 
 
-def lanebench(url: str, concurrency: int, requests: int, tokens: int, loop: str | None = None) -> dict:
-    """One closed-loop wave with lanebench's client, in this (pinned) process; `loop` "asyncio"
-    forces asyncio's own event loop (default: uvloop when installed)."""
-    saved = os.environ.get("LANEBENCH_LOOP")
-    if loop:
-        os.environ["LANEBENCH_LOOP"] = loop
-    try:
-        return _lanebench(url, concurrency, requests, tokens)
-    finally:
-        if saved is None:
-            os.environ.pop("LANEBENCH_LOOP", None)
-        else:
-            os.environ["LANEBENCH_LOOP"] = saved
-
-
-def _lanebench(url: str, concurrency: int, requests: int, tokens: int) -> dict:
+def lanebench(url: str, concurrency: int, requests: int, tokens: int) -> dict:
+    """One closed-loop wave with lanebench's client, in this (pinned) process."""
     wave = Wave(lane="bench", stage="decode", repeat=1, concurrency=concurrency,
                 requests_per_stream=max(1, requests // concurrency), max_tokens=tokens)
     prompts = [Prompt(id="p", prompt_class="bench", text="benchmark prompt")]
@@ -106,7 +92,7 @@ def timed_row(client: str, got: dict, entries: list[dict], concurrency: int, itl
         parsed.append(ttft - (e["writes"][0] - e["recv"]))
         return ttft - (e["writes"][0] - e.get("recv_bytes", e["recv"]))
 
-    if client.startswith("lanebench"):
+    if client == "lanebench":
         for nonce, ttft in got["ttft"]:
             (e,) = [e for e in entries if nonce in e["prompt"]]
             ttft_err.append(err(ttft, e))
@@ -149,8 +135,8 @@ def table(rows: list[dict]) -> str:
 
 def one(client: str, server: FakeServer, concurrency: int, requests: int, tokens: int, work: Path) -> dict:
     server.log.write_text("")
-    if client.startswith("lanebench"):
-        return lanebench(server.url, concurrency, requests, tokens, loop=client.partition("/")[2] or None)
+    if client == "lanebench":
+        return lanebench(server.url, concurrency, requests, tokens)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     got = run_peer(client, server.url, concurrency, requests, tokens, work)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -162,8 +148,6 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="small scale: C in 1,16; few requests")
     p.add_argument("--peers", default="guidellm,aiperf", help="comma list, or 'none'")
-    p.add_argument("--asyncio-too", action=argparse.BooleanOptionalAction, default=True,
-                   help="also run lanebench on asyncio's own loop (row 'lanebench/asyncio')")
     p.add_argument("--server-cpu", type=int, default=0)
     p.add_argument("--client-cpu", type=int, default=1)
     p.add_argument("--ttft-ms", type=float, default=20.0)
@@ -174,14 +158,13 @@ def main() -> None:
     per_level = 8 if args.quick else 32  # requests per concurrency level (x C for C > 8)
     tokens_timed, tokens_raw = (64, 256) if args.quick else (128, 1024)
     peers = [] if args.peers == "none" else args.peers.split(",")
-    ours = ["lanebench"] + (["lanebench/asyncio"] if args.asyncio_too and loop_name() != "asyncio" else [])
-    clients = [*ours, *[c for c in peers if c in PEERS]]
+    clients = ["lanebench", *[c for c in peers if c in PEERS]]
     work = Path(tempfile.mkdtemp(prefix="lb-loadgen-"))
     with open("/proc/loadavg") as f:
         load = f.read().split()[:3]
     print(f"# load generator benchmark: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
           f"{os.cpu_count()} cores, load at start {' '.join(load)}, server cpu {args.server_cpu}, "
-          f"clients cpu {args.client_cpu}, lanebench's loop {loop_name()}\n")
+          f"clients cpu {args.client_cpu}\n")
     log = work / "server.jsonl"
 
     timed, raw, layers = [], [], []

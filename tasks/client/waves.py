@@ -9,10 +9,10 @@ connections are reused; the wave records how many it opened.
 Clocks (docs/metrics.md): send time is taken just before the request's bytes are written, after
 any connect (timed apart); each piece of received bytes is stamped where the event loop hands it
 to the connection (its protocol's data_received, tasks/client/http.py), and only later, in the
-reading task, are its events split and parsed (overlapping the wait for the next bytes). The
-loop is uvloop's when it is installed, asyncio's otherwise; while a wave runs, the objects alive
-before it are frozen out of the cycle collector (a full collection of the imported heap stopped
-the loop for tens of ms). A wall deadline, not a read timeout, bounds each request: llama-server
+reading task, are its events split and parsed (overlapping the wait for the next bytes). While a
+wave runs, the objects alive before it are frozen out of the cycle collector (a full collection
+of the imported heap stopped the loop for tens of ms). The loop is asyncio's own: uvloop was
+measured and dropped (docs/benchmarks.md, 2026-12-01 13:18 UTC). A wall deadline, not a read timeout, bounds each request: llama-server
 pings an idle stream every 30 s, so a read timeout would never fire. Once a request has run past
 it, the wave sends no new request (those in flight end by their own deadlines): the lane ends at
 its next check, so a fault costs one request deadline, not one per request left in the stream.
@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -42,11 +41,6 @@ from tasks.client.records import RequestRecord, truncation_of
 from tasks.client.shapes import LoadShape
 from tasks.client.stream import Assembler
 from tasks.engines.base import Engine
-
-try:  # optional: a faster event loop (a C loop on libuv); asyncio's own when it cannot load
-    import uvloop
-except ImportError:  # pragma: no cover - uvloop ships for Linux and macOS only
-    uvloop = None
 
 LAG_PROBE_S = 0.005  # how often the loop-lag probe wakes
 LAG_LIMIT_S = 0.002  # p99 loop lag above this: stamps may be off by as much; the client is saturated
@@ -267,19 +261,6 @@ async def _run_wave(base_url: str, engine: Engine, wave: Wave, prompts: list[Pro
                       shape=shape.describe())
 
 
-def _runner() -> asyncio.Runner:
-    """uvloop's loop when it is installed; LANEBENCH_LOOP=asyncio forces asyncio's own."""
-    if uvloop is not None and os.environ.get("LANEBENCH_LOOP", "uvloop") != "asyncio":
-        return asyncio.Runner(loop_factory=uvloop.new_event_loop)
-    return asyncio.Runner()
-
-
-def loop_name() -> str:
-    """The event loop run_wave uses, for a report."""
-    with _runner() as r:
-        return type(r.get_loop()).__module__.split(".")[0]
-
-
 def run_wave(base_url: str, engine: Engine, wave: Wave, prompts: list[Prompt],
              on_record: Callable[[RequestRecord], None] | None = None) -> WaveResult:
     """Run one wave to completion (blocking); failures are recorded, not raised."""
@@ -290,8 +271,7 @@ def run_wave(base_url: str, engine: Engine, wave: Wave, prompts: list[Prompt],
     # stopping the event loop for tens of ms in the middle of the wave's clocks.
     gc.freeze()
     try:
-        with _runner() as runner:
-            return runner.run(_run_wave(base_url, engine, wave, prompts, on_record))
+        return asyncio.run(_run_wave(base_url, engine, wave, prompts, on_record))
     finally:
         gc.unfreeze()
 
