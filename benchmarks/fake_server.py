@@ -5,7 +5,10 @@ the first token `--ttft-ms` after the request's body arrived, then one event eve
 (`--zero-delay`: as fast as it can write, to find a client's raw ceiling). Every write is
 stamped with time.perf_counter() (CLOCK_MONOTONIC, shared by every process on the host) just
 before the bytes go to the socket; `--log` writes one JSON line per request with those stamps,
-so a client's TTFT and ITL can be checked against what the server really did.
+so a client's TTFT and ITL can be checked against what the server really did. A request has two
+arrival stamps: `recv_bytes`, when the chunk carrying its last byte reached this process (the
+protocol's data_received, as the event loop read the socket), and `recv`, after the handler's
+task woke and parsed head and body (the schedule counts from `recv`).
 
 Markers in the prompt script one request:
   #burst=N        N token events in one write, then the gap (speculative decoding's bursts)
@@ -32,6 +35,27 @@ import time
 _MARK = re.compile(rb"#(burst|fault)=(\w+)")
 
 
+class _StampedReader(asyncio.StreamReader):
+    """A StreamReader that remembers when its bytes arrived: feed_data runs inside the protocol's
+    data_received, as the event loop reads the socket, before the handler's task wakes."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.fed = 0  # bytes received so far on this connection
+        self.stamps: list[tuple[int, float]] = []  # (offset just past a received chunk, its arrival)
+
+    def feed_data(self, data: bytes) -> None:
+        self.fed += len(data)
+        self.stamps.append((self.fed, time.perf_counter()))
+        super().feed_data(data)
+
+    def arrival_of(self, offset: int) -> float:
+        """When the byte just before `offset` arrived; forgets the chunks before it."""
+        while len(self.stamps) > 1 and self.stamps[0][0] < offset:
+            self.stamps.pop(0)
+        return self.stamps[0][1]
+
+
 class Fake:
     def __init__(self, args: argparse.Namespace):
         self.ttft = 0.0 if args.zero_delay else args.ttft_ms / 1000
@@ -41,8 +65,9 @@ class Fake:
         self.connections = 0
         self.requests = 0
 
-    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def handle(self, reader: _StampedReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
+        consumed = 0  # bytes of this connection's requests read so far
         try:
             while True:
                 try:
@@ -54,10 +79,12 @@ class Fake:
                 headers = {k.strip().lower(): v.strip() for k, _, v in (x.partition(":") for x in lines[1:] if x)}
                 body = await reader.readexactly(int(headers.get("content-length", "0") or 0))
                 t_recv = time.perf_counter()
+                consumed += len(head) + len(body)
+                t_bytes = reader.arrival_of(consumed)
                 if method == "GET":
                     self._json(writer, self._get(path))
                 elif path.split("?")[0] in ("/v1/completions", "/v1/chat/completions"):
-                    if not await self._stream(writer, path, json.loads(body or b"{}"), t_recv):
+                    if not await self._stream(writer, path, json.loads(body or b"{}"), t_recv, t_bytes):
                         return
                 else:
                     self._json(writer, {"error": {"message": f"no route {path}"}}, 404)
@@ -78,7 +105,8 @@ class Fake:
         writer.write(f"HTTP/1.1 {status} OK\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
                      f"Connection: keep-alive\r\n\r\n".encode() + body)
 
-    async def _stream(self, writer: asyncio.StreamWriter, path: str, req: dict, t_recv: float) -> bool:
+    async def _stream(self, writer: asyncio.StreamWriter, path: str, req: dict, t_recv: float,
+                      t_bytes: float) -> bool:
         self.requests += 1
         rid = self.requests
         chat = "chat" in path
@@ -177,8 +205,8 @@ class Fake:
                 send([*tail, b"data: [DONE]\n\n"])
         writer.write(b"0\r\n\r\n")
         if self.log:
-            self.log.write(json.dumps({"id": rid, "recv": t_recv, "writes": writes, "burst": burst,
-                                       "fault": fault, "prompt": prompt[:80].decode(errors="replace")}) + "\n")
+            self.log.write(json.dumps({"id": rid, "recv": t_recv, "recv_bytes": t_bytes, "writes": writes,
+                                       "burst": burst, "fault": fault, "prompt": prompt[:80].decode(errors="replace")}) + "\n")
         return True
 
 
@@ -196,7 +224,12 @@ async def main() -> None:
     if args.cpu is not None:
         os.sched_setaffinity(0, {args.cpu})
     fake = Fake(args)
-    server = await asyncio.start_server(fake.handle, args.host, args.port, backlog=2048)
+    loop = asyncio.get_running_loop()
+
+    def protocol() -> asyncio.StreamReaderProtocol:  # asyncio.start_server's, with the stamping reader
+        return asyncio.StreamReaderProtocol(_StampedReader(limit=2 ** 16, loop=loop), fake.handle, loop=loop)
+
+    server = await loop.create_server(protocol, args.host, args.port, backlog=2048)
     print(f"fake server listening on {args.host}:{args.port}", flush=True)
     async with server:
         await server.serve_forever()

@@ -83,12 +83,19 @@ def lanebench(url: str, concurrency: int, requests: int, tokens: int) -> dict:
 
 def timed_row(client: str, got: dict, entries: list[dict], concurrency: int, itl_ms: float) -> dict:
     """Error = the client's interval minus the server's for the same request: TTFT against
-    (first write - request received), ITL gap by gap against the server's write gaps."""
-    ttft_err, itl_err = [], []
+    (first write - the request's last byte reaching the server process), ITL gap by gap against
+    the server's write gaps. `parsed`: TTFT error against the older reference, the server's stamp
+    after its handler woke and parsed the request (it adds the server's own wake-up and parsing)."""
+    ttft_err, itl_err, parsed = [], [], []
+
+    def err(ttft: float, e: dict) -> float:
+        parsed.append(ttft - (e["writes"][0] - e["recv"]))
+        return ttft - (e["writes"][0] - e.get("recv_bytes", e["recv"]))
+
     if client == "lanebench":
         for nonce, ttft in got["ttft"]:
             (e,) = [e for e in entries if nonce in e["prompt"]]
-            ttft_err.append(ttft - (e["writes"][0] - e["recv"]))
+            ttft_err.append(err(ttft, e))
             # A chunk starts at the write of its first token (the fake server writes one token per write).
             arrivals, tokens = got["chunks"][nonce]
             first = np.cumsum([0, *tokens[:-1]])
@@ -96,13 +103,14 @@ def timed_row(client: str, got: dict, entries: list[dict], concurrency: int, itl
             itl_err += [(a1 - a0) - (w1 - w0) for a0, a1, w0, w1 in zip(arrivals, arrivals[1:], sent, sent[1:])]
     elif "ttft_by_id" in got:
         by_id = {e["id"]: e for e in entries}
-        ttft_err = [t - (by_id[i]["writes"][0] - by_id[i]["recv"]) for i, t in got["ttft_by_id"].items() if i in by_id]
+        ttft_err = [err(t, by_id[i]) for i, t in got["ttft_by_id"].items() if i in by_id]
     elif len(got.get("ttft_in_order", [])) == len(entries):  # matched by send order
         ordered = sorted(entries, key=lambda e: e["recv"])
-        ttft_err = [t - (e["writes"][0] - e["recv"]) for t, e in zip(got["ttft_in_order"], ordered)]
+        ttft_err = [err(t, e) for t, e in zip(got["ttft_in_order"], ordered)]
     return {"client": client, "C": concurrency, "tok/s scheduled": round(concurrency * 1000 / itl_ms),
             "requests ok": f"{got['ok']}/{got['n']}",
             "TTFT err p50 ms": _pct(ttft_err, 50) * 1e3, "TTFT err p99 ms": _pct(ttft_err, 99) * 1e3,
+            "vs parsed p50 ms": _pct(parsed, 50) * 1e3, "vs parsed p99 ms": _pct(parsed, 99) * 1e3,
             "ITL err p50 ms": _pct(itl_err, 50) * 1e3 if itl_err else float("nan"),
             "ITL |err| p99 ms": _pct(np.abs(itl_err).tolist(), 99) * 1e3 if itl_err else float("nan")}
 

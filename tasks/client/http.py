@@ -1,5 +1,7 @@
-"""A lean HTTP/1.1 client over asyncio streams: keep-alive connections, a counted pool, and a
-body reader whose hot loop only reads, timestamps and de-chunks.
+"""A lean HTTP/1.1 client on an asyncio protocol: keep-alive connections, a counted pool, and a
+body reader whose hot loop only reads, timestamps and de-chunks. Each chunk of bytes is stamped
+where it arrives (the protocol's `data_received`, called as the event loop reads the socket), not
+when the reading task gets around to it.
 
 Chosen by measurement (docs/benchmarks.md, "The load generator"): httpx's pool and line
 iterator cost more CPU per streamed event than the whole measurement may, and a stream left
@@ -12,32 +14,111 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 _CRLF = b"\r\n"
+_HIGH_WATER = 1 << 22  # bytes received but not yet read, above which the socket stops being read
+_now = time.perf_counter
 
 
 class HTTPError(Exception):
     """The server broke HTTP framing (not an HTTP error status: those are responses)."""
 
 
+class _Stamped(asyncio.Protocol):
+    """A connection's bytes as the event loop hands them over, each received chunk stamped with
+    perf_counter() in `data_received`: the moment the loop reads the socket, before the reading
+    task is woken (one loop pass later) and before any byte is looked at."""
+
+    __slots__ = ("chunks", "buffered", "eof", "exc", "transport", "_waiter", "_paused")
+
+    def __init__(self) -> None:
+        self.chunks: deque[tuple[float, bytes]] = deque()
+        self.buffered = 0
+        self.eof = False
+        self.exc: BaseException | None = None
+        self.transport: asyncio.Transport | None = None
+        self._waiter: asyncio.Future | None = None
+        self._paused = False
+
+    def connection_made(self, transport) -> None:  # type: ignore[override]
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.chunks.append((_now(), data))
+        self.buffered += len(data)
+        if self.buffered > _HIGH_WATER and not self._paused:
+            self._paused = True  # a reader that fell far behind: let TCP push back
+            self.transport.pause_reading()
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    def eof_received(self) -> bool:
+        self.eof = True
+        self._wake()
+        return False  # close the transport
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self.eof, self.exc = True, exc
+        self._wake()
+
+    def _wake(self) -> None:
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    async def read(self) -> tuple[float, bytes]:
+        """The next received chunk with its arrival stamp; b"" once the peer is gone."""
+        while not self.chunks:
+            if self.eof:
+                if self.exc is not None:
+                    raise ConnectionError(f"connection lost: {self.exc}") from self.exc
+                return _now(), b""
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        t, data = self.chunks.popleft()
+        self.buffered -= len(data)
+        if self._paused and self.buffered < _HIGH_WATER // 4:
+            self._paused = False
+            self.transport.resume_reading()
+        return t, data
+
+    def unread(self, t: float, data: bytes) -> None:
+        """Put bytes back at the front, with the stamp of the chunk they came in."""
+        self.chunks.appendleft((t, data))
+        self.buffered += len(data)
+
+
 @dataclass
 class Connection:
-    reader: asyncio.StreamReader
-    writer: asyncio.StreamWriter
+    proto: _Stamped
     connect_s: float  # how long the TCP connect took
     served: int = 0  # requests this connection has carried
 
+    def write(self, data: bytes) -> None:
+        self.proto.transport.write(data)
+
+    @property
+    def gone(self) -> bool:
+        """The server closed it (or it broke), or we did."""
+        p = self.proto
+        return (p.eof and not p.chunks) or p.transport.is_closing()
+
     def close(self) -> None:
-        self.writer.close()
+        self.proto.transport.close()
 
 
 @dataclass
 class Response:
     status: int
     reused: bool  # the connection was kept alive for the next request
-    pieces: list[tuple[float, bytes]] = field(default_factory=list)  # (perf_counter at read, body bytes)
+    pieces: list[tuple[float, bytes]] = field(default_factory=list)  # (perf_counter at arrival, body bytes)
 
 
 class Pool:
@@ -56,15 +137,15 @@ class Pool:
         `fresh` skips the idle ones (a retry after a kept-alive connection turned out closed)."""
         while self._idle and not fresh:
             conn = self._idle.pop()
-            if not (conn.reader.at_eof() or conn.writer.is_closing()):
+            if not conn.gone:
                 return conn, True
             self.server_closed += 1
             conn.close()
         t0 = time.perf_counter()
-        reader, writer = await asyncio.wait_for(
-            asyncio.open_connection(self.host, self.port, limit=1 << 20), self.connect_timeout)
+        _, proto = await asyncio.wait_for(
+            asyncio.get_running_loop().create_connection(_Stamped, self.host, self.port), self.connect_timeout)
         self.opened += 1
-        return Connection(reader, writer, connect_s=time.perf_counter() - t0), False
+        return Connection(proto, connect_s=time.perf_counter() - t0), False
 
     def release(self, conn: Connection, keep: bool) -> None:
         if keep and len(self._idle) < self.size:
@@ -83,13 +164,17 @@ def request_bytes(host: str, port: int, path: str, body: bytes) -> bytes:
     return head.encode() + body
 
 
-async def _head(reader: asyncio.StreamReader) -> tuple[int, dict[str, str]]:
-    try:
-        raw = await reader.readuntil(b"\r\n\r\n")
-    except asyncio.IncompleteReadError as e:
-        raise HTTPError("connection closed before the response head" if not e.partial
-                        else f"truncated response head: {e.partial[:200]!r}") from None
-    lines = raw.decode("latin-1").split("\r\n")
+async def _head(proto: _Stamped) -> tuple[int, dict[str, str]]:
+    buf = b""
+    while (i := buf.find(b"\r\n\r\n")) < 0:
+        t, data = await proto.read()
+        if not data:
+            raise HTTPError("connection closed before the response head" if not buf
+                            else f"truncated response head: {buf[:200]!r}")
+        buf += data
+    if len(buf) > i + 4:  # the body's first bytes came with the head: they keep that chunk's stamp
+        proto.unread(t, buf[i + 4:])
+    lines = buf[:i].decode("latin-1").split("\r\n")
     parts = lines[0].split(" ", 2)
     if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
         raise HTTPError(f"not an HTTP/1.x status line: {lines[0][:200]!r}")
@@ -115,73 +200,81 @@ class _Pieces(list):
 
 
 async def read_response(conn: Connection, sink: Callable[[float, bytes], None] | None = None) -> Response:
-    """Read one response to its end. Each read is stamped with perf_counter() the moment it
-    returns, before anything looks at its bytes; the pieces keep those stamps, and a 2xx body's
-    pieces go to `sink` as they come (its parsing then overlaps the wait for the next read)."""
-    reader = conn.reader
-    status, headers = await _head(reader)
+    """Read one response to its end. Each piece of the body carries the stamp its bytes got when
+    the event loop received them (`_Stamped.data_received`), taken before the reading task woke
+    and before anything looked at them; a 2xx body's pieces go to `sink` as they come (its parsing
+    then overlaps the wait for the next chunk)."""
+    proto = conn.proto
+    read = proto.read
+    status, headers = await _head(proto)
     keep = headers.get("connection", "").lower() != "close"
     resp = Response(status=status, reused=keep)
     pieces = resp.pieces = _Pieces(sink if status < 400 else None)
     if "chunked" in headers.get("transfer-encoding", "").lower():
-        buf = b""
+        buf, pos = b"", 0  # pos: where the unread part of buf starts (no re-slicing per frame)
         need = -1  # bytes of chunk data still expected; -1: a size line comes next
         while True:
-            data = await reader.read(65536)
-            t = time.perf_counter()
+            t, data = await read()
             if not data:
                 raise HTTPError("connection closed inside a chunked body")
-            buf += data
+            buf = buf[pos:] + data if pos < len(buf) else data
+            pos, end = 0, len(buf)
             out = []
             while True:
                 if need < 0:
-                    i = buf.find(_CRLF)
+                    i = buf.find(_CRLF, pos)
                     if i < 0:
                         break
                     try:
-                        need = int(buf[:i].split(b";", 1)[0], 16)
+                        need = int(buf[pos:i].split(b";", 1)[0], 16)
                     except ValueError:
-                        raise HTTPError(f"bad chunk size line {buf[:i][:80]!r}") from None
-                    buf = buf[i + 2:]
+                        raise HTTPError(f"bad chunk size line {buf[pos:i][:80]!r}") from None
+                    pos = i + 2
                     if need == 0:  # last chunk; the trailer ends with an empty line
                         if out:
                             pieces.append((t, b"".join(out)))
+                        buf = buf[pos:]
                         while not (buf.startswith(_CRLF) or b"\r\n\r\n" in buf):
-                            more = await reader.read(65536)
+                            _, more = await read()
                             if not more:
                                 resp.reused = False
                                 break
                             buf += more
                         return resp
-                if len(buf) < need + 2:
-                    if need and buf:
-                        take = min(need, len(buf))
-                        out.append(buf[:take])
-                        buf, need = buf[take:], need - take
+                if end - pos < need + 2:
+                    if need and end > pos:
+                        take = min(need, end - pos)
+                        out.append(buf[pos:pos + take])
+                        pos, need = pos + take, need - take
                     break
-                out.append(buf[:need])
-                buf, need = buf[need + 2:], -1
+                out.append(buf[pos:pos + need])
+                pos, need = pos + need + 2, -1
             if out:
                 pieces.append((t, b"".join(out)))
     elif "content-length" in headers:
         left = int(headers["content-length"])
         while left > 0:
-            data = await reader.read(min(left, 65536))
-            t = time.perf_counter()
+            t, data = await read()
             if not data:
                 raise HTTPError("connection closed inside a body")
+            if len(data) > left:  # bytes past this body stay on the connection
+                proto.unread(t, data[left:])
+                data = data[:left]
             pieces.append((t, data))
             left -= len(data)
     else:  # a body delimited by the connection's close
         resp.reused = False
-        while data := await reader.read(65536):
-            pieces.append((time.perf_counter(), data))
+        while True:
+            t, data = await read()
+            if not data:
+                break
+            pieces.append((t, data))
     return resp
 
 
 class EventSplitter:
-    """Server-sent events (blank-line separated) as the reads arrive, each event with the stamp
-    of the read that carried its first byte."""
+    """Server-sent events (blank-line separated) as the chunks arrive, each event with the stamp
+    of the chunk that carried its first byte."""
 
     def __init__(self) -> None:
         self.buf, self.t_first = b"", 0.0
@@ -195,7 +288,7 @@ class EventSplitter:
             raw, self.buf = self.buf[:i], self.buf[i + 2:]
             if raw.strip():
                 events.append((self.t_first, raw))
-            self.t_first = t  # what is left began in this read
+            self.t_first = t  # what is left began in this chunk
         return events
 
     def close(self) -> list[tuple[float, bytes]]:

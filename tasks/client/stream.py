@@ -1,8 +1,8 @@
 """One stream's events -> what the request did: chunks with their arrival stamps, the final
 event, or the one error that makes it THAT request's error row.
 
-Every event comes with the stamp its read got in the read loop (tasks/client/http.py) before
-anything parsed it, so neither JSON nor pydantic sits inside a measured interval. The engine adapter parses each
+Every event comes with the arrival stamp of the received bytes that carried its first byte
+(taken in the connection protocol's data_received, tasks/client/http.py) before anything parsed it, so neither JSON nor pydantic sits inside a measured interval. The engine adapter parses each
 event's raw bytes (`Engine.parse_stream_event`); nothing here knows which engine spoke.
 """
 
@@ -40,7 +40,8 @@ class Outcome:
 
 
 class Assembler:
-    """Parse a stream's events in order, as their reads arrive. Token-bearing events stamped by the same read are one chunk (a burst): their gap was never
+    """Parse a stream's events in order, as their bytes arrive. Token-bearing events that arrived
+    together (one data_received, one stamp) are one chunk (a burst): their gap was never
     observable, so it does not enter ITL as a zero."""
 
     def __init__(self, engine: Engine, t_send: float):

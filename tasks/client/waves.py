@@ -7,8 +7,12 @@ the pool opens at most `concurrency` connections and every body is read to its e
 connections are reused; the wave records how many it opened.
 
 Clocks (docs/metrics.md): send time is taken just before the request's bytes are written, after
-any connect (timed apart); each read is stamped as it returns, and only then are its events
-split and parsed (overlapping the wait for the next read). A wall deadline, not a read timeout, bounds each request: llama-server
+any connect (timed apart); each piece of received bytes is stamped where the event loop hands it
+to the connection (its protocol's data_received, tasks/client/http.py), and only later, in the
+reading task, are its events split and parsed (overlapping the wait for the next bytes). While a
+wave runs, the objects alive before it are frozen out of the cycle collector (a full collection
+of the imported heap stopped the loop for tens of ms). The loop is asyncio's own: uvloop was
+measured and dropped (docs/benchmarks.md, 2026-12-01 13:18 UTC). A wall deadline, not a read timeout, bounds each request: llama-server
 pings an idle stream every 30 s, so a read timeout would never fire. Once a request has run past
 it, the wave sends no new request (those in flight end by their own deadlines): the lane ends at
 its next check, so a fault costs one request deadline, not one per request left in the stream.
@@ -21,6 +25,7 @@ queueing as the server's latency.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import time
 from collections.abc import Callable
@@ -113,7 +118,7 @@ class _Client:
             try:
                 t_send = time.perf_counter()
                 sent(t_send)
-                conn.writer.write(payload)
+                conn.write(payload)
                 resp = await http.read_response(conn, sink)
                 keep = resp.reused
                 self.pool.server_closed += not keep  # `Connection: close` or a body ended by the close
@@ -135,7 +140,7 @@ class _Client:
         started = time.time()
         t_start = time.perf_counter()
         resp, t_send, connect_s, reused, error = None, None, None, False, None
-        # Events are split and parsed read by read, after each read was stamped.
+        # Events are split and parsed piece by piece, each piece already stamped at its arrival.
         splitter, acc = http.EventSplitter(), Assembler(engine, 0.0)
 
         def sent(t: float) -> None:
@@ -261,7 +266,14 @@ def run_wave(base_url: str, engine: Engine, wave: Wave, prompts: list[Prompt],
     """Run one wave to completion (blocking); failures are recorded, not raised."""
     if not prompts:
         raise ValueError("a wave needs at least one prompt")
-    return asyncio.run(_run_wave(base_url, engine, wave, prompts, on_record))
+    # Everything alive before the wave (the imported libraries: hundreds of thousands of objects)
+    # is set aside from the cycle collector while it runs: a full collection scanned all of it,
+    # stopping the event loop for tens of ms in the middle of the wave's clocks.
+    gc.freeze()
+    try:
+        return asyncio.run(_run_wave(base_url, engine, wave, prompts, on_record))
+    finally:
+        gc.unfreeze()
 
 
 def sweep(base_url: str, engine: Engine, waves: list[Wave], prompts: list[Prompt],
