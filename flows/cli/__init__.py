@@ -195,6 +195,9 @@ def run() -> NoReturn:
     """
     code = main()
     atexit._run_exitfuncs()  # what a normal exit runs first (logging.shutdown among them)
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except OSError:  # a reader that went away (`lanebench history runs | head`)
+            pass
     os._exit(code)
