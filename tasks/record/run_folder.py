@@ -103,7 +103,7 @@ class FlowRecord(BaseModel):
     kl: dict[str, Any] | None = None
 
     def __getitem__(self, key: str) -> Any:
-        if key not in self.model_fields and key not in (self.model_extra or {}):
+        if key not in type(self).model_fields and key not in (self.model_extra or {}):
             raise KeyError(key)
         return getattr(self, key)
 
