@@ -256,6 +256,38 @@ def test_a_candidate_that_dies_keeps_its_partial_results(tmp_path, llama_bin):
     assert no_llama_server_left(range(18241, 18243))
 
 
+def test_ctrl_c_mid_reference_stops_kl_like_nightly(tmp_path, llama_bin):
+    """Ctrl-C to `lanebench kl`'s process group while the reference scores (flows/cli/kl.py ->
+    run_flow): exit 130 naming SIGINT, the reference's server torn down, the run folder marked
+    interrupted with what was scored kept, verify passes, no verdict."""
+    path = kl_file(tmp_path, "stop.yaml", candidates=["q8_0"], lanes={
+        "f16": llama_lane(18244), "q8_0": llama_lane(18245, quantize={"type": "Q8_0"})})
+    artifacts = tmp_path / "art"
+    cli = subprocess.Popen([sys.executable, "-m", "flows.cli", "kl", str(path), "--artifacts", str(artifacts),
+                            "--prompt-count", "12"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True, start_new_session=True)  # its own group, as a terminal starts it
+    sent = False
+    try:
+        deadline = time.monotonic() + 240
+        while not sent and time.monotonic() < deadline and cli.poll() is None:
+            if any(artifacts.glob("*_kl_*/f16/*.jsonl")) and llama_server_pid(18244):
+                os.killpg(cli.pid, signal.SIGINT)
+                sent = True
+            time.sleep(0.05)
+        out, err = cli.communicate(timeout=120)
+    finally:
+        if cli.poll() is None:
+            os.killpg(cli.pid, signal.SIGKILL)
+    assert sent, "the reference finished before it could be interrupted: " + out[-500:] + err[-1500:]
+    assert cli.returncode == 130, out + err
+    assert "kl interrupted by SIGINT" in out + err and "Traceback" not in err, out + err
+    folder = Path(out.strip().splitlines()[-1].removeprefix("run folder: "))
+    m = manifest_of(folder)
+    assert m["flow"]["status"] == "interrupted" and m["lanes"]["f16"]["status"] == "interrupted", m["flow"]
+    assert run_cli("verify", str(folder)).returncode == 0
+    assert no_llama_server_left(range(18244, 18246))
+
+
 def test_bad_kl_files_are_one_line_and_exit_2(tmp_path):
     cases = {
         "unknown.yaml": ({"candidates": ["q9"]}, "candidates[0]"),

@@ -10,14 +10,19 @@ one arm that fails its capacity gate (exit 1, the change and the failed arm are 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import yaml
 
-from conftest import REPO, manifest_of, no_llama_server_left, run_cli, run_folder_of, shipped_inventory, write_inventory
+from conftest import REPO, llama_server_pid, manifest_of, no_llama_server_left, run_cli, run_folder_of, shipped_inventory, write_inventory
 from tasks.inventory.models import ConfigError
 from tasks.matrix.config import load_matrix
 from tasks.matrix.bars import Bar, EarlierRun, earlier_run, register
@@ -418,3 +423,45 @@ def test_rerun_with_an_edited_bar_says_so_and_a_failed_gate_does_not_stop_the_ma
     assert all("capacity" in note for note in mine.note)
     assert "**Incomplete matrix**" in report and "| weak-k4-one-slot |" in report
     assert no_llama_server_left(range(PORT, PORT + 20))
+
+
+def test_ctrl_c_mid_arm_stops_the_matrix_like_nightly(tmp_path, llama_bin):
+    """Ctrl-C to `lanebench matrix`'s process group mid arm (flows/cli/matrix.py -> run_flow):
+    exit 130 naming SIGINT, the arm's server torn down, the run folder marked interrupted with
+    the arms never started said so, verify passes, no verdict."""
+    inv = shipped_inventory()
+    lane = inv["lanes"]["rehearsal"]
+    lane["port"] = PORT + 10
+    for ref in ("model", "drafter"):
+        lane[ref].pop("bytes", None)
+        lane[ref].pop("sha256", None)
+    write_inventory(tmp_path, inv)
+    artifacts = tmp_path / "artifacts"
+    data = reduced(tmp_path)
+    cli = subprocess.Popen([sys.executable, "-m", "flows.cli", "matrix", str(write_matrix(tmp_path, data)),
+                            "--artifacts", str(artifacts)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True, start_new_session=True)  # its own group, as a terminal starts it
+    sent = False
+    try:
+        deadline = time.monotonic() + 240
+        while not sent and time.monotonic() < deadline and cli.poll() is None:
+            if any(artifacts.glob("*_matrix_*/*/requests.jsonl")):  # the first arm is measuring
+                os.killpg(cli.pid, signal.SIGINT)
+                sent = True
+            time.sleep(0.05)
+        out, err = cli.communicate(timeout=120)
+    finally:
+        if cli.poll() is None:
+            os.killpg(cli.pid, signal.SIGKILL)
+    assert sent, "the first arm never measured: " + out[-500:] + err[-1500:]
+    assert cli.returncode == 130, out + err
+    assert "matrix interrupted by SIGINT" in out + err and "Traceback" not in err, out + err
+    folder = run_folder_of(subprocess.CompletedProcess([], 130, out, err))
+    m = manifest_of(folder)
+    assert m["flow"]["status"] == "interrupted", m["flow"]
+    statuses = {name: lane["status"] for name, lane in m["lanes"].items()}
+    assert "interrupted" in statuses.values() and "passed" not in statuses.values(), statuses
+    assert "verdict" not in m["flow"]["matrix"]
+    assert run_cli("verify", str(folder)).returncode == 0
+    assert all(llama_server_pid(p) is None for p in range(PORT + 10, PORT + 20))
+
