@@ -52,6 +52,29 @@ def run_cli(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
                           timeout=timeout)
 
 
+def interrupt_cli(*args: str, when, timeout: float = 240) -> tuple[subprocess.CompletedProcess, bool]:
+    """`lanebench ...` in its own process group (as a terminal starts it), sent SIGINT to the
+    group once `when()` holds, as Ctrl-C does; (its result, whether the SIGINT was sent)."""
+    import signal
+    import time
+
+    cli = subprocess.Popen([sys.executable, "-m", "flows.cli", *args], cwd=REPO, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, start_new_session=True)
+    sent = False
+    try:
+        deadline = time.monotonic() + timeout
+        while not sent and time.monotonic() < deadline and cli.poll() is None:
+            if when():
+                os.killpg(cli.pid, signal.SIGINT)
+                sent = True
+            time.sleep(0.05)
+        out, err = cli.communicate(timeout=120)
+    finally:
+        if cli.poll() is None:
+            os.killpg(cli.pid, signal.SIGKILL)
+    return subprocess.CompletedProcess(cli.args, cli.returncode, out, err), sent
+
+
 def run_folder_of(result: subprocess.CompletedProcess) -> Path:
     last = result.stdout.strip().splitlines()[-1]
     assert last.startswith("run folder: "), result.stdout + result.stderr

@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
-from conftest import REPO, llama_server_pid, manifest_of, no_llama_server_left, run_cli, run_folder_of
+from conftest import REPO, interrupt_cli, llama_server_pid, manifest_of, no_llama_server_left, run_cli, run_folder_of
 
 TARGET = REPO / "testbed" / "models" / "target-f16.gguf"
 PROMPTS = REPO / "kl" / "prompts.jsonl"
@@ -263,23 +263,11 @@ def test_ctrl_c_mid_reference_stops_kl_like_nightly(tmp_path, llama_bin):
     path = kl_file(tmp_path, "stop.yaml", candidates=["q8_0"], lanes={
         "f16": llama_lane(18244), "q8_0": llama_lane(18245, quantize={"type": "Q8_0"})})
     artifacts = tmp_path / "art"
-    cli = subprocess.Popen([sys.executable, "-m", "flows.cli", "kl", str(path), "--artifacts", str(artifacts),
-                            "--prompt-count", "12"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                           text=True, start_new_session=True)  # its own group, as a terminal starts it
-    sent = False
-    try:
-        deadline = time.monotonic() + 240
-        while not sent and time.monotonic() < deadline and cli.poll() is None:
-            if any(artifacts.glob("*_kl_*/f16/*.jsonl")) and llama_server_pid(18244):
-                os.killpg(cli.pid, signal.SIGINT)
-                sent = True
-            time.sleep(0.05)
-        out, err = cli.communicate(timeout=120)
-    finally:
-        if cli.poll() is None:
-            os.killpg(cli.pid, signal.SIGKILL)
+    result, sent = interrupt_cli("kl", str(path), "--artifacts", str(artifacts), "--prompt-count", "12",
+                                 when=lambda: any(artifacts.glob("*_kl_*/f16/*.jsonl")) and llama_server_pid(18244))
+    out, err = result.stdout, result.stderr
     assert sent, "the reference finished before it could be interrupted: " + out[-500:] + err[-1500:]
-    assert cli.returncode == 130, out + err
+    assert result.returncode == 130, out + err
     assert "kl interrupted by SIGINT" in out + err and "Traceback" not in err, out + err
     folder = Path(out.strip().splitlines()[-1].removeprefix("run folder: "))
     m = manifest_of(folder)

@@ -10,19 +10,14 @@ one arm that fails its capacity gate (exit 1, the change and the failed arm are 
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import yaml
 
-from conftest import REPO, llama_server_pid, manifest_of, no_llama_server_left, run_cli, run_folder_of, shipped_inventory, write_inventory
+from conftest import REPO, interrupt_cli, llama_server_pid, manifest_of, no_llama_server_left, run_cli, run_folder_of, shipped_inventory, write_inventory
 from tasks.inventory.models import ConfigError
 from tasks.matrix.config import load_matrix
 from tasks.matrix.bars import Bar, EarlierRun, earlier_run, register
@@ -310,17 +305,22 @@ def reduced(tmp: Path, **changes) -> dict:
     return data
 
 
+def matrix_inventory(folder: Path, port: int) -> Path:
+    """The shipped inventory, the rehearsal lane (the matrix's target) on `port`."""
+    inv = shipped_inventory()
+    lane = inv["lanes"]["rehearsal"]
+    lane["port"] = port
+    for ref in ("model", "drafter"):  # the arms pin their own drafters; byte counts are the lane tests' business
+        lane[ref].pop("bytes", None)
+        lane[ref].pop("sha256", None)
+    return write_inventory(folder, inv)
+
+
 @pytest.fixture(scope="module")
 def matrix_runs(tmp_path_factory, llama_bin):
     """Two runs of one matrix name into one artifacts folder: as shipped, then with a bar edited."""
     tmp = tmp_path_factory.mktemp("matrix")
-    inv = shipped_inventory()
-    lane = inv["lanes"]["rehearsal"]
-    lane["port"] = PORT
-    for ref in ("model", "drafter"):  # the arms pin their own drafters; byte counts are the lane tests' business
-        lane[ref].pop("bytes", None)
-        lane[ref].pop("sha256", None)
-    write_inventory(tmp, inv)
+    matrix_inventory(tmp, PORT)
     artifacts = tmp / "artifacts"
     first = run_cli("matrix", str(write_matrix(tmp, reduced(tmp))), "--artifacts", str(artifacts))
     # Someone lowers the candidate's bar after seeing the numbers, and a second drafter arm is
@@ -429,34 +429,16 @@ def test_ctrl_c_mid_arm_stops_the_matrix_like_nightly(tmp_path, llama_bin):
     """Ctrl-C to `lanebench matrix`'s process group mid arm (flows/cli/matrix.py -> run_flow):
     exit 130 naming SIGINT, the arm's server torn down, the run folder marked interrupted with
     the arms never started said so, verify passes, no verdict."""
-    inv = shipped_inventory()
-    lane = inv["lanes"]["rehearsal"]
-    lane["port"] = PORT + 10
-    for ref in ("model", "drafter"):
-        lane[ref].pop("bytes", None)
-        lane[ref].pop("sha256", None)
-    write_inventory(tmp_path, inv)
+    matrix_inventory(tmp_path, PORT + 10)
     artifacts = tmp_path / "artifacts"
     data = reduced(tmp_path)
-    cli = subprocess.Popen([sys.executable, "-m", "flows.cli", "matrix", str(write_matrix(tmp_path, data)),
-                            "--artifacts", str(artifacts)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                           text=True, start_new_session=True)  # its own group, as a terminal starts it
-    sent = False
-    try:
-        deadline = time.monotonic() + 240
-        while not sent and time.monotonic() < deadline and cli.poll() is None:
-            if any(artifacts.glob("*_matrix_*/*/requests.jsonl")):  # the first arm is measuring
-                os.killpg(cli.pid, signal.SIGINT)
-                sent = True
-            time.sleep(0.05)
-        out, err = cli.communicate(timeout=120)
-    finally:
-        if cli.poll() is None:
-            os.killpg(cli.pid, signal.SIGKILL)
+    result, sent = interrupt_cli("matrix", str(write_matrix(tmp_path, data)), "--artifacts", str(artifacts),
+                                 when=lambda: any(artifacts.glob("*_matrix_*/*/requests.jsonl")))  # first arm measuring
+    out, err = result.stdout, result.stderr
     assert sent, "the first arm never measured: " + out[-500:] + err[-1500:]
-    assert cli.returncode == 130, out + err
+    assert result.returncode == 130, out + err
     assert "matrix interrupted by SIGINT" in out + err and "Traceback" not in err, out + err
-    folder = run_folder_of(subprocess.CompletedProcess([], 130, out, err))
+    folder = run_folder_of(result)
     m = manifest_of(folder)
     assert m["flow"]["status"] == "interrupted", m["flow"]
     statuses = {name: lane["status"] for name, lane in m["lanes"].items()}
