@@ -10,10 +10,13 @@ from __future__ import annotations
 import json
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+
+import httpx
 
 PORTS = range(18300, 18400)
 _taken: set[int] = set()
@@ -32,6 +35,23 @@ def free_port() -> int:
         _taken.add(port)
         return port
     raise RuntimeError("no free port in 18300-18399")
+
+
+def api_call(api: str, method: str, path: str, **kwargs) -> httpx.Response:
+    """One call to a Prefect server's REST API, retrying its 503s as Prefect's own client does.
+
+    The server answers 503 when SQLite was busy (`is_client_retryable_exception`): under a loaded
+    CI machine the scheduler, the worker and a test all write at once, and the next try succeeds.
+    """
+    deadline = time.monotonic() + 60
+    delay = 0.5
+    while True:
+        r = httpx.request(method, api + path, timeout=30, **kwargs)
+        if r.status_code != 503 or time.monotonic() + delay > deadline:
+            r.raise_for_status()
+            return r
+        time.sleep(delay)
+        delay = min(delay * 2, 8.0)
 
 
 @contextmanager

@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from conftest import REPO, manifest_of, shipped_inventory, write_inventory
-from prefect_stack import free_port
+from prefect_stack import api_call, free_port
 
 TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 
@@ -94,9 +94,7 @@ def served(tmp_path_factory, llama_bin):
 
 
 def _api(served: dict, method: str, path: str, **kwargs) -> httpx.Response:
-    r = httpx.request(method, served["api"] + path, timeout=30, **kwargs)
-    r.raise_for_status()
-    return r
+    return api_call(served["api"], method, path, **kwargs)
 
 
 def _deployment(served: dict, name: str) -> dict:

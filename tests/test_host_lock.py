@@ -15,7 +15,7 @@ from datetime import datetime
 import pytest
 
 from conftest import REPO
-from prefect_stack import prefect_server
+from prefect_stack import api_call, prefect_server
 
 # A flow that holds a host for a while and prints its Hold as JSON (the nightly wraps lanes the same way).
 _HOLDER = """
@@ -52,9 +52,7 @@ def _hold_of(proc: subprocess.Popen, timeout: float) -> dict:
 
 
 def _limit(env: dict, name: str) -> dict:
-    import httpx
-
-    return httpx.get(f"{env['PREFECT_API_URL']}/v2/concurrency_limits/{name}", timeout=10).json()
+    return api_call(env["PREFECT_API_URL"], "GET", f"/v2/concurrency_limits/{name}").json()
 
 
 def test_two_flows_on_one_host_run_one_after_the_other(stack):

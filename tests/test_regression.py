@@ -10,12 +10,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import httpx
 import pandas as pd
 import pytest
 
 from conftest import REPO, manifest_of, shipped_inventory, write_inventory
-from prefect_stack import Receiver, free_port, prefect_server
+from prefect_stack import Receiver, api_call, free_port, prefect_server
 from tasks.record.regression import change_interval, t_quantile, verdict
 
 
@@ -91,8 +90,8 @@ def nightlies(tmp_path_factory, llama_bin):
         result = subprocess.run([sys.executable, "-c", _DRIVER, str(artifacts), *map(str, hosts)], cwd=REPO, env=env,
                                 capture_output=True, text=True, timeout=900)
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
-        artifacts_on_server = httpx.post(f"{env['PREFECT_API_URL']}/artifacts/filter", timeout=30,
-                                         json={"artifacts": {"key": {"any_": ["nightly-report"]}}}).json()
+        artifacts_on_server = api_call(env["PREFECT_API_URL"], "POST", "/artifacts/filter",
+                                       json={"artifacts": {"key": {"any_": ["nightly-report"]}}}).json()
     codes = [int(line.split()[1]) for line in result.stdout.splitlines() if line.startswith("EXIT ")]
     folders = [line.removeprefix("run folder: ") for line in result.stdout.splitlines()
                if line.startswith("run folder: ")]

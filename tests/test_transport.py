@@ -275,7 +275,7 @@ def test_idempotent_command_is_rerun_after_a_dropped_connection(sshds, make_ssh,
     counter = tmp_path / "runs"
     assert ssh.run(["true"]).exit_code == 0  # connected before the fault
     dropper = _drop_after(sshd, 0.8)
-    r = ssh.run(["sh", "-c", f'echo run >> "$1"; sleep 1.5; echo done', "sh", str(counter)], idempotent=True)
+    r = ssh.run(["sh", "-c", 'echo run >> "$1"; sleep 1.5; echo done', "sh", str(counter)], idempotent=True)
     dropper.join()
     assert (r.exit_code, r.stdout, r.attempts) == (0, "done\n", 2)
     assert counter.read_text() == "run\nrun\n"
@@ -438,7 +438,7 @@ def test_ssh_env_values_never_reach_a_command_line(shared_sshd, make_ssh, tmp_pa
         spawned.stop(grace_s=1.0)
 
     seen: list[list[int]] = []
-    r = ssh.run(["sh", "-c", f'echo started; sleep 1; printf "%s|" "$LB_TOKEN"; cat'], env={"LB_TOKEN": value},
+    r = ssh.run(["sh", "-c", 'echo started; sleep 1; printf "%s|" "$LB_TOKEN"; cat'], env={"LB_TOKEN": value},
                 stdin=b"stdin after the environment", on_output=lambda s: seen.append(procs_with(secret)))
     assert r.exit_code == 0 and r.stdout == f"started\n{value}|stdin after the environment", r
     assert seen and seen[0] == [], "the secret is on a command line while `run` runs"
