@@ -19,6 +19,10 @@ Markers in the prompt script one request:
       connection drops mid-stream.
 GET /stats returns {"connections": accepted so far, "requests": served so far}.
 
+`--busy-poll`: the loop polls its sockets with a zero timeout instead of sleeping on them, so
+its core never idles: a request's arrival is stamped without waiting for a halted (virtual) CPU
+to wake, and that wake-up is then not counted against the client under test.
+
 Run: python benchmarks/fake_server.py --port 18500 --ttft-ms 20 --itl-ms 5 [--cpu 0] [--log f]
 Only the standard library: a peer's venv or a test can start it with any Python.
 """
@@ -30,6 +34,7 @@ import asyncio
 import json
 import os
 import re
+import selectors
 import time
 
 _MARK = re.compile(rb"#(burst|fault)=(\w+)")
@@ -210,7 +215,7 @@ class Fake:
         return True
 
 
-async def main() -> None:
+def options() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=18500)
@@ -220,7 +225,11 @@ async def main() -> None:
     p.add_argument("--ping-s", type=float, default=30.0)
     p.add_argument("--cpu", type=int, default=None, help="pin the server to this core")
     p.add_argument("--log", default=None)
-    args = p.parse_args()
+    p.add_argument("--busy-poll", action="store_true", help="poll the sockets instead of sleeping on them")
+    return p.parse_args()
+
+
+async def serve(args: argparse.Namespace) -> None:
     if args.cpu is not None:
         os.sched_setaffinity(0, {args.cpu})
     fake = Fake(args)
@@ -235,5 +244,22 @@ async def main() -> None:
         await server.serve_forever()
 
 
+class _BusyPoll(selectors.EpollSelector):
+    """epoll asked with a zero timeout until something is ready or the loop's timeout passes."""
+
+    def select(self, timeout: float | None = None) -> list:
+        end = None if timeout is None else time.perf_counter() + timeout
+        while not (ready := super().select(0)) and (end is None or time.perf_counter() < end):
+            pass
+        return ready
+
+
+def main() -> None:
+    args = options()
+    loop = (lambda: asyncio.SelectorEventLoop(_BusyPoll())) if args.busy_poll else None
+    with asyncio.Runner(loop_factory=loop) as runner:
+        runner.run(serve(args))
+
+
 if __name__ == "__main__":
-    asyncio.run(main())
+    main()

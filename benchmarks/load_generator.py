@@ -4,6 +4,8 @@ Two parts, each printing a markdown table:
   timed: the fake server streams on a schedule (--ttft-ms, then one token every --itl-ms);
          each client's TTFT (and, for lanebench, every ITL gap) is compared with the server's
          own write stamps. Error = client's interval - server's interval for the same request.
+         The server busy-polls its sockets (fake_server.py --busy-poll), so a request's arrival
+         stamp does not wait for its idle core to wake (--server-sleeps: as before).
   raw:   the fake server writes as fast as it can (--zero-delay); streamed tokens per second
          over the server's busy span, the client's CPU, and TCP connections the server accepted.
 The server runs pinned to --server-cpu and every client to --client-cpu (os.sched_setaffinity),
@@ -92,7 +94,7 @@ def timed_row(client: str, got: dict, entries: list[dict], concurrency: int, itl
         parsed.append(ttft - (e["writes"][0] - e["recv"]))
         return ttft - (e["writes"][0] - e.get("recv_bytes", e["recv"]))
 
-    if client == "lanebench":
+    if client.startswith("lanebench"):
         for nonce, ttft in got["ttft"]:
             (e,) = [e for e in entries if nonce in e["prompt"]]
             ttft_err.append(err(ttft, e))
@@ -135,7 +137,7 @@ def table(rows: list[dict]) -> str:
 
 def one(client: str, server: FakeServer, concurrency: int, requests: int, tokens: int, work: Path) -> dict:
     server.log.write_text("")
-    if client == "lanebench":
+    if client.startswith("lanebench"):
         return lanebench(server.url, concurrency, requests, tokens)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     got = run_peer(client, server.url, concurrency, requests, tokens, work)
@@ -152,6 +154,8 @@ def main() -> None:
     p.add_argument("--client-cpu", type=int, default=1)
     p.add_argument("--ttft-ms", type=float, default=20.0)
     p.add_argument("--itl-ms", type=float, default=1.0)
+    p.add_argument("--server-sleeps", action="store_true",
+                   help="timed part: the fake server sleeps between writes (before 2026-12-01 15:30 UTC)")
     args = p.parse_args()
     levels_timed = [1, 4, 16]
     levels_raw = [1, 16, 64, 256] if not args.quick else [1, 16]
@@ -168,7 +172,9 @@ def main() -> None:
     log = work / "server.jsonl"
 
     timed, raw, layers = [], [], []
-    server = FakeServer(args.server_cpu, log, "--ttft-ms", str(args.ttft_ms), "--itl-ms", str(args.itl_ms))
+    # The reference polls instead of sleeping: its own wake-up is not the clients' error.
+    server = FakeServer(args.server_cpu, log, "--ttft-ms", str(args.ttft_ms), "--itl-ms", str(args.itl_ms),
+                        *([] if args.server_sleeps else ["--busy-poll"]))
     os.sched_setaffinity(0, {args.client_cpu})  # after the server started: it pinned itself
     try:
         for c in levels_timed:

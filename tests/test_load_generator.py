@@ -72,6 +72,15 @@ def test_connections_opened_equal_concurrency_not_requests(fake):
     assert all((r.connect_s is None) == r.reused_connection for r in result.records)
 
 
+def test_a_request_larger_than_the_socket_buffer_goes_out_whole(fake):
+    """A long prompt (prefill ladder) is more than one send takes: the rest goes out as the socket
+    drains, and the connection then serves the next request."""
+    url, _ = fake
+    result = run_wave(url, VLLM, _wave(1, 2), _prompts("long " * 1_000_000))  # 5 MB each
+    assert [r.ok for r in result.records] == [True, True], [r.error for r in result.records]
+    assert result.connections_opened == 1
+
+
 def test_clocks_match_the_servers_write_times(fake):
     url, log = fake
     result = run_wave(url, VLLM, _wave(2, 4, max_tokens=24), _prompts("x"))
@@ -243,3 +252,35 @@ def test_a_rate_sweep_validates_one_row_per_rate(fake):
     assert validate("decode", df).success
     v = validate("decode", pd.concat([df, df.iloc[[0]]], ignore_index=True))
     assert any("expect_compound_columns_to_be_unique(lane, request_rate)" in line for line in v.failed), v.failed
+
+
+def test_bytes_read_late_keep_the_time_they_arrived():
+    """The stamp is the kernel's receive time, not the time the loop got to the socket: bytes
+    written while the event loop was busy for 80 ms are stamped when they were written."""
+    import asyncio
+    import socket
+
+    from tasks.client import http
+
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    async def scenario() -> tuple[float, float, float]:
+        host, port = listener.getsockname()
+        pool = http.Pool(host, port, 1)
+        conn, _ = await pool.acquire()
+        peer, _ = listener.accept()
+        with peer:
+            written = time.perf_counter()
+            peer.sendall(b"first bytes")
+            time.sleep(0.08)  # the loop is busy elsewhere: nothing reads the socket meanwhile
+            stamped, data = await conn.proto.read()
+            read = time.perf_counter()
+        assert data == b"first bytes"
+        pool.release(conn, keep=False)
+        return written, stamped, read
+
+    with listener:
+        written, stamped, read = asyncio.run(scenario())
+    assert read - written > 0.08
+    # (-50 µs: the kernel's wall-clock stamp moved onto perf_counter, two clock reads apart)
+    assert -5e-5 <= stamped - written < 0.005, (stamped - written, read - written)
