@@ -318,10 +318,9 @@ class _Pieces(list):
 
 
 async def read_response(conn: Connection, sink: Callable[[float, bytes], None] | None = None) -> Response:
-    """Read one response to its end. Each piece of the body carries the stamp its bytes got when
-    the event loop received them (`_Stamped.data_received`), taken before the reading task woke
-    and before anything looked at them; a 2xx body's pieces go to `sink` as they come (its parsing
-    then overlaps the wait for the next chunk)."""
+    """Read one response to its end. Each piece of the body carries the time the host received
+    its bytes (`_Stamped`), whenever this task got to them; a 2xx body's pieces go to `sink` as
+    they come (its parsing then overlaps the wait for the next chunk)."""
     proto = conn.proto
     read = proto.read
     status, headers = await _head(proto)

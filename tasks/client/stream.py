@@ -2,7 +2,8 @@
 event, or the one error that makes it THAT request's error row.
 
 Every event comes with the arrival stamp of the received bytes that carried its first byte
-(taken in the connection protocol's data_received, tasks/client/http.py) before anything parsed it, so neither JSON nor pydantic sits inside a measured interval. The engine adapter parses each
+(the kernel's receive time, tasks/client/http.py), taken before anything parsed it, so neither
+JSON nor pydantic sits inside a measured interval. The engine adapter parses each
 event's raw bytes (`Engine.parse_stream_event`); nothing here knows which engine spoke.
 """
 
@@ -41,7 +42,7 @@ class Outcome:
 
 class Assembler:
     """Parse a stream's events in order, as their bytes arrive. Token-bearing events that arrived
-    together (one data_received, one stamp) are one chunk (a burst): their gap was never
+    together (one read, one stamp) are one chunk (a burst): their gap was never
     observable, so it does not enter ITL as a zero."""
 
     def __init__(self, engine: Engine, t_send: float):
