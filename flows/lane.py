@@ -38,15 +38,16 @@ from tasks.inventory.models import Host, Inventory, Lane
 from tasks.inventory import secrets
 from tasks.record.expectations import warmed_up
 from tasks.record.interrupted import stop_requested
-from tasks.record.progress import progress
 from tasks.record.rows import GateResult
 from tasks.record.run_folder import LaneRecord, RunFolder, RunFolderWriteError
 from tasks.stages.acceptance import acceptance_probe
-from tasks.stages.boot import NodeLost, Server
-from tasks.stages.deadlines import Late, ServerDied, check_alive
+from tasks.stages import live
+from tasks.stages.boot import NodeLost
+from tasks.stages.deadlines import ServerDied
 from tasks.stages.decode_curve import decode_curve
 from tasks.stages.gates import GateFailed, conservative_cap
 from tasks.stages.limits import with_bandwidth_share
+from tasks.stages.live import Endpoint
 from tasks.stages.preflight import resolve
 from tasks.stages.safety import acceptance_findings, noise_findings
 from tasks.stages.serve import served_lane
@@ -87,23 +88,11 @@ def lane_flow(lane_name: str, lane: Lane, host: Host, base_dir: Path, run_dir: s
             raise RunFolderWriteError(28, run.write_error)
         run.stage(lane_name, name)
 
-    late = Late()  # requests past their wall deadline: the lane ends at the next check, naming it
-
-    def alive() -> None:
-        check_alive(served.server, late=late)
-
-    def keep(rec, judged: bool = True) -> None:
-        if judged:
-            late.note(rec)
-        if run.write_error is not None:
-            return  # the disk is full: the lane ends at its next step, with that one line
-        try:
-            run.append_jsonl(lane_name, "requests.jsonl", rec)
-        except RunFolderWriteError:
-            pass
-
     decode_prompts, class_prompts = _prompt_sets(lane, base_dir)
     probe = min([*decode_prompts, *(p for ps in class_prompts.values() for p in ps)], key=lambda p: len(p.text))
+    # The stages' tasks take the server's endpoint and the run folder's path; each keeps its raw
+    # records in `requests.jsonl` and checks the server between waves itself (tasks/stages/live.py):
+    # a request past its wall deadline ends the lane at the next check, naming it.
     try:
         # 1-4. Preflight, image pull, boot, boot gates; teardown when the block ends, whatever happens.
         with served_lane(run, lane_name, lane, host, base_dir, inventory, probe) as served:
@@ -112,17 +101,16 @@ def lane_flow(lane_name: str, lane: Lane, host: Host, base_dir: Path, run_dir: s
                 if record.status == "skipped":
                     return Completed(name="Skipped", message=record.reason)
                 return Failed(message=record.reason)
-            server, lane = served.server, served.lane
+            endpoint, lane = served.endpoint, served.lane
 
             if stages == "tools":
-                return _correctness(run, record, lane_name, lane, host, base_dir, server, stage, held_out,
-                                    needles=False)
+                return _correctness(run, record, lane, host, base_dir, endpoint, stage, held_out, needles=False)
 
             # 4b. Capacity plan: users x context each, from the boot facts; a declared concurrency whose
             # typical requests do not fit the pool is flagged here, before any curve runs on it.
             if lane.bench.capacity is not None:
                 stage("capacity plan")
-                typical = typical_tokens(lane, server.base_url, engine_for(lane.engine), decode_prompts)
+                typical = typical_tokens(lane, endpoint.base_url, engine_for(lane.engine), decode_prompts)
                 cap_rows, check = capacity_plan(lane_name, lane, served.facts, typical)
                 run.write_table(lane_name, "capacity", cap_rows)
                 record.capacity = check.model_dump()
@@ -136,14 +124,14 @@ def lane_flow(lane_name: str, lane: Lane, host: Host, base_dir: Path, run_dir: s
             shapes = [(c, "decode", lane.bench.decode.max_tokens) for c in lane.bench.decode.concurrency]
             if lane.bench.acceptance is not None:
                 shapes += [(1, c, lane.bench.acceptance.max_tokens) for c in class_prompts]
-            warm = warmup(server, lane_name, lane.engine, shapes, {"decode": decode_prompts, **class_prompts}, keep)
+            warm = warmup(endpoint, run_dir, shapes, {"decode": decode_prompts, **class_prompts})
             run.write_table(lane_name, "warmup", warm)
-            alive()  # a fault in the last warmup wave is the warmup's
+            live.check(endpoint)  # a fault in the last warmup wave is the warmup's
 
             # 6. Decode curve: repeats at each concurrency level, median and spread. Levels declared
             # `beyond_cap: queue` that exceed the server's cap run after it, labelled "queueing".
             stage("decode curve")
-            alive()
+            live.check(endpoint)
             cap, _ = conservative_cap(served.facts)
             past_cap = [c for c in lane.bench.decode.queue_levels() if cap is None or c > cap]
             for level in sorted(set(lane.bench.decode.queue_levels()) - set(past_cap)):
@@ -151,19 +139,17 @@ def lane_flow(lane_name: str, lane: Lane, host: Host, base_dir: Path, run_dir: s
                                        "measured as an ordinary level")
             plan = lane.bench.decode.model_copy(update={"concurrency": [c for c in lane.bench.decode.concurrency
                                                                         if c not in past_cap]})
-            rows = decode_curve(server, lane_name, lane.engine, plan, lane.bench.repeats, decode_prompts,
-                                keep, on_progress=lambda s: (alive(), progress(lane_name, s)),
+            rows = decode_curve(endpoint, run_dir, plan, lane.bench.repeats, decode_prompts,
                                 unstable_spread_pct=lane.bench.unstable_spread_pct)
-            alive()  # the last wave's requests past their deadline end the lane here, not in a table
+            live.check(endpoint)  # the last wave's requests past their deadline end the lane here, not in a table
             model_bytes = next((m["bytes"] for m in record.models if m["role"] == "model"), None)
             rows = with_bandwidth_share(rows, model_bytes, host.memory_gbps)
             queue_rows = []
             if past_cap:
                 stage("queueing levels")
-                queued, queue_rows = queueing_levels(server, lane_name, lane.engine, lane.bench.decode,
-                                                     lane.bench.repeats, decode_prompts, past_cap, cap, rows,
-                                                     lambda rec: keep(rec, judged=False),  # queued: may wait long
-                                                     on_progress=lambda s: progress(lane_name, s))
+                # Its records are kept, not judged against the wall deadline: a queued request may wait long.
+                queued, queue_rows = queueing_levels(endpoint, run_dir, lane.bench.decode, lane.bench.repeats,
+                                                     decode_prompts, past_cap, cap, rows)
                 rows = sorted([*rows, *queued], key=lambda r: r.concurrency)
             run.write_table(lane_name, "decode", rows)
             if queue_rows:
@@ -176,9 +162,7 @@ def lane_flow(lane_name: str, lane: Lane, host: Host, base_dir: Path, run_dir: s
                 stage("prefill ladder")
                 pre = lane.bench.prefill
                 filler = load_prompts(resolve(base_dir, pre.prompts)) if pre.prompts else decode_prompts
-                ladder = prefill_ladder(server, lane_name, lane.engine, pre, served.facts, lane.context, filler,
-                                        lambda r: run.append_jsonl(lane_name, "prefill.jsonl", r),
-                                        on_progress=lambda s: progress(lane_name, s))
+                ladder = prefill_ladder(endpoint, run_dir, pre, served.facts, lane.context, filler)
                 for row in ladder:
                     if row.status != "measured":
                         record.warnings.append(f"prefill ladder: rung {row.rung} {row.status}: {row.reason}")
@@ -194,10 +178,9 @@ def lane_flow(lane_name: str, lane: Lane, host: Host, base_dir: Path, run_dir: s
             # 7. Acceptance probe: per prompt class, counter deltas over the probe window only.
             if lane.speculative is not None and lane.bench.acceptance is not None:
                 stage("acceptance probe")
-                acc_rows, silent = acceptance_probe(server, lane_name, lane.engine, lane.speculative.k, class_prompts,
-                                                    lane.bench.acceptance.max_tokens, lane.bench.repeats, keep,
-                                                    on_progress=lambda s: (alive(), progress(lane_name, s)))
-                alive()
+                acc_rows, silent = acceptance_probe(endpoint, run_dir, lane.speculative.k, class_prompts,
+                                                    lane.bench.acceptance.max_tokens, lane.bench.repeats)
+                live.check(endpoint)
                 for prompt_class in silent:
                     record.warnings.append(f"acceptance probe: class {prompt_class} had no verification step")
                 record.flags += [f.model_dump(mode="json") for f in acceptance_findings(lane, acc_rows)]
@@ -207,9 +190,9 @@ def lane_flow(lane_name: str, lane: Lane, host: Host, base_dir: Path, run_dir: s
             # 8-9. Correctness on the same booted server: tool-call gate, needle ladder; then
             # expectations on the raw records too. Any failed suite or gate fails the lane.
             if run.manifest.flow.get("name") in SPEED_ONLY_FLOWS:
-                return _correctness(run, record, lane_name, lane.model_copy(update={"correctness": None}), host,
-                                    base_dir, server, stage, held_out, needles=False)
-            return _correctness(run, record, lane_name, lane, host, base_dir, server, stage, held_out, needles=True)
+                return _correctness(run, record, lane.model_copy(update={"correctness": None}), host, base_dir,
+                                    endpoint, stage, held_out, needles=False)
+            return _correctness(run, record, lane, host, base_dir, endpoint, stage, held_out, needles=True)
     except GateFailed as e:
         record.status, record.reason = "failed", str(e)
         return Failed(message=str(e))
@@ -244,27 +227,28 @@ def _failed_in(record: LaneRecord) -> str:
     return stages[-1] if stages else record.stage
 
 
-def _correctness(run: RunFolder, record: LaneRecord, lane_name: str, lane: Lane, host: Host, base_dir: Path,
-                 server: Server, stage: Callable[[str], None], held_out: bool, needles: bool) -> State:
+def _correctness(run: RunFolder, record: LaneRecord, lane: Lane, host: Host, base_dir: Path, endpoint: Endpoint,
+                 stage: Callable[[str], None], held_out: bool, needles: bool) -> State:
     """Tool gate and needle ladder (their tables kept whatever the verdict), then expectations."""
+    lane_name, run_dir = endpoint.lane, str(run.path)
     verdicts: list[GateResult] = []
     if lane.correctness is not None and lane.correctness.tool_gate is not None:
         stage("tool gate")
-        verdicts += tool_gate(server, run, lane_name, lane, host, base_dir, held_out)
+        verdicts += tool_gate(endpoint, run_dir, lane, host, base_dir, held_out)
         record.flags += [{"check": "tool score truncated", "declared": "a score of finished answers",
                           "effective": r.detail.split("; ")[-1], "severity": "flag",
                           "message": f"{r.gate}: {r.detail}; fix: raise the protocol's max_tokens"}
                          for r in verdicts if "dominated by truncation" in r.detail]
     if needles and lane.correctness is not None and lane.correctness.needles is not None:
         stage("needle ladder")
-        ladder = needle_ladder(server, run, lane_name, lane)
+        ladder = needle_ladder(endpoint, run_dir, lane)
         verdicts += [ladder] if ladder is not None else []
     correctness.verdicts(run, lane_name).extend(r.model_dump() for r in verdicts)
     run.save_manifest()
     if needles and lane.bench.accuracy is not None:
         # A report, not a gate: the raw score only ever beside the share cut off at max_tokens.
         stage("accuracy eval")
-        scores = accuracy_eval(server, run, lane_name, lane, resolve(base_dir, lane.bench.accuracy.file))
+        scores = accuracy_eval(endpoint, run_dir, lane, resolve(base_dir, lane.bench.accuracy.file))
         words = in_words(scores)
         if words.startswith("TRUNCATION DOMINATES"):
             record.warnings.append(f"accuracy eval: {words}")

@@ -8,10 +8,14 @@ counter deltas over its window. Both must describe the same requests.
 from __future__ import annotations
 
 import re
+import uuid
 
 import pytest
 
 from conftest import REPO, shipped_inventory
+from tasks.client.records import RequestRecord
+from tasks.record.run_folder import RunFolder
+from tasks.stages import live
 from tasks.stages.acceptance import acceptance_probe
 from tasks.stages.boot import start, stop, wait_healthy
 from tasks.inventory.models import Inventory
@@ -31,21 +35,26 @@ def server(llama_bin, tmp_path_factory):
     })
     srv = start("rehearsal", lane, str(llama_bin / "llama-server"), "127.0.0.1",
                 tmp_path_factory.mktemp("log") / "boot.log")
+    handles = live.register("rehearsal")  # as served_lane does: the probe checks the server between windows
     try:
         wait_healthy(srv, lane, 60)
+        handles.server = srv
         yield srv, lane
     finally:
+        live.forget("rehearsal", handles)
         stop(srv)
 
 
 @pytest.mark.parametrize("prompt_class", ["prose", "code"])
-def test_probe_matches_server_log(server, prefect_harness, prompt_class):
+def test_probe_matches_server_log(server, prefect_harness, prompt_class, tmp_path):
     srv, lane = server
     prompts = load_prompts(REPO / f"testbed/prompts/{prompt_class}.jsonl", 6)
     offset = len(srv.log())
-    records = []
-    rows, silent = acceptance_probe(srv, "rehearsal", "llamacpp", lane.speculative.k, {prompt_class: prompts},
-                                    max_tokens=64, repeats=1, on_record=records.append)
+    run = RunFolder(tmp_path, "nightly", str(uuid.uuid4()), REPO / "hosts.yaml")
+    rows, silent = acceptance_probe(srv.endpoint, str(run.path), lane.speculative.k, {prompt_class: prompts},
+                                    max_tokens=64, repeats=1)
+    kept = (run.path / "rehearsal" / "requests.jsonl").read_text().splitlines()
+    records = [RequestRecord.model_validate_json(line) for line in kept]
     assert not silent and len(rows) == 1
     row = rows[0]
     lines = _LINE.findall(srv.log()[offset:])

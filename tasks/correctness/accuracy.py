@@ -37,7 +37,7 @@ from tasks.correctness.thinking import switch_kwargs
 from tasks.engines import engine_for
 from tasks.inventory.models import AccuracyPlan, Lane
 from tasks.record.run_folder import RunFolder
-from tasks.stages.boot import Server
+from tasks.stages.live import Endpoint
 
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 DOMINANT = 0.5  # a truncated share above this makes the raw score a truncation score
@@ -189,10 +189,11 @@ def in_words(rows: list[AccuracyRow]) -> str:
 
 
 @task(name="accuracy-eval", cache_policy=NO_CACHE)
-def accuracy_eval(server: Server, run: RunFolder, lane_name: str, lane: Lane, path: Path) -> list[AccuracyRow]:
+def accuracy_eval(endpoint: Endpoint, run_dir: str, lane: Lane, path: Path) -> list[AccuracyRow]:
     """Ask, re-ask the capped ones, keep every attempt, write the `accuracy` table (GX-validated)."""
     plan = lane.bench.accuracy
     assert plan is not None
+    run, lane_name = RunFolder.opened(run_dir), endpoint.lane
     engine = engine_for(lane.engine)
     records = load_mcq(path, plan.limit)
     kwargs = switch_kwargs(lane.agentic, plan.thinking)
@@ -204,7 +205,7 @@ def accuracy_eval(server: Server, run: RunFolder, lane_name: str, lane: Lane, pa
         for i in indexes:
             spec = engine.chat_request([{"role": "user", "content": texts[i]}], cap, template_kwargs=kwargs)
             specs.append(spec.model_copy(update={"body": {**spec.body, "stop": plan.stop}}) if plan.stop else spec)
-        return send_chats(server.base_url, engine, specs, concurrency=plan.concurrency)
+        return send_chats(endpoint.base_url, engine, specs, concurrency=plan.concurrency)
 
     first = [attempt(lane_name, i, "first", plan.max_tokens, tags[i], records[i], reply)
              for i, reply in enumerate(ask(list(range(len(records))), plan.max_tokens))]

@@ -27,7 +27,7 @@ from pydantic import BaseModel
 
 from tasks.client.control import control
 from tasks.record.run_folder import RunFolder
-from tasks.stages.boot import Server
+from tasks.stages.live import Endpoint
 from tasks.client.chat import send_chats
 from tasks.inventory.models import Lane, NeedleKind, NeedlePlan
 from tasks.engines import Engine, engine_for
@@ -210,11 +210,12 @@ def run_ladder(base_url: str, engine: Engine, lane_name: str, lane: Lane, plan: 
 
 
 @task(name="needle-ladder", cache_policy=NO_CACHE)
-def needle_ladder(server: Server, run: RunFolder, lane_name: str, lane: Lane) -> GateResult | None:
+def needle_ladder(endpoint: Endpoint, run_dir: str, lane: Lane) -> GateResult | None:
     """Run the ladder, write the `needles` table (GX-validated), return the ladder's verdict."""
     plan = lane.correctness.needles if lane.correctness else None
     if plan is None:
         return None
-    rows = run_ladder(server.base_url, engine_for(lane.engine), lane_name, lane, plan)
+    run, lane_name = RunFolder.opened(run_dir), endpoint.lane
+    rows = run_ladder(endpoint.base_url, engine_for(lane.engine), lane_name, lane, plan)
     run.write_table(lane_name, "needles", rows)
     return ladder_summary(rows, plan)

@@ -15,7 +15,7 @@ import json
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from tasks.stages.boot import Server
+from tasks.stages.live import Endpoint
 from tasks.client.chat import send_chats
 from tasks.client.replies import ChatReply
 from tasks.inventory.models import Lane
@@ -81,7 +81,7 @@ def judge_reasoning(reply: ChatReply) -> GateResult:
 
 
 @task(name="agentic-smoke", cache_policy=NO_CACHE)
-def smoke_gate(server: Server, lane: Lane) -> list[GateResult]:
+def smoke_gate(endpoint: Endpoint, lane: Lane) -> list[GateResult]:
     """The checks the lane's declarations call for: tool calls with thinking off, reasoning with it on."""
     agentic = lane.agentic
     if agentic is None or not (agentic.tools or agentic.reasoning):
@@ -99,5 +99,5 @@ def smoke_gate(server: Server, lane: Lane) -> list[GateResult]:
                                          REASONING_MAX_TOKENS,
                                          template_kwargs=switch_kwargs(agentic, "on")))
         judges.append(judge_reasoning)
-    replies = send_chats(server.base_url, engine, specs, concurrency=len(specs))
+    replies = send_chats(endpoint.base_url, engine, specs, concurrency=len(specs))
     return [judge(reply) for judge, reply in zip(judges, replies)]

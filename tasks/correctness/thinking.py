@@ -15,7 +15,7 @@ from typing import Any, Literal
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from tasks.stages.boot import Server
+from tasks.stages.live import Endpoint
 from tasks.client.chat import send_chats
 from tasks.client.replies import ChatReply
 from tasks.inventory.models import Agentic, Lane, ThinkingSwitch
@@ -65,7 +65,7 @@ def judge_switch(switch: ThinkingSwitch, on: ChatReply, off: ChatReply) -> GateR
 
 
 @task(name="thinking-check", cache_policy=NO_CACHE)
-def thinking_check(server: Server, lane: Lane) -> list[GateResult]:
+def thinking_check(endpoint: Endpoint, lane: Lane) -> list[GateResult]:
     """One verdict per declared switch; the on and off requests share one prompt and nonce."""
     if lane.agentic is None:
         return []
@@ -73,7 +73,7 @@ def thinking_check(server: Server, lane: Lane) -> list[GateResult]:
     results = []
     for switch in lane.agentic.thinking_switch:
         messages = [{"role": "user", "content": with_nonce(PROMPT, nonce())}]
-        on, off = send_chats(server.base_url, engine, [
+        on, off = send_chats(endpoint.base_url, engine, [
             engine.chat_request(messages, MAX_TOKENS, template_kwargs={switch.name: switch.on}),
             engine.chat_request(messages, MAX_TOKENS, template_kwargs={switch.name: switch.off}),
         ], concurrency=2)

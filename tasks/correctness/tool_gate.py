@@ -26,7 +26,7 @@ from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel
 
 from tasks.record.run_folder import RunFolder
-from tasks.stages.boot import Server
+from tasks.stages.live import Endpoint
 from tasks.client.chat import send_chats
 from tasks.client.replies import ChatReply
 from tasks.inventory.models import Agentic, Host, Lane, ToolGatePlan, ToolProtocol, load_protocol
@@ -211,12 +211,13 @@ def earlier_held_out_runs(artifacts_root: Path, suite_sha256: str, this_run: str
 
 
 @task(name="tool-gate", cache_policy=NO_CACHE)
-def tool_gate(server: Server, run: RunFolder, lane_name: str, lane: Lane, host: Host, base_dir: Path,
+def tool_gate(endpoint: Endpoint, run_dir: str, lane: Lane, host: Host, base_dir: Path,
               held_out: bool = False) -> list[GateResult]:
     """Dev suite always, held-out suite when asked: raw records, the `tools` table, one gate result per suite."""
     plan = lane.correctness.tool_gate if lane.correctness else None
     if plan is None:
         return []
+    run, lane_name = RunFolder.opened(run_dir), endpoint.lane
     engine = engine_for(lane.engine)
     protocol_path = shipped_or_local(base_dir, plan.protocol)
     protocol = load_protocol(protocol_path)
@@ -242,10 +243,10 @@ def tool_gate(server: Server, run: RunFolder, lane_name: str, lane: Lane, host: 
             entry |= {"run": True, "run_number": run_number, "earlier_runs": earlier}
         ledger[split] = entry
         run.save_manifest()
-        records, t = run_suite(server.base_url, engine, lane_name, cases, Path(rel).name, split, protocol, lane.agentic)
+        records, t = run_suite(endpoint.base_url, engine, lane_name, cases, Path(rel).name, split, protocol, lane.agentic)
         for record in records:
             run.append_jsonl(lane_name, "tool_cases.jsonl", record)
-        truncation = reask_truncated(server.base_url, engine, lane_name, cases, records, Path(rel).name, split,
+        truncation = reask_truncated(endpoint.base_url, engine, lane_name, cases, records, Path(rel).name, split,
                                      protocol, lane)
         row = ToolGateRow(
             lane=lane_name, suite=Path(rel).name, split=split, suite_sha256=sha,

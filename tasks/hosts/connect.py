@@ -1,11 +1,14 @@
-"""The transport a host's config asks for: here, or over SSH (paramiko is imported only for SSH hosts)."""
+"""The transport a host's config asks for: here, or over SSH (paramiko is imported only for SSH hosts);
+and a lane's `Reach`, the transports its preflight, image pull and boot use."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from tasks.hosts.links import lane_links
 from tasks.hosts.transport import LocalTransport, Transport
-from tasks.inventory.models import Host
+from tasks.inventory.models import Host, Inventory, Lane
 
 
 def transport_for(host_name: str, host: Host, base_dir: Path) -> Transport:
@@ -15,3 +18,30 @@ def transport_for(host_name: str, host: Host, base_dir: Path) -> Transport:
     from tasks.hosts.ssh import SSHTransport
 
     return SSHTransport.from_host(host_name, host, base_dir)
+
+
+@dataclass
+class Reach:
+    """The transports a lane's preflight, image pull and boot use: its host's, its workers' and its links' ends."""
+
+    host_name: str
+    transports: dict[str, Transport] = field(default_factory=dict)
+
+    @property
+    def transport(self) -> Transport:
+        return self.transports[self.host_name]
+
+    @classmethod
+    def of(cls, host_name: str, lane: Lane, host: Host, base_dir: Path, inventory: Inventory | None) -> Reach:
+        hosts = {host_name: host}
+        if inventory is not None:
+            for name in [*(lane.rpc.workers if lane.rpc else []), *(lane.nodes.hosts if lane.nodes else [])]:
+                hosts[name] = inventory.hosts[name]
+            for link in inventory.links:
+                if link.name in lane_links(lane):
+                    hosts |= {link.a.host: inventory.hosts[link.a.host], link.b.host: inventory.hosts[link.b.host]}
+        return cls(host_name, {name: transport_for(name, h, base_dir) for name, h in hosts.items()})
+
+    def close(self) -> None:
+        for t in self.transports.values():
+            t.close()

@@ -9,7 +9,6 @@ nothing else. The engine adapter turns the window into lanebench's one definitio
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable
 
 import numpy as np
 from pydantic import BaseModel
@@ -17,14 +16,15 @@ from pydantic import BaseModel
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from tasks.stages.boot import Server
 from tasks.engines import engine_for
 from tasks.stages.gates import scrape_metrics
 from tasks.client.waves import Wave, run_wave
 from tasks.client.prompts import Prompt
-from tasks.client.records import RequestRecord
 from tasks.engines.facts import Acceptance
+from tasks.record.progress import progress
 from tasks.record.rows import AcceptanceRow
+from tasks.stages import live
+from tasks.stages.live import Endpoint
 
 
 # Fewer prompts than this per class: the row is kept, but no verdict may rest on it (the seeds'
@@ -121,27 +121,29 @@ def summarize(lane_name: str, prompt_class: str, k: int, windows: list[Acceptanc
 
 
 @task(name="acceptance-probe", cache_policy=NO_CACHE)
-def acceptance_probe(server: Server, lane_name: str, engine_name: str, k: int, classes: dict[str, list[Prompt]],
-                     max_tokens: int, repeats: int, on_record: Callable[[RequestRecord], None],
-                     on_progress: Callable[[str], None] = lambda _: None) -> tuple[list[AcceptanceRow], list[str]]:
+def acceptance_probe(endpoint: Endpoint, run_dir: str, k: int, classes: dict[str, list[Prompt]], max_tokens: int,
+                     repeats: int) -> tuple[list[AcceptanceRow], list[str]]:
     """Rows per class, and the classes whose windows held no verification step at all.
 
     Each request is its own counter window too (scraped between requests, which run one at a
-    time), so per-prompt acceptance, budget-cut drafts and tokens per target pass are exact."""
-    engine = engine_for(engine_name)
+    time), so per-prompt acceptance, budget-cut drafts and tokens per target pass are exact.
+    Before each window the server is checked (tasks/stages/deadlines.py); every record is kept."""
+    engine, lane_name = engine_for(endpoint.engine), endpoint.lane
     scrape = scrape_metrics.fn  # between requests: a plain call, not one task run per request
     rows, silent = [], []
     for prompt_class, prompts in classes.items():
         windows, per_prompt = [], []
         for repeat in range(1, repeats + 1):
-            on_progress(f"acceptance {prompt_class} repeat {repeat}/{repeats}")
+            live.check(endpoint)
+            progress(lane_name, f"acceptance {prompt_class} repeat {repeat}/{repeats}")
             wave = Wave(lane=lane_name, stage="acceptance", repeat=repeat, concurrency=1,
                         requests_per_stream=1, max_tokens=max_tokens)
-            before = scrape_metrics(server, engine_name)
+            before = scrape_metrics(endpoint)
             mark, records = before, []
             for prompt in prompts:
-                record = run_wave(server.base_url, engine, wave, [prompt], on_record).records[0]
-                now = scrape(server, engine_name)
+                record = run_wave(endpoint.base_url, engine, wave, [prompt],
+                                  lambda rec: live.keep(run_dir, endpoint, rec)).records[0]
+                now = scrape(endpoint)
                 records.append(record)
                 one = engine.acceptance(mark, now, [record], k)
                 if record.ok:
@@ -151,7 +153,7 @@ def acceptance_probe(server: Server, lane_name: str, engine_name: str, k: int, c
                         output_tokens=record.output_tokens, budget_hit=record.truncation == "max_tokens",
                         context_cut=record.truncation == "context"))
                 mark = now
-            after = scrape_metrics(server, engine_name)
+            after = scrape_metrics(endpoint)
             window = engine.acceptance(before, after, records, k)
             if window is not None:
                 windows.append(window)

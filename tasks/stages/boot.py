@@ -7,9 +7,7 @@ behind a bench that asked for 16.
 
 from __future__ import annotations
 
-import shlex
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -20,56 +18,9 @@ from tasks.client.control import control
 from tasks.inventory.models import Host, Lane
 from tasks.engines import engine_for
 from tasks.engines.facts import BootFacts
-from tasks.hosts.transport import LocalTransport, Spawned, Transport
-
-@dataclass
-class Worker:
-    """A process the lane's server depends on, on another host: an RPC worker over a link, or
-    node `rank` of a multi-node lane (bare, or in the lane's image on that host's docker)."""
-
-    host_name: str
-    transport: Transport
-    argv: list[str]
-    rank: int | None = None
-    image: str | None = None
-    host: Host = field(default_factory=Host)
-
-
-@dataclass
-class Placement:
-    """Where a lane's server runs: the host's transport; for a container lane the pinned image
-    (already pulled and verified); the workers to start first. Default: this machine."""
-
-    host_name: str = "localhost"
-    host: Host = field(default_factory=Host)
-    transport: Transport = field(default_factory=LocalTransport)
-    image: str | None = None
-    workers: list[Worker] = field(default_factory=list)
-
-
-@dataclass
-class Server:
-    lane: str
-    base_url: str
-    argv: list[str]
-    log_path: Path
-    process: Spawned
-    workers: list[Spawned] = field(default_factory=list)
-    image: str | None = None
-    worker_names: list[str] = field(default_factory=list)  # "node 1 on spark2", per entry of `workers`
-
-    def dead_workers(self) -> list[str]:
-        """Workers that exited: the reason a lane across hosts stopped serving, in words."""
-        return [f"{name} exited with code {code}" for name, w in zip(self.worker_names, self.workers)
-                if (code := w.poll()) is not None]
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-
-    @property
-    def command(self) -> str:
-        return shlex.join(self.argv)
-
+from tasks.hosts.transport import Spawned
+from tasks.stages import live
+from tasks.stages.live import Endpoint, Placement, Server, Worker  # noqa: F401  (re-exported: the live server)
 
 class BootError(RuntimeError):
     pass
@@ -136,7 +87,7 @@ def start(lane_name: str, lane: Lane, binary: str, address: str, log_path: Path,
         raise
     names = [f"{'rpc-server' if w.rank is None else f'node {w.rank}'} on {w.host_name}" for w in where.workers]
     return Server(lane=lane_name, base_url=f"http://{address}:{lane.port}", argv=argv, log_path=log_path,
-                  process=process, workers=workers, image=where.image, worker_names=names)
+                  process=process, engine=lane.engine, workers=workers, image=where.image, worker_names=names)
 
 
 def wait_healthy(server: Server, lane: Lane, deadline_s: float) -> float:
@@ -174,26 +125,28 @@ def stop(server: Server, grace_s: float = 10.0) -> None:
 
 
 @task(name="boot", cache_policy=NO_CACHE)
-def boot(lane_name: str, lane: Lane, binary: str, address: str, log_path: Path,
-         placement: Placement | None = None) -> tuple[Server, BootFacts, float]:
-    """Start the lane's server and wait for health; returns the server, its boot facts and boot seconds."""
-    server = start(lane_name, lane, binary, address, log_path, placement)
+def boot(lane_name: str, lane: Lane, binary: str, address: str, log_path: Path) -> tuple[Endpoint, BootFacts, float]:
+    """Start the lane's server where its placement says (tasks/stages/live.py) and wait for health;
+    the healthy server joins the lane's live handles. Returns its endpoint, boot facts and boot seconds."""
+    handles = live.handles(lane_name)
+    server = start(lane_name, lane, binary, address, log_path, handles.placement)
     try:
         seconds = wait_healthy(server, lane, lane.boot_timeout_s)
     except BaseException:
         stop(server)
         raise
-    return server, read_facts(server, lane.engine), seconds
+    handles.server = server
+    return server.endpoint, read_facts(server.endpoint, lane.engine), seconds
 
 
-def read_facts(server: Server, engine_name: str, carry: BootFacts | None = None) -> BootFacts:
+def read_facts(endpoint: Endpoint, engine_name: str, carry: BootFacts | None = None) -> BootFacts:
     """Boot facts from the log, completed from the info endpoint. Read again after the first
     requests: some servers (llama.cpp) name the speculation type only once a slot has run.
     `carry`: an earlier reading whose counter sources (the boot gates') are kept."""
     engine = engine_for(engine_name)
-    log, info = server.log(), None
+    log, info = endpoint.log(), None
     if engine.info_path:
-        r = control().get(server.base_url + engine.info_path, timeout=10.0)
+        r = control().get(endpoint.base_url + engine.info_path, timeout=10.0)
         if r.status_code == 200:
             info = r.json()
     # The release decides which log format is read (tasks/engines/releases.py).

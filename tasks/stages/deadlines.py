@@ -7,9 +7,10 @@ with the stage and the reason, and the other lanes go on. llama-server sends an 
 - request deadline = TTFT allowance + max_tokens / floor speed (a request slower than the floor
   speed is not a measurement, it is a fault);
 - wave deadline = requests per stream x request deadline + slack (streams run side by side);
-- between waves, the server is checked (`check_alive`): process gone, or health not answering
-  within seconds, ends the lane naming what happened, instead of sending the remaining waves
-  to a dead server and blaming the next metrics scrape;
+- between waves, the server is checked (`check_alive`; a measuring task calls it itself through
+  `check(endpoint)` of tasks/stages/live.py, which holds the lane's server and `Late`): process
+  gone, or health not answering within seconds, ends the lane naming what happened, instead of
+  sending the remaining waves to a dead server and blaming the next metrics scrape;
 - a request that ran past its wall deadline ends the lane at the next check (between waves, and
   after each measuring stage, so a fault in the last wave is caught too), naming the deadline
   and what the check found: a stopped server's health goes silent, but a server hung on a cut
@@ -40,7 +41,8 @@ class ServerDied(RuntimeError):
 
 
 class Late:
-    """The lane's requests that ran past their wall deadline, noted as the records arrive."""
+    """The lane's requests that ran past their wall deadline, noted as the records arrive (`keep`
+    of tasks/stages/live.py: every judged record a task keeps passes here first)."""
 
     def __init__(self) -> None:
         self.count, self.deadline_s = 0, 0.0

@@ -24,8 +24,10 @@ from tasks.engines import engine_for
 from tasks.hosts import noise as host_noise
 from tasks.hosts.noise import DEFAULT_UNSTABLE_SPREAD_PCT, Noise
 from tasks.inventory.models import DecodePlan
+from tasks.record.progress import progress
 from tasks.record.rows import DecodeRow
-from tasks.stages.boot import Server
+from tasks.stages import live
+from tasks.stages.live import Endpoint
 
 
 def _nan(v: float | None) -> float:
@@ -94,11 +96,25 @@ def levels(plan: DecodePlan) -> list[tuple[int, float | None]]:
 
 
 @task(name="decode-curve", cache_policy=NO_CACHE)
-def decode_curve(server: Server, lane_name: str, engine_name: str, plan: DecodePlan, repeats: int,
-                 prompts: list[Prompt], on_record: Callable[[RequestRecord], None],
-                 on_progress: Callable[[str], None] = lambda _: None,
+def decode_curve(endpoint: Endpoint, run_dir: str, plan: DecodePlan, repeats: int, prompts: list[Prompt],
                  unstable_spread_pct: float = DEFAULT_UNSTABLE_SPREAD_PCT) -> list[DecodeRow]:
-    engine = engine_for(engine_name)
+    """Every level's waves; before each wave the server is checked (a dead or hung one, or a request
+    past its deadline, ends the lane there: tasks/stages/deadlines.py), each record kept as it arrives."""
+
+    def each_wave(what: str) -> None:
+        live.check(endpoint)
+        progress(endpoint.lane, what)
+
+    return measure(endpoint, plan, repeats, prompts, lambda rec: live.keep(run_dir, endpoint, rec), each_wave,
+                   unstable_spread_pct)
+
+
+def measure(endpoint: Endpoint, plan: DecodePlan, repeats: int, prompts: list[Prompt],
+            on_record: Callable[[RequestRecord], None], on_wave: Callable[[str], None],
+            unstable_spread_pct: float = DEFAULT_UNSTABLE_SPREAD_PCT) -> list[DecodeRow]:
+    """The curve itself, records and the moment before each wave handed to the caller (the decode
+    curve's task, the queueing levels)."""
+    engine, lane_name = engine_for(endpoint.engine), endpoint.lane
     rows = []
     for concurrency, rate in levels(plan):
         waves, noise = [], []
@@ -107,9 +123,9 @@ def decode_curve(server: Server, lane_name: str, engine_name: str, plan: DecodeP
                         requests_per_stream=plan.per_stream(concurrency, repeats), max_tokens=plan.max_tokens,
                         stagger_s=plan.stagger_s, rate=rate, arrival=plan.arrival, deadline_s=plan.deadline_s,
                         seed=repeat)
-            on_progress(f"decode curve {wave.shape.describe()} repeat {repeat}/{repeats}")
+            on_wave(f"decode curve {wave.shape.describe()} repeat {repeat}/{repeats}")
             before = host_noise.sample()
-            waves.append(run_wave(server.base_url, engine, wave, prompts, on_record))
+            waves.append(run_wave(endpoint.base_url, engine, wave, prompts, on_record))
             noise.append(host_noise.between(before, host_noise.sample()))
         rows.append(summarize(lane_name, concurrency, waves, plan.ttft_bound_s, plan.tpot_bound_s, rate, noise,
                               unstable_spread_pct))

@@ -18,7 +18,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.tasks import exponential_backoff
 
 from tasks.client.control import control
-from tasks.stages.boot import Server
+from tasks.stages.live import Endpoint
 from tasks.inventory.models import CapacityGate, CounterGate, Lane
 from tasks.engines import engine_for
 from tasks.client.waves import Wave, run_wave
@@ -52,10 +52,10 @@ def _transient(task, task_run, state) -> bool:
 
 @task(name="scrape-metrics", cache_policy=NO_CACHE, retries=3, retry_delay_seconds=exponential_backoff(0.5),
       retry_condition_fn=_transient)
-def scrape_metrics(server: Server, engine_name: str) -> Metrics:
-    engine = engine_for(engine_name)
+def scrape_metrics(endpoint: Endpoint) -> Metrics:
+    engine = engine_for(endpoint.engine)
     try:
-        r = control().get(server.base_url + engine.metrics_path, timeout=10.0)
+        r = control().get(endpoint.base_url + engine.metrics_path, timeout=10.0)
     except httpx.TransportError as e:
         raise TransientFault(f"metrics scrape: {type(e).__name__}") from e
     if r.status_code >= 500:
@@ -66,10 +66,11 @@ def scrape_metrics(server: Server, engine_name: str) -> Metrics:
 
 @task(name="probe-request", cache_policy=NO_CACHE, retries=3, retry_delay_seconds=exponential_backoff(0.5),
       retry_condition_fn=_transient)
-def probe_request(server: Server, lane_name: str, engine_name: str, prompt: Prompt, max_tokens: int = 32) -> RequestRecord:
+def probe_request(endpoint: Endpoint, prompt: Prompt, max_tokens: int = 32) -> RequestRecord:
     """One short request; HTTP 5xx and refused connections are retried with backoff."""
-    wave = Wave(lane=lane_name, stage="probe", repeat=0, concurrency=1, requests_per_stream=1, max_tokens=max_tokens)
-    record = run_wave(server.base_url, engine_for(engine_name), wave, [prompt]).records[0]
+    wave = Wave(lane=endpoint.lane, stage="probe", repeat=0, concurrency=1, requests_per_stream=1,
+                max_tokens=max_tokens)
+    record = run_wave(endpoint.base_url, engine_for(endpoint.engine), wave, [prompt]).records[0]
     if not record.ok and (record.http_status is None or record.http_status >= 500):
         raise TransientFault(f"probe request failed: {record.error}")
     if not record.ok:
@@ -86,21 +87,21 @@ def judge(name: str, kind: str, value: float | None, op: str, threshold: float |
 
 
 @task(name="counter-gate", cache_policy=NO_CACHE)
-def counter_gate(gate: CounterGate, server: Server, lane_name: str, lane: Lane, probe: Prompt,
+def counter_gate(gate: CounterGate, endpoint: Endpoint, lane: Lane, probe: Prompt,
                  facts: BootFacts | None = None) -> GateResult:
     """Send a probe request, then read the counter: a metric's increase over the probe, or a log value.
 
     With the boot facts at hand the counters become one more source: a drafter the log or
     config says loaded whose counter never moved is named in the detail (and in the facts'
     disagreements), so a "loaded" that hangs on one log line cannot pass unseen."""
-    before = scrape_metrics(server, lane.engine)
-    probe_request(server, lane_name, lane.engine, probe)
-    after = scrape_metrics(server, lane.engine)
+    before = scrape_metrics(endpoint)
+    probe_request(endpoint, probe)
+    after = scrape_metrics(endpoint)
     if gate.metric is not None:
         value: float | None = after.total(gate.metric) - before.total(gate.metric)
         what = f"increase of metric {gate.metric} over the probe"
     else:
-        matches = list(re.finditer(gate.log_pattern or "", server.log()))
+        matches = list(re.finditer(gate.log_pattern or "", endpoint.log()))
         value = float(matches[-1]["value"]) if matches else None
         what = f"log counter /{gate.log_pattern}/ (last match)"
     result = judge(gate.name, "counter", value, gate.op, gate.threshold, what)

@@ -26,7 +26,9 @@ from tasks.correctness.needles import token_counter
 from tasks.engines import Engine, engine_for
 from tasks.engines.facts import BootFacts
 from tasks.inventory.models import PrefillPlan
-from tasks.stages.boot import Server
+from tasks.record.progress import progress
+from tasks.record.run_folder import RunFolder
+from tasks.stages.live import Endpoint
 
 _TIMEOUT = httpx.Timeout(connect=10.0, read=600.0, write=60.0, pool=60.0)
 _BOS_MARGIN = 2  # tokens the server may add around a raw prompt (BOS, a separator)
@@ -134,11 +136,11 @@ def fits(rung: int, plan: PrefillPlan, facts: BootFacts, declared_context: int) 
 
 
 @task(name="prefill-ladder", cache_policy=NO_CACHE)
-def prefill_ladder(server: Server, lane_name: str, engine_name: str, plan: PrefillPlan, facts: BootFacts,
-                   declared_context: int, filler: list[Prompt], on_record: Callable[[PrefillRecord], None],
-                   on_progress: Callable[[str], None] = lambda _: None) -> list[PrefillRow]:
-    engine = engine_for(engine_name)
-    count = token_counter(server.base_url, engine)
+def prefill_ladder(endpoint: Endpoint, run_dir: str, plan: PrefillPlan, facts: BootFacts, declared_context: int,
+                   filler: list[Prompt]) -> list[PrefillRow]:
+    """Rows per rung; each request's raw record goes to the lane's `prefill.jsonl` as it arrives."""
+    engine, lane_name, run = engine_for(endpoint.engine), endpoint.lane, RunFolder.opened(run_dir)
+    count = token_counter(endpoint.base_url, engine)
     text = "\n\n".join(p.text for p in filler)
     rows = []
     for rung in plan.rungs:
@@ -146,13 +148,13 @@ def prefill_ladder(server: Server, lane_name: str, engine_name: str, plan: Prefi
         if reason:
             rows.append(PrefillRow(lane=lane_name, rung=rung, status="skipped", reason=reason, context_per_slot=context))
             continue
-        on_progress(f"prefill ladder rung {rung}")
+        progress(lane_name, f"prefill ladder rung {rung}")
         tag = nonce()
         prompt, _ = build_prompt(text, rung, tag, count)
-        cold = _send(server.base_url, engine, lane_name, rung, "cold", tag, prompt, plan.max_tokens)
-        on_record(cold)
-        warm = _send(server.base_url, engine, lane_name, rung, "warm", tag, prompt, plan.max_tokens)
-        on_record(warm)
+        cold = _send(endpoint.base_url, engine, lane_name, rung, "cold", tag, prompt, plan.max_tokens)
+        run.append_jsonl(lane_name, "prefill.jsonl", cold)
+        warm = _send(endpoint.base_url, engine, lane_name, rung, "warm", tag, prompt, plan.max_tokens)
+        run.append_jsonl(lane_name, "prefill.jsonl", warm)
         if not (cold.ok and cold.ttft_s and cold.prompt_tokens):
             rows.append(PrefillRow(lane=lane_name, rung=rung, status="failed", context_per_slot=context,
                                    reason=f"cold request failed: {cold.error}"))

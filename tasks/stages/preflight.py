@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import shutil
 import socket
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +22,9 @@ from tasks.inventory.models import FileRef, Host, Inventory, Lane
 from tasks.hosts.files import sha256_of
 from tasks.hosts.checks import HostCheck, check_host, host_path
 from tasks.hosts.links import LinkCheck, check_link, lane_links
-from tasks.hosts.connect import transport_for
+from tasks.hosts.connect import Reach
 from tasks.hosts.transport import Transport, TransportError
-from tasks.stages import topology
+from tasks.stages import live, topology
 
 
 class ModelFacts(BaseModel):
@@ -47,33 +46,6 @@ class Preflight(BaseModel):
     rpc_binaries: dict[str, str] = {}  # worker host -> its rpc-server path
     master: str = ""  # a multi-node lane's rendezvous address (the head's end of its link)
     node_binaries: dict[str, str] = {}  # worker node host -> its engine executable (bare lanes)
-
-
-@dataclass
-class Reach:
-    """The transports a lane's preflight and boot use: its host's, its workers' and its links' ends."""
-
-    host_name: str
-    transports: dict[str, Transport] = field(default_factory=dict)
-
-    @property
-    def transport(self) -> Transport:
-        return self.transports[self.host_name]
-
-    @classmethod
-    def of(cls, host_name: str, lane: Lane, host: Host, base_dir: Path, inventory: Inventory | None) -> Reach:
-        hosts = {host_name: host}
-        if inventory is not None:
-            for name in [*(lane.rpc.workers if lane.rpc else []), *(lane.nodes.hosts if lane.nodes else [])]:
-                hosts[name] = inventory.hosts[name]
-            for link in inventory.links:
-                if link.name in lane_links(lane):
-                    hosts |= {link.a.host: inventory.hosts[link.a.host], link.b.host: inventory.hosts[link.b.host]}
-        return cls(host_name, {name: transport_for(name, h, base_dir) for name, h in hosts.items()})
-
-    def close(self) -> None:
-        for t in self.transports.values():
-            t.close()
 
 
 def resolve(base_dir: Path, path: str) -> Path:
@@ -238,10 +210,11 @@ def _needs_reach(lane: Lane, host: Host) -> bool:
 
 
 @task(name="preflight", cache_policy=NO_CACHE)
-def preflight(lane_name: str, lane: Lane, host: Host, base_dir: Path, inventory: Inventory | None = None,
-              reach: Reach | None = None) -> Preflight:
-    """Links, host, workers, binary, model files with declared bytes (and sha256), port free."""
+def preflight(lane_name: str, lane: Lane, host: Host, base_dir: Path, inventory: Inventory | None = None) -> Preflight:
+    """Links, host, workers, binary, model files with declared bytes (and sha256), port free; a
+    remote lane's checks go through the transports its served lane holds (tasks/stages/live.py)."""
     if _needs_reach(lane, host):
+        reach = live.handles(lane_name).reach if live.served(lane_name) else None
         if reach is None:
             return Preflight(ok=False, reason="a remote, container or RPC lane needs its hosts' transports")
         try:

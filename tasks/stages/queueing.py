@@ -14,7 +14,6 @@ request has them); the engine's queue gauge (llama.cpp `requests_deferred`, SGLa
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 
 import httpx
 import numpy as np
@@ -26,9 +25,11 @@ from tasks.client.prompts import Prompt
 from tasks.client.records import RequestRecord
 from tasks.engines import Engine, engine_for
 from tasks.inventory.models import DecodePlan
+from tasks.record.progress import progress
 from tasks.record.rows import DecodeRow
-from tasks.stages.boot import Server
-from tasks.stages.decode_curve import decode_curve
+from tasks.stages import live
+from tasks.stages.decode_curve import measure
+from tasks.stages.live import Endpoint
 
 _SAMPLE_S = 0.1
 
@@ -102,12 +103,11 @@ def queue_row(lane_name: str, concurrency: int, cap: int | None, records: list[R
 
 
 @task(name="queueing-levels", cache_policy=NO_CACHE)
-def queueing_levels(server: Server, lane_name: str, engine_name: str, plan: DecodePlan, repeats: int,
-                    prompts: list[Prompt], levels: list[int], cap: int | None, measured: list[DecodeRow],
-                    on_record: Callable[[RequestRecord], None],
-                    on_progress: Callable[[str], None] = lambda _: None) -> tuple[list[DecodeRow], list[QueueRow]]:
-    """Each level past the cap through the decode waves, labelled queueing, with its queue row."""
-    engine = engine_for(engine_name)
+def queueing_levels(endpoint: Endpoint, run_dir: str, plan: DecodePlan, repeats: int, prompts: list[Prompt],
+                    levels: list[int], cap: int | None, measured: list[DecodeRow]) -> tuple[list[DecodeRow], list[QueueRow]]:
+    """Each level past the cap through the decode waves, labelled queueing, with its queue row. Its
+    records are kept but not judged against the wall deadline: a queued request may wait long."""
+    engine, lane_name = engine_for(endpoint.engine), endpoint.lane
     inside = [r for r in measured if cap is None or r.concurrency <= cap]
     served = max(inside, key=lambda r: r.concurrency).ttft_p50_s if inside else None
     rows, queue = [], []
@@ -116,11 +116,11 @@ def queueing_levels(server: Server, lane_name: str, engine_name: str, plan: Deco
 
         def keep(rec: RequestRecord) -> None:
             kept.append(rec)
-            on_record(rec)
+            live.keep(run_dir, endpoint, rec, judged=False)
 
-        with _Sampler(server.base_url, engine) as sampler:
-            [row] = decode_curve.fn(server, lane_name, engine_name, plan.model_copy(update={"concurrency": [level]}),
-                                    repeats, prompts, keep, on_progress=lambda s: on_progress(f"{s} (queueing)"))
+        with _Sampler(endpoint.base_url, engine) as sampler:
+            [row] = measure(endpoint, plan.model_copy(update={"concurrency": [level]}), repeats, prompts, keep,
+                            lambda s: progress(lane_name, f"{s} (queueing)"))
         rows.append(row.model_copy(update={"regime": "queueing"}))
         queue.append(queue_row(lane_name, level, cap, kept, served, engine.queue_gauge or "", sampler.values))
     return rows, queue

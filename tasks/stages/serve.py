@@ -12,6 +12,10 @@ wraps this whole lifecycle.
 A failed precondition yields `None` with the lane recorded as skipped and its reason; a pinned
 image that cannot be pulled yields `None` with the lane failed; a failed boot gate raises
 `GateFailed` after recording it. Teardown runs whatever the caller does inside the block.
+
+The lane's live handles (its hosts' transports, its server's processes, its `Late` tracker) are
+registered by lane name in this process for the life of the block (tasks/stages/live.py), so the
+stages' Prefect tasks take plain values (an `Endpoint`, a host's name) and find them there.
 """
 
 from __future__ import annotations
@@ -36,7 +40,9 @@ from tasks.inventory.load import shipped_or_local
 from tasks.inventory.models import CapacityGate, Host, Inventory, Lane
 from tasks.record import prefect_redaction
 from tasks.record.run_folder import LaneRecord, RunFolder
-from tasks.stages.boot import NodeLost, Placement, Server, Worker, boot, read_facts, stop
+from tasks.stages import live
+from tasks.stages.boot import NodeLost, boot, read_facts, stop
+from tasks.stages.live import Endpoint, Placement, Server, Worker
 from tasks.stages.gates import GateFailed, capacity_gate, counter_gate, scrape_metrics
 from tasks.record.progress import progress
 from tasks.stages.preflight import Preflight, Reach, model_paths, preflight
@@ -59,6 +65,10 @@ class Served:
     server: Server
     facts: BootFacts
     record: LaneRecord
+
+    @property
+    def endpoint(self) -> Endpoint:
+        return self.server.endpoint
 
 
 def resolved(lane: Lane, host: Host, base_dir: Path, pre: Preflight) -> Lane:
@@ -104,7 +114,7 @@ def boot_gates(run: RunFolder, served: Served, probe: Prompt | None) -> None:
     lane, record = served.lane, served.record
     engine = engine_for(lane.engine)
     record.waivers = [w.model_dump() for w in lane.waivers]
-    before = scrape_metrics(served.server, lane.engine)
+    before = scrape_metrics(served.endpoint)
     results = []
     for gate in implied_gates(lane, engine):
         if isinstance(gate, CapacityGate):
@@ -112,12 +122,12 @@ def boot_gates(run: RunFolder, served: Served, probe: Prompt | None) -> None:
         else:
             if probe is None:
                 raise ValueError("a counter gate needs a probe prompt")
-            results.append(counter_gate(gate, served.server, served.name, lane, probe, served.facts))
-    results += speculation_gates(lane, engine, before, scrape_metrics(served.server, lane.engine), served.server.log())
+            results.append(counter_gate(gate, served.endpoint, lane, probe, served.facts))
+    results += speculation_gates(lane, engine, before, scrape_metrics(served.endpoint), served.server.log())
     results = [explain(r, lane) for r in results]
     record.gates += [r.model_dump() for r in results]
     # Some servers name their speculation type only once a slot has run: read the facts again.
-    served.facts = read_facts(served.server, lane.engine, served.facts)  # the counters' readings kept
+    served.facts = read_facts(served.endpoint, lane.engine, served.facts)  # the counters' readings kept
     record.boot_facts = served.facts.model_dump()
     findings = effective_findings(lane, served.facts, record.models, record.engine_identity, pinned_identity(lane))
     record.flags += [f.model_dump(mode="json") for f in findings]
@@ -126,7 +136,7 @@ def boot_gates(run: RunFolder, served: Served, probe: Prompt | None) -> None:
             next((as_gate(f) for f in findings if f.severity == "failure"), None):
         raise GateFailed(failed_gate)
     # The seeds' missing parser flags and ignored thinking switch: checked on the booted server.
-    agentic = [*smoke_gate(served.server, lane), *thinking_check(served.server, lane)]
+    agentic = [*smoke_gate(served.endpoint, lane), *thinking_check(served.endpoint, lane)]
     correctness.verdicts(run, served.name).extend(r.model_dump() for r in agentic)
     run.save_manifest()
     if failed := next((r for r in agentic if not r.passed), None):
@@ -152,11 +162,13 @@ def served_lane(run: RunFolder, name: str, lane: Lane, host: Host, base_dir: Pat
     stage("preflight")
     reach = Reach.of(lane.host, lane, host, base_dir, inventory)
     server: Server | None = None
+    handles: live.Handles | None = None
     try:
+        handles = live.register(name, reach)  # found by name by the stages' tasks, until teardown
         for line in reclaim_leftovers(name, lane, host, reach.transports, reach.host_name):
             record.warnings.append(line)
             progress(name, line)
-        pre = preflight(name, lane, host, base_dir, inventory, reach)
+        pre = preflight(name, lane, host, base_dir, inventory)
         if pre.ok and (disk := run.free_space_problem()):
             pre = pre.model_copy(update={"ok": False, "reason": disk})
         record.engine_identity, record.models = pre.engine_identity, [m.model_dump() for m in pre.models]
@@ -176,10 +188,10 @@ def served_lane(run: RunFolder, name: str, lane: Lane, host: Host, base_dir: Pat
 
         if served_as.image is not None:  # container lanes: pulled by digest, verified either way
             stage("image pull")
-            pulled = image_pull(reach.transport, host.docker_host, served_as.image)
+            pulled = image_pull(name, reach.host_name, host.docker_host, served_as.image)
             for _, node in topology.worker_ranks(served_as):  # every node runs the same pinned image
                 if pulled.ok and inventory is not None:
-                    there = image_pull(reach.transports[node], inventory.hosts[node].docker_host, served_as.image)
+                    there = image_pull(name, node, inventory.hosts[node].docker_host, served_as.image)
                     pulled = pulled if there.ok else there.model_copy(update={"reason": f"{node}: {there.reason}"})
             if not pulled.ok:  # the pinned image cannot be had: nothing to measure, and it must be seen
                 record.status, record.reason = "failed", f"image pull: {pulled.reason}"
@@ -191,8 +203,10 @@ def served_lane(run: RunFolder, name: str, lane: Lane, host: Host, base_dir: Pat
 
         stage("boot")
         head = topology.at_rank(served_as, engine_for(lane.engine), 0, pre.master)  # node 0 of a lane across hosts
-        server, facts, seconds = boot(name, head, pre.binary, host.address, run.lane_dir(name) / "boot.log",
-                                      placement(served_as, host, reach, pre, inventory))
+        handles.placement = placement(served_as, host, reach, pre, inventory)
+        _, facts, seconds = boot(name, head, pre.binary, host.address, run.lane_dir(name) / "boot.log")
+        server = handles.server
+        assert server is not None  # a boot that returns has registered its healthy server
         record.launch_command, record.boot_seconds = secrets.scrub(server.command), seconds
         record.boot_facts = facts.model_dump()
         if host.gpus > 0:  # what the booted server holds on the GPU: the offload that happened
@@ -211,6 +225,9 @@ def served_lane(run: RunFolder, name: str, lane: Lane, host: Host, base_dir: Pat
                 raise NodeLost(f"{'; '.join(dead)} (a worker of this lane across hosts is gone)") from e
             raise
     finally:
+        if handles is not None:
+            server = server or handles.server  # healthy, though its boot facts could not be read
+            live.forget(name, handles)
         if server is not None:
             run.mark(name, "teardown")
             try:

@@ -3,23 +3,25 @@
 The first request at each new batch shape (concurrency level x prompt-size class) pays
 one-time costs (kernel autotune on GPUs, allocator growth, page faults here). In the seeds
 a cold bench measured that cost as if it were serving speed: a 5x error. Each shape gets a
-first-hit wave and a second, steady wave; both are recorded, neither is a result.
+first-hit wave and a second, steady wave; both are recorded (the lane's `requests.jsonl`, seen by
+its deadline tracker like every judged request), neither is a result.
 """
 
 from __future__ import annotations
 
+import functools
 import statistics
-from collections.abc import Callable
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from tasks.stages.boot import Server
 from tasks.engines import engine_for
 from tasks.client.waves import Wave, run_wave
 from tasks.client.prompts import Prompt
 from tasks.client.records import RequestRecord
 from tasks.record.rows import WarmupRow
+from tasks.stages import live
+from tasks.stages.live import Endpoint
 
 
 def _median(records: list[RequestRecord], field: str) -> float:
@@ -28,17 +30,18 @@ def _median(records: list[RequestRecord], field: str) -> float:
 
 
 @task(name="warmup", cache_policy=NO_CACHE)
-def warmup(server: Server, lane_name: str, engine_name: str, shapes: list[tuple[int, str, int]],
-           prompts: dict[str, list[Prompt]], on_record: Callable[[RequestRecord], None]) -> list[WarmupRow]:
+def warmup(endpoint: Endpoint, run_dir: str, shapes: list[tuple[int, str, int]],
+           prompts: dict[str, list[Prompt]]) -> list[WarmupRow]:
     """shapes: (concurrency, size class, max_tokens) for every shape a later bench will use."""
-    engine = engine_for(engine_name)
+    engine, lane_name = engine_for(endpoint.engine), endpoint.lane
+    keep = functools.partial(live.keep, run_dir, endpoint)
     rows = []
     for concurrency, size_class, max_tokens in shapes:
         waves = []
         for _ in ("first-hit", "steady"):
             wave = Wave(lane=lane_name, stage="warmup", repeat=0, concurrency=concurrency,
                         requests_per_stream=1, max_tokens=max_tokens)
-            waves.append(run_wave(server.base_url, engine, wave, prompts[size_class], on_record).records)
+            waves.append(run_wave(endpoint.base_url, engine, wave, prompts[size_class], keep).records)
         first, steady = waves
         rows.append(WarmupRow(
             lane=lane_name, concurrency=concurrency, size_class=size_class,
