@@ -14,6 +14,7 @@ opens, so a wave can show that connections opened == concurrency.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import socket
 import struct
 import sys
@@ -53,6 +54,7 @@ def _keep_receive_stamps_on() -> socket.socket | None:
     except OSError:
         keeper.close()
         return None
+    atexit.register(keeper.close)
     return keeper
 
 
