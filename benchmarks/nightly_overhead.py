@@ -7,8 +7,9 @@ or with requests in flight. Measured from outside, the same way for any lanebenc
 - measuring: the server's boot (`boot_seconds` in the manifest) plus the union of every
   request's in-flight interval (`requests.jsonl`, `prefill.jsonl`: started_at .. started_at +
   e2el_s) plus the correctness gates' and evals' requests (`tool_cases.jsonl`, needles,
-  `accuracy.jsonl`: sent one at a time, so their seconds add up). The boot gates' few requests
-  keep no record and are not counted;
+  `accuracy.jsonl`: sent one at a time, so their seconds add up) plus the gates' own requests
+  (the boot gates' probe, the agentic smoke and thinking-switch requests: `requests` on each
+  gate verdict in the manifest, since 2026-12-01 16:00 UTC; before, they were not counted);
 - where the checkout records a timeline (stage marks, GX seconds per artifact), a
   stage-by-stage breakdown.
 
@@ -59,13 +60,26 @@ def union(intervals: list[tuple[float, float]]) -> float:
     return total
 
 
+def gate_requests(node: object) -> list[tuple[float, float]]:
+    """The in-flight spans the manifest's gate verdicts carry (boot gates, agentic smoke,
+    thinking switch; `requests` on every gate dict, wherever the manifest keeps it)."""
+    if isinstance(node, list):
+        return [span for item in node for span in gate_requests(item)]
+    if not isinstance(node, dict):
+        return []
+    if "gate" in node and isinstance(node.get("requests"), list):
+        return [(r["started_at"], r["started_at"] + r["seconds"]) for r in node["requests"]]
+    return [span for value in node.values() for span in gate_requests(value)]
+
+
 def measured(folder: Path) -> dict:
     """Measuring seconds of a run folder, and its stage breakdown where the timeline exists."""
     m = json.loads((folder / "manifest.json").read_text())
     out = {"boot_s": 0.0, "in_flight_s": 0.0, "stages": {}, "gx_s": 0.0}
     for lane, record in m["lanes"].items():
         out["boot_s"] += record.get("boot_seconds") or 0.0
-        spans = []
+        # the boot gates' own requests (lanes.<lane>.gates), the agentic ones' (flow.correctness)
+        spans = gate_requests(record) + gate_requests((m["flow"].get("correctness") or {}).get(lane))
         for name in ("requests.jsonl", "prefill.jsonl"):  # timed records: start and end-to-end latency
             raw = folder / lane / name
             if raw.is_file():

@@ -7,6 +7,7 @@ real llama-server serving the testbed through its chat template (ports 18530-185
 from __future__ import annotations
 
 import random
+from datetime import datetime
 
 import pandas as pd
 import pytest
@@ -203,6 +204,13 @@ def test_nightly_rehearsal_reports_smoke_tool_gate_and_needles(tmp_path, llama_b
     assert list(gates) == ["smoke:tool-calls", "smoke:reasoning", "thinking:enable_thinking", "tool-gate:dev", "needles"]
     assert all(g["passed"] for g in gates.values()), gates
     assert "structured tool_calls: get_weather(" in gates["smoke:tool-calls"]["detail"]
+    # Each gate's own requests are kept with their time in flight (the overhead benchmark counts
+    # them); the tool gate and needles keep theirs in their own tables.
+    started = m["flow"]["started_at"]
+    for name, n in [("drafts-happen", 1), ("smoke:tool-calls", 1), ("smoke:reasoning", 1), ("thinking:enable_thinking", 2)]:
+        sent = (gates.get(name) or next(g for g in record["gates"] if g["gate"] == name))["requests"]
+        assert len(sent) == n and all(r["seconds"] > 0 and r["started_at"] > datetime.fromisoformat(started).timestamp() for r in sent), (name, sent)
+    assert gates["tool-gate:dev"]["requests"] == [] and record["gates"][1]["requests"] == []  # capacity: no request
     assert "/24 solved" in gates["tool-gate:dev"]["detail"] and "per 1,000 solved" in gates["tool-gate:dev"]["detail"]
     assert "needle ladder:" in gates["needles"]["detail"]
     protocol = ledger["tool_gate"]["protocol"]

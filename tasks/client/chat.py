@@ -24,20 +24,21 @@ _TIMEOUT = httpx.Timeout(connect=10.0, read=300.0, write=30.0, pool=300.0)
 
 
 async def _one(client: httpx.AsyncClient, engine: Engine, spec: RequestSpec) -> ChatReply:
-    t0 = time.perf_counter()
+    started, t0 = time.time(), time.perf_counter()
     try:
         r = await client.post(spec.path, json=spec.body)
     except httpx.HTTPError as e:
-        return ChatReply(ok=False, error=f"{type(e).__name__}: {e}", seconds=time.perf_counter() - t0)
+        return ChatReply(ok=False, error=f"{type(e).__name__}: {e}", started_at=started,
+                         seconds=time.perf_counter() - t0)
     seconds = time.perf_counter() - t0
     if r.status_code >= 400:
-        return ChatReply(ok=False, http_status=r.status_code, error=r.text[:500], seconds=seconds)
+        return ChatReply(ok=False, http_status=r.status_code, error=r.text[:500], started_at=started, seconds=seconds)
     try:
         reply = engine.parse_chat(r.json())
     except (ValueError, KeyError, TypeError) as e:
         return ChatReply(ok=False, http_status=r.status_code, error=f"unreadable reply: {e}: {r.text[:300]}",
-                         seconds=seconds)
-    return reply.model_copy(update={"seconds": seconds})
+                         started_at=started, seconds=seconds)
+    return reply.model_copy(update={"started_at": started, "seconds": seconds})
 
 
 async def _many(base_url: str, engine: Engine, specs: Sequence[RequestSpec], concurrency: int) -> list[ChatReply]:

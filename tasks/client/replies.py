@@ -7,6 +7,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from tasks.record.rows import InFlight
+
 _SHOWN = 160  # characters of content or reasoning quoted in a gate's detail
 
 
@@ -31,7 +33,12 @@ class ChatReply(BaseModel):
     finish_reason: str | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    started_at: float | None = None  # wall clock when it was sent
     seconds: float = 0.0
+
+    def in_flight(self) -> list[InFlight]:
+        """This request's time in flight, for the gate that sent it (none if it was never sent)."""
+        return [InFlight(started_at=self.started_at, seconds=self.seconds)] if self.started_at else []
 
     def shown(self) -> str:
         """What came back, quoted short enough for a one-line gate verdict."""

@@ -8,7 +8,7 @@ connections are reused; the wave records how many it opened.
 
 Clocks (docs/metrics.md): send time is taken just before the request's bytes are written, after
 any connect (timed apart); each piece of received bytes carries the kernel's receive time
-(tasks/client/http.py), and only later, in the
+(tasks/client/stamped.py), and only later, in the
 reading task, are its events split and parsed (overlapping the wait for the next bytes). While a
 wave runs, the objects alive before it are frozen out of the cycle collector (a full collection
 of the imported heap stopped the loop for tens of ms). The loop is asyncio's own: uvloop was

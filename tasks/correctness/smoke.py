@@ -60,7 +60,7 @@ def judge_tool_calls(reply: ChatReply) -> GateResult:
         detail = ("a tool request came back as text, not as tool_calls (no tool-call parser, or a chat "
                   f"template without tools?): {reply.shown()}")
     return GateResult(gate="smoke:tool-calls", kind="smoke", passed=bool(good), value=float(len(good)),
-                      op=">=", threshold=1.0, detail=detail)
+                      op=">=", threshold=1.0, detail=detail, requests=reply.in_flight())
 
 
 def judge_reasoning(reply: ChatReply) -> GateResult:
@@ -77,7 +77,7 @@ def judge_reasoning(reply: ChatReply) -> GateResult:
         detail = ("no reasoning came back apart from the content (no reasoning parser, or thinking off?): "
                   f"{reply.shown()}")
     return GateResult(gate="smoke:reasoning", kind="smoke", passed=passed, value=1.0 if passed else 0.0,
-                      op="==", threshold=1.0, detail=detail)
+                      op="==", threshold=1.0, detail=detail, requests=reply.in_flight())
 
 
 @task(name="agentic-smoke", cache_policy=NO_CACHE)

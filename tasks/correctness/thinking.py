@@ -61,7 +61,7 @@ def judge_switch(switch: ThinkingSwitch, on: ChatReply, off: ChatReply) -> GateR
         else:
             detail = f"thinking switch {name} works backwards: reasoning with {off_set}, none with {on_set}"
     return GateResult(gate=f"thinking:{name}", kind="thinking", passed=passed, value=1.0 if passed else 0.0,
-                      op="==", threshold=1.0, detail=detail)
+                      op="==", threshold=1.0, detail=detail, requests=[*on.in_flight(), *off.in_flight()])
 
 
 @task(name="thinking-check", cache_policy=NO_CACHE)

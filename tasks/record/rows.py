@@ -12,6 +12,13 @@ class _Record(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class InFlight(_Record):
+    """One request a gate sent: when it left (wall clock) and how long it was in flight."""
+
+    started_at: float
+    seconds: float
+
+
 class GateResult(_Record):
     gate: str
     kind: str
@@ -20,6 +27,9 @@ class GateResult(_Record):
     op: str
     threshold: float | None
     detail: str
+    # The gate's own requests: time with requests in flight, which the overhead benchmark
+    # (benchmarks/nightly_overhead.py) counts as measuring like every other request's.
+    requests: list[InFlight] = []
 
 
 class WarmupRow(_Record):

@@ -25,7 +25,7 @@ from tasks.client.waves import Wave, run_wave
 from tasks.client.prompts import Prompt
 from tasks.client.records import RequestRecord
 from tasks.engines.facts import BootFacts, Metrics
-from tasks.record.rows import GateResult
+from tasks.record.rows import GateResult, InFlight
 
 _OPS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operator.ne}
 
@@ -95,7 +95,7 @@ def counter_gate(gate: CounterGate, endpoint: Endpoint, lane: Lane, probe: Promp
     config says loaded whose counter never moved is named in the detail (and in the facts'
     disagreements), so a "loaded" that hangs on one log line cannot pass unseen."""
     before = scrape_metrics(endpoint)
-    probe_request(endpoint, probe)
+    sent = probe_request(endpoint, probe)
     after = scrape_metrics(endpoint)
     if gate.metric is not None:
         value: float | None = after.total(gate.metric) - before.total(gate.metric)
@@ -105,6 +105,7 @@ def counter_gate(gate: CounterGate, endpoint: Endpoint, lane: Lane, probe: Promp
         value = float(matches[-1]["value"]) if matches else None
         what = f"log counter /{gate.log_pattern}/ (last match)"
     result = judge(gate.name, "counter", value, gate.op, gate.threshold, what)
+    result.requests = [InFlight(started_at=sent.started_at, seconds=sent.e2el_s or 0.0)]
     if facts is not None and lane.speculative is not None and gate.metric is not None and "spec" in gate.metric:
         return cross_check_drafts(result, facts, drafted=bool(value and value > 0))
     return result
