@@ -5,11 +5,16 @@ or with requests in flight. Measured from outside, the same way for any lanebenc
 
 - wall: the command, from launch to exit (imports, Prefect's server, the flow, the exit);
 - measuring: the server's boot (`boot_seconds` in the manifest) plus the union of every
-  request's in-flight interval (`requests.jsonl`, `prefill.jsonl`: started_at .. started_at +
-  e2el_s) plus the correctness gates' and evals' requests (`tool_cases.jsonl`, needles,
-  `accuracy.jsonl`: sent one at a time, so their seconds add up) plus the gates' own requests
-  (the boot gates' probe, the agentic smoke and thinking-switch requests: `requests` on each
-  gate verdict in the manifest, since 2026-12-01 16:00 UTC; before, they were not counted);
+  request's in-flight interval: `requests.jsonl` and `prefill.jsonl` (started_at .. started_at
+  + e2el_s), the tool gate's and the accuracy eval's requests (`tool_cases.jsonl`,
+  `accuracy.jsonl`: started_at .. + seconds), and the gates' own requests (the boot gates'
+  probe, the agentic smoke and thinking-switch requests: `requests` on each gate verdict in the
+  manifest). The needle ladder's few requests keep no start and are not counted. Before
+  2026-12-01 16:30 UTC the tool gate's and accuracy eval's seconds were summed as if sent one
+  at a time; they are sent concurrently, so that sum overcounted (by 2-8 s a nightly) and every
+  share quoted before then read high;
+- a check: boot plus in-flight time may not exceed the lanes' own span (first to last stage
+  mark); a run where it does is a counting error, and the benchmark says so instead of a share;
 - where the checkout records a timeline (stage marks, GX seconds per artifact), a
   stage-by-stage breakdown.
 
@@ -87,12 +92,16 @@ def measured(folder: Path) -> dict:
                     r = json.loads(line)
                     if r.get("started_at") and r.get("e2el_s"):
                         spans.append((r["started_at"], r["started_at"] + r["e2el_s"]))
-        serial = 0.0
-        for name in ("tool_cases.jsonl", "needles.jsonl", "accuracy.jsonl"):  # one at a time: seconds add up
-            if (folder / lane / name).is_file():
-                serial += sum(json.loads(x).get("seconds") or 0.0 for x in (folder / lane / name).read_text().splitlines())
-        out["in_flight_s"] += union(spans) + serial
+        for name in ("tool_cases.jsonl", "accuracy.jsonl"):  # sent concurrently: their spans, not a sum
+            raw = folder / lane / name
+            if raw.is_file():
+                for line in raw.read_text().splitlines():
+                    r = json.loads(line)
+                    if r.get("started_at") and r.get("seconds"):
+                        spans.append((r["started_at"], r["started_at"] + r["seconds"]))
+        out["in_flight_s"] += union(spans)
         marks = record.get("timeline") or []
+        out["lane_s"] = out.get("lane_s", 0.0) + (marks[-1]["at"] - marks[0]["at"] if marks else 0.0)
         for a, b in zip(marks, marks[1:]):
             out["stages"][a["stage"]] = out["stages"].get(a["stage"], 0.0) + b["at"] - a["at"]
     out["gx_s"] = sum(a.get("validation_seconds") or 0.0 for a in m["artifacts"])
@@ -117,7 +126,10 @@ def one_run(checkout: Path, artifacts: Path, api_url: str | None = None) -> dict
     if set(got["status"].values()) != {"passed"}:
         raise SystemExit(f"{checkout}: the nightly did not pass ({got['status']}); no share to report:\n"
                          f"{r.stdout[-1500:]}{r.stderr[-2500:]}")
-    share = (got["boot_s"] + got["in_flight_s"]) / wall
+    counted = got["boot_s"] + got["in_flight_s"]
+    if got.get("lane_s") and counted > got["lane_s"] + 0.5:
+        raise SystemExit(f"counting error: {counted:.1f} s measuring inside lanes that lasted {got['lane_s']:.1f} s")
+    share = counted / wall
     return {"wall_s": wall, "share": share, "exit": r.returncode, "load": load,
             "steal_pct": 100.0 * (s1 - s0) / max(1, t1 - t0), **got}
 

@@ -97,6 +97,7 @@ class AccuracyAttempt(BaseModel):
     completion_tokens: int | None
     prompt_tokens: int | None
     seconds: float
+    started_at: float | None = None  # wall clock when it was sent (questions run concurrently)
     reply: str
     reasoning_chars: int
 
@@ -144,6 +145,7 @@ def attempt(lane_name: str, index: int, which: Literal["first", "reask"], cap: i
         error=None if reply.ok else reply.shown(), finish_reason=reply.finish_reason,
         truncated=reply.ok and reply.finish_reason == "length", chosen=chosen, answer=answer, right=chosen == answer,
         completion_tokens=reply.completion_tokens, prompt_tokens=reply.prompt_tokens, seconds=reply.seconds,
+        started_at=reply.started_at,
         reply=reply.content[:300], reasoning_chars=len(reply.reasoning))
 
 

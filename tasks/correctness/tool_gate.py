@@ -57,6 +57,7 @@ class ToolCaseRecord(BaseModel):
     seconds: float
     prompt_tokens: int | None
     completion_tokens: int | None
+    started_at: float | None = None  # wall clock when it was sent (cases run concurrently)
 
 
 class ToolGateRow(BaseModel):
@@ -120,7 +121,8 @@ def _record(lane: str, suite: str, split: Literal["dev", "held_out"], case: Tool
         lane=lane, suite=suite, split=split, case_id=case.id, category=case.category, solved=verdict.solved,
         kind=verdict.kind, detail=verdict.detail, finish_reason=reply.finish_reason, http_status=reply.http_status,
         calls=[{"name": c.name, "arguments": c.arguments} for c in reply.tool_calls], content=reply.content[:500],
-        seconds=reply.seconds, prompt_tokens=reply.prompt_tokens, completion_tokens=reply.completion_tokens,
+        seconds=reply.seconds, started_at=reply.started_at, prompt_tokens=reply.prompt_tokens,
+        completion_tokens=reply.completion_tokens,
     )
 
 
