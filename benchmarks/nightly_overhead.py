@@ -85,20 +85,16 @@ def measured(folder: Path) -> dict:
         out["boot_s"] += record.get("boot_seconds") or 0.0
         # the boot gates' own requests (lanes.<lane>.gates), the agentic ones' (flow.correctness)
         spans = gate_requests(record) + gate_requests((m["flow"].get("correctness") or {}).get(lane))
-        for name in ("requests.jsonl", "prefill.jsonl"):  # timed records: start and end-to-end latency
+        # Timed records run from started_at for their end-to-end latency; the tool gate's and the
+        # accuracy eval's requests (sent concurrently) for their seconds: their spans, never a sum.
+        for name, took in (("requests.jsonl", "e2el_s"), ("prefill.jsonl", "e2el_s"),
+                           ("tool_cases.jsonl", "seconds"), ("accuracy.jsonl", "seconds")):
             raw = folder / lane / name
             if raw.is_file():
                 for line in raw.read_text().splitlines():
                     r = json.loads(line)
-                    if r.get("started_at") and r.get("e2el_s"):
-                        spans.append((r["started_at"], r["started_at"] + r["e2el_s"]))
-        for name in ("tool_cases.jsonl", "accuracy.jsonl"):  # sent concurrently: their spans, not a sum
-            raw = folder / lane / name
-            if raw.is_file():
-                for line in raw.read_text().splitlines():
-                    r = json.loads(line)
-                    if r.get("started_at") and r.get("seconds"):
-                        spans.append((r["started_at"], r["started_at"] + r["seconds"]))
+                    if r.get("started_at") and r.get(took):
+                        spans.append((r["started_at"], r["started_at"] + r[took]))
         out["in_flight_s"] += union(spans)
         marks = record.get("timeline") or []
         out["lane_s"] = out.get("lane_s", 0.0) + (marks[-1]["at"] - marks[0]["at"] if marks else 0.0)
