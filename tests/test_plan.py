@@ -124,7 +124,8 @@ def test_the_lane_flow_places_the_ranks_the_plan_prints(tmp_path, capsys):
     from tasks.hosts.transport import LocalTransport
     from tasks.inventory.load import load_inventory
     from tasks.stages import topology
-    from tasks.stages.preflight import Preflight, Reach
+    from tasks.hosts.connect import Reach
+    from tasks.stages.preflight import Preflight
 
     path = uncommented(tmp_path)
     _, (printed,) = plan(capsys, path, "spark-pair")

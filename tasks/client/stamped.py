@@ -30,16 +30,23 @@ _ANC_SIZE = socket.CMSG_SPACE(16) if _SO_TIMESTAMPNS is not None else 0
 _MAX_AGE_S = 10.0  # a kernel stamp older than this (or in the future) is a clock step: not used
 
 
+def _ask_for_stamps(sock: socket.socket) -> bool:
+    """Have the kernel stamp what this socket receives; False where it cannot."""
+    if _SO_TIMESTAMPNS is None:
+        return False
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
+    except OSError:
+        return False
+    return True
+
+
 def _keep_receive_stamps_on() -> socket.socket | None:
     """Linux stamps received packets only while some socket asks for it, and turns that on a
     moment after the first one asks (deferred work): the first bytes on a wave's first connection
     would come unstamped. One socket asking for the whole life of the process keeps it on."""
-    if _SO_TIMESTAMPNS is None:
-        return None
     keeper = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    try:
-        keeper.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
-    except OSError:
+    if not _ask_for_stamps(keeper):
         keeper.close()
         return None
     atexit.register(keeper.close)
@@ -68,8 +75,7 @@ class Stamped:
     host got them, so neither the event loop's wake-up nor the work it was doing for other
     streams is in the stamp. Without kernel stamps, the time of the read is taken instead."""
 
-    __slots__ = ("loop", "sock", "fd", "chunks", "buffered", "eof", "exc", "closed", "kernel_stamps",
-                 "_waiter", "_paused", "_out")
+    __slots__ = ("loop", "sock", "fd", "chunks", "buffered", "eof", "exc", "closed", "_waiter", "_paused", "_out")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket) -> None:
         self.loop, self.sock, self.fd = loop, sock, sock.fileno()
@@ -80,13 +86,7 @@ class Stamped:
         self._waiter: asyncio.Future | None = None
         self._paused = False
         self._out = bytearray()  # request bytes the socket did not take yet
-        self.kernel_stamps = False
-        if _SO_TIMESTAMPNS is not None:
-            try:
-                sock.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
-                self.kernel_stamps = True
-            except OSError:
-                pass
+        _ask_for_stamps(sock)  # without stamps, a read's own time is taken
         loop.add_reader(self.fd, self._readable)
 
     def _readable(self) -> None:

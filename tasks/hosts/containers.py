@@ -28,13 +28,10 @@ import re
 import time
 from pathlib import Path
 
-from prefect import task
-from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel
 
 from tasks.inventory.models import _SAFE_FLAG, ContainerSettings
 from tasks.hosts.transport import CommandResult, CommandTimeout, Spawned, Transport
-from tasks.stages import live
 
 PINNED = re.compile(r"^(?P<repo>[a-z0-9._/:-]+)@(?P<digest>sha256:[0-9a-f]{64})$")
 _LANE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
@@ -274,23 +271,3 @@ def run_container(transport: Transport, docker_host: str | None, name: str, imag
         raise
     return ContainerHandle(transport, docker_host, name, container_id, _docker_argv(docker_host, *run_argv), pid,
                            logs, log_path)
-
-
-class ImagePull(BaseModel):
-    """The image-pull stage's outcome: the verified image, or why the lane cannot have it."""
-
-    ok: bool
-    reason: str = ""
-    image: ImageFacts | None = None
-
-
-@task(name="image pull", cache_policy=NO_CACHE)
-def image_pull(lane_name: str, host_name: str, docker_host: str | None, image_ref: str) -> ImagePull:
-    """Pull by digest (skipped when present) and verify, on `host_name` through the transport the
-    lane's served lifecycle holds (tasks/stages/live.py); a registry that is down or a digest it
-    does not have is a clear reason, not a traceback: the lane fails with it and the rest go on."""
-    transport = live.transport(lane_name, host_name)
-    try:
-        return ImagePull(ok=True, image=pull_by_digest(transport, docker_host, image_ref))
-    except (ImageError, DockerUnavailable) as e:
-        return ImagePull(ok=False, reason=str(e))

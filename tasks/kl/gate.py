@@ -18,7 +18,7 @@ from prefect import get_run_logger
 
 from tasks.record.run_folder import RunFolder
 from tasks.hosts.lock import host_lock
-from tasks.stages.boot import Server
+from tasks.stages.live import Server
 from tasks.stages.serve import served_lane
 from tasks.kl.stages import LaneDied, checksum, generate, quantize, score, tokenize, tokenizer_difference
 from tasks.kl.config import TOKENIZER_PROBE, KlFile, ResolvedLane

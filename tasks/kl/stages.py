@@ -21,7 +21,7 @@ import httpx
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from tasks.stages.boot import Server
+from tasks.stages.live import Server
 from tasks.engines.build import llama_cpp_bin_dir
 from tasks.engines import Engine
 from tasks.hosts.files import sha256_of

@@ -142,7 +142,7 @@ def acceptance_probe(endpoint: Endpoint, run_dir: str, k: int, classes: dict[str
             mark, records = before, []
             for prompt in prompts:
                 record = run_wave(endpoint.base_url, engine, wave, [prompt],
-                                  lambda rec: live.keep(run_dir, endpoint, rec)).records[0]
+                                  live.keeper(run_dir, endpoint)).records[0]
                 now = scrape(endpoint)
                 records.append(record)
                 one = engine.acceptance(mark, now, [record], k)

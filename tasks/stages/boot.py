@@ -20,7 +20,7 @@ from tasks.engines import engine_for
 from tasks.engines.facts import BootFacts
 from tasks.hosts.transport import Spawned
 from tasks.stages import live
-from tasks.stages.live import Endpoint, Placement, Server, Worker  # noqa: F401  (re-exported: the live server)
+from tasks.stages.live import Endpoint, Placement, Server
 
 class BootError(RuntimeError):
     pass

@@ -105,7 +105,7 @@ def decode_curve(endpoint: Endpoint, run_dir: str, plan: DecodePlan, repeats: in
         live.check(endpoint)
         progress(endpoint.lane, what)
 
-    return measure(endpoint, plan, repeats, prompts, lambda rec: live.keep(run_dir, endpoint, rec), each_wave,
+    return measure(endpoint, plan, repeats, prompts, live.keeper(run_dir, endpoint), each_wave,
                    unstable_spread_pct)
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import shlex
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -158,6 +159,11 @@ def check(endpoint: Endpoint) -> None:
     """Between waves and after a stage: raise ServerDied when the server is gone or silent, or a
     judged request ran past its wall deadline (tasks/stages/deadlines.py)."""
     check_alive(server(endpoint), late=handles(endpoint.lane).late)
+
+
+def keeper(run_dir: str, endpoint: Endpoint, judged: bool = True) -> Callable[[RequestRecord], None]:
+    """`keep` for this lane's records, in the shape a wave hands them over (`on_record`)."""
+    return lambda record: keep(run_dir, endpoint, record, judged)
 
 
 def keep(run_dir: str, endpoint: Endpoint, record: RequestRecord, judged: bool = True) -> None:

@@ -31,7 +31,9 @@ from tasks.correctness.smoke import smoke_gate
 from tasks.correctness.thinking import thinking_check
 from tasks.engines import engine_for
 from tasks.engines.facts import BootFacts
-from tasks.hosts.containers import container_name, image_pull
+from tasks.hosts.containers import container_name
+from tasks.hosts.connect import Reach
+from tasks.stages.image_pull import image_pull
 from tasks.hosts.gpu import gpu_facts, idle_gpu_gate, server_gpu_memory
 from tasks.hosts.reclaim import reclaim_leftovers, server_spawn_name
 from tasks.hosts.transport import TransportError
@@ -45,7 +47,7 @@ from tasks.stages.boot import NodeLost, boot, read_facts, stop
 from tasks.stages.live import Endpoint, Placement, Server, Worker
 from tasks.stages.gates import GateFailed, capacity_gate, counter_gate, scrape_metrics
 from tasks.record.progress import progress
-from tasks.stages.preflight import Preflight, Reach, model_paths, preflight
+from tasks.stages.preflight import Preflight, model_paths, preflight
 from tasks.stages.safety import (as_gate, effective_findings, explain, implied_gates, pinned_identity,
                                  speculation_gates)
 from tasks.stages import topology

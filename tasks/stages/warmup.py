@@ -9,7 +9,6 @@ its deadline tracker like every judged request), neither is a result.
 
 from __future__ import annotations
 
-import functools
 import statistics
 
 from prefect import task
@@ -34,7 +33,7 @@ def warmup(endpoint: Endpoint, run_dir: str, shapes: list[tuple[int, str, int]],
            prompts: dict[str, list[Prompt]]) -> list[WarmupRow]:
     """shapes: (concurrency, size class, max_tokens) for every shape a later bench will use."""
     engine, lane_name = engine_for(endpoint.engine), endpoint.lane
-    keep = functools.partial(live.keep, run_dir, endpoint)
+    keep = live.keeper(run_dir, endpoint)
     rows = []
     for concurrency, size_class, max_tokens in shapes:
         waves = []
