@@ -9,12 +9,17 @@ or with requests in flight. Measured from outside, the same way for any lanebenc
   + e2el_s), the tool gate's and the accuracy eval's requests (`tool_cases.jsonl`,
   `accuracy.jsonl`: started_at .. + seconds), and the gates' own requests (the boot gates'
   probe, the agentic smoke and thinking-switch requests: `requests` on each gate verdict in the
-  manifest). The needle ladder's few requests keep no start and are not counted. Before
+  manifest), and the needle ladder's rungs (`needles.parquet`: started_at .. + seconds; before
+  2026-12-01 18:20 UTC they kept no send time and went uncounted). Before
   2026-12-01 16:30 UTC the tool gate's and accuracy eval's seconds were summed as if sent one
   at a time; they are sent concurrently, so that sum overcounted (by 2-8 s a nightly) and every
   share quoted before then read high;
 - a check: boot plus in-flight time may not exceed the lanes' own span (first to last stage
   mark); a run where it does is a counting error, and the benchmark says so instead of a share;
+- the same measuring seconds as a share of the flow's own span (the manifest's started_at to
+  finished_at: from the run folder's creation to the last plot, before the report is rendered),
+  beside the share of the command's wall time: the difference is what the command pays around
+  the flow (imports, Prefect's API server, the flow run's creation, the report, the exit);
 - where the checkout records a timeline (stage marks, GX seconds per artifact), a
   stage-by-stage breakdown.
 
@@ -41,6 +46,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from datetime import datetime
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -95,6 +101,13 @@ def measured(folder: Path) -> dict:
                     r = json.loads(line)
                     if r.get("started_at") and r.get(took):
                         spans.append((r["started_at"], r["started_at"] + r[took]))
+        needles = folder / lane / "needles.parquet"  # the needle ladder's rungs (sent two at a time)
+        if needles.is_file():
+            import pandas as pd
+
+            df = pd.read_parquet(needles)
+            if "started_at" in df:
+                spans += [(a, a + s) for a, s in zip(df.started_at, df.seconds) if a == a and a and s]
         out["in_flight_s"] += union(spans)
         marks = record.get("timeline") or []
         out["lane_s"] = out.get("lane_s", 0.0) + (marks[-1]["at"] - marks[0]["at"] if marks else 0.0)
@@ -102,6 +115,8 @@ def measured(folder: Path) -> dict:
             out["stages"][a["stage"]] = out["stages"].get(a["stage"], 0.0) + b["at"] - a["at"]
     out["gx_s"] = sum(a.get("validation_seconds") or 0.0 for a in m["artifacts"])
     out["flow_started_at"] = m["flow"]["started_at"]
+    out["flow_s"] = (datetime.fromisoformat(m["flow"]["finished_at"]) - datetime.fromisoformat(m["flow"]["started_at"])
+                     ).total_seconds()
     out["status"] = {n: r["status"] for n, r in m["lanes"].items()}
     return out
 
@@ -126,7 +141,7 @@ def one_run(checkout: Path, artifacts: Path, api_url: str | None = None) -> dict
     if got.get("lane_s") and counted > got["lane_s"] + 0.5:
         raise SystemExit(f"counting error: {counted:.1f} s measuring inside lanes that lasted {got['lane_s']:.1f} s")
     share = counted / wall
-    return {"wall_s": wall, "share": share, "exit": r.returncode, "load": load,
+    return {"wall_s": wall, "share": share, "flow_share": counted / got["flow_s"], "exit": r.returncode, "load": load,
             "steal_pct": 100.0 * (s1 - s0) / max(1, t1 - t0), **got}
 
 
@@ -161,7 +176,8 @@ def main() -> int:
                 for name, checkout in checkouts.items():
                     row = one_run(checkout, Path(tmp) / f"art-{i}-{len(rows)}", api_url)
                     rows.append((name, row))
-                    print(f"{name}: wall {row['wall_s']:.1f} s, measuring {100 * row['share']:.0f}%, "
+                    print(f"{name}: wall {row['wall_s']:.1f} s, measuring {100 * row['share']:.0f}% of it "
+                          f"({100 * row['flow_share']:.0f}% of the flow's {row['flow_s']:.1f} s), "
                           f"load {row['load']:.2f}", file=sys.stderr)
         finally:
             if args.baseline:
@@ -171,12 +187,14 @@ def main() -> int:
                 if x.startswith("model name")), "?")
     print(f"machine: {cpu}, {os.cpu_count()} cores; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
           f"Prefect API server: {args.server}\n")
-    print("| checkout | wall s | boot s | requests in flight s | measuring share | GX s | load at start | steal % | exit |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| checkout | wall s | flow s | boot s | requests in flight s | share of wall | share of flow | GX s "
+          "| load at start | steal % | exit |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for name, r in rows:
         busy = " (busy)" if r["load"] > BUSY_LOAD or r["steal_pct"] > 5 else ""
-        print(f"| {name} | {r['wall_s']:.1f} | {r['boot_s']:.1f} | {r['in_flight_s']:.1f} | {100 * r['share']:.0f}%{busy} "
-              f"| {r['gx_s']:.1f} | {r['load']:.2f} | {r['steal_pct']:.1f} | {r['exit']} |")
+        print(f"| {name} | {r['wall_s']:.1f} | {r['flow_s']:.1f} | {r['boot_s']:.1f} | {r['in_flight_s']:.1f} "
+              f"| {100 * r['share']:.0f}%{busy} | {100 * r['flow_share']:.0f}%{busy} | {r['gx_s']:.1f} | {r['load']:.2f} "
+              f"| {r['steal_pct']:.1f} | {r['exit']} |")
     last = rows[-1][1]
     if last["stages"]:
         total = last["wall_s"]

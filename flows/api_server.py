@@ -55,7 +55,8 @@ def launch() -> tuple[subprocess.Popen, str] | None:
     if spec is None or not spec.submodule_search_locations:
         return None
     port = _free_port()
-    env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
+    env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1",
+           "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}  # never a telemetry call, whoever launches it
     argv = [sys.executable, "-m", "uvicorn", "--app-dir", str(Path(spec.submodule_search_locations[0]).parent),
             "--factory", "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(port),
             "--log-level", "error", "--lifespan", "on"]
@@ -83,7 +84,7 @@ def api_server(launched: tuple[subprocess.Popen, str] | None = None, timeout_s: 
                ) -> Iterator[str | None]:
     """Run the body against a Prefect server of its own (`launched`, or launched now), or the
     configured one (yields None)."""
-    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from prefect.settings import PREFECT_API_URL, PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
     launched = launched or launch()
     if launched is not None and _configured_elsewhere():
@@ -99,7 +100,10 @@ def api_server(launched: tuple[subprocess.Popen, str] | None = None, timeout_s: 
 
         wait_healthy(url, proc, timeout_s, poll_s=0.1)  # the same wait `lanebench serve` uses
         os.environ["PREFECT_API_URL"] = url  # for subprocesses (tests, tools) started by this run
-        with temporary_settings(updates={PREFECT_API_URL: url}):
+        # No flow-run heartbeats: they tell a long-lived server that a run is alive, and this one
+        # stops with the run. Their thread sleeps in 1 s steps and each flow run's exit waits for
+        # it: up to a second per flow run (the nightly and each lane), measured at 0.56 s a lane.
+        with temporary_settings(updates={PREFECT_API_URL: url, PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
             yield url
     finally:
         os.environ.pop("PREFECT_API_URL", None)

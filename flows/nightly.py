@@ -35,7 +35,16 @@ from tasks.record.report import embed_images, render
 from tasks.record.verdict import STATE_NAMES, night_verdict
 
 TREND_RUNS = 30  # runs shown in a trend plot
+# Every suite a nightly checks, loaded with matplotlib before the first request (warm()).
+WARM_KINDS = ["requests", "capacity", "warmup", "decode", "queueing", "prefill", "acceptance", "tools", "needles",
+              "accuracy", "regression"]
 POLICY_ENV = "LANEBENCH_REGRESSION"  # JSON of RegressionPolicy fields, for runs started from the CLI
+
+
+def warm() -> None:
+    """GX's suites and matplotlib load in a background thread: the CLI starts it while Prefect's
+    API server boots (its core is idle then), so neither competes with a measured request."""
+    warm_up(WARM_KINDS, and_then=plots.warm)
 
 
 def _artifact_key(*parts: str) -> str:
@@ -61,15 +70,14 @@ def _publish(run: RunFolder, report: str) -> None:
 
 
 def _history(con: Any, lane: str, metrics: list[str]) -> dict[str, Any]:
-    out = {}
-    for metric in metrics:
-        df = con.execute("""SELECT * FROM (SELECT run, started_at, value, regressed FROM metrics
-                            WHERE flow = 'nightly' AND lane = ? AND metric = ? AND passed
-                            ORDER BY started_at DESC LIMIT ?) ORDER BY started_at""",
-                         [lane, metric, TREND_RUNS]).df()
-        if not df.empty:
-            out[metric] = df
-    return out
+    """Each metric's last TREND_RUNS passed nightly values, oldest first (one query for all)."""
+    df = con.execute("""SELECT metric, run, started_at, value, regressed FROM (
+                            SELECT *, row_number() OVER (PARTITION BY metric ORDER BY started_at DESC) AS newest
+                            FROM metrics WHERE flow = 'nightly' AND lane = ? AND passed
+                            AND list_contains(?, metric))
+                        WHERE newest <= ? ORDER BY metric, started_at""", [lane, metrics, TREND_RUNS]).df()
+    return {metric: part.drop(columns="metric").reset_index(drop=True) for metric, part in df.groupby("metric")
+            if metric in metrics}
 
 
 def _plots(run: RunFolder, name: str, con: Any, comparison: LaneComparison | None) -> None:
@@ -135,8 +143,7 @@ def nightly(hosts: str = "hosts.yaml", lanes: list[str] | None = None, artifacts
     inventory_path = Path(hosts).resolve()
     inventory = load_inventory(inventory_path)
     names = lanes or list(inventory.lanes)
-    # GX and matplotlib load while the servers boot, not inside the warmup window or the tail.
-    warm_up(["requests", "warmup", "decode", "acceptance", "regression", "tools", "needles"], and_then=plots.warm)
+    warm()  # started by the CLI while the API server booted; here for a run a worker started
     run = RunFolder(Path(artifacts_root), "nightly", str(flow_run.get_id()), inventory_path)
     for line in reclaim_dead_runs(Path(artifacts_root), by=run.path.name):
         say(line)

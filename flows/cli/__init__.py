@@ -68,6 +68,8 @@ def run_flow(flow: str, build: Callable[[], Any], artifacts: Path, launched: tup
     install_stop_handlers()
     install()  # before the flow run exists: its creation and first states are scrubbed too
     call = build()
+    import prefect.flow_engine  # noqa: F401  (Prefect imports its engines at the first flow call:
+    import prefect.task_engine  # noqa: F401   imported here, they load while the API server boots)
     with api_server(launched):
         state = call(**params, return_state=True)
     return state, run_folder_of(state, artifacts, flow)
@@ -100,8 +102,10 @@ def cmd_nightly(args: argparse.Namespace) -> int:
         return refused
 
     def build() -> Any:
-        from flows.nightly import nightly
+        import flows.lane  # noqa: F401  (imported by the first lane otherwise: after the API server is up)
+        from flows.nightly import nightly, warm
 
+        warm()  # GX and matplotlib load now, while the API server boots
         return nightly
 
     hosts, artifacts = Path(args.hosts), Path(args.artifacts)

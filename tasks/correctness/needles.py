@@ -65,6 +65,7 @@ class NeedleRow(BaseModel):
     finish_reason: str | None
     answer: str
     seconds: float
+    started_at: float | None = None  # wall clock when it was sent (two rungs run at once)
 
 
 class Haystack(BaseModel):
@@ -205,7 +206,8 @@ def run_ladder(base_url: str, engine: Engine, lane_name: str, lane: Lane, plan: 
             outcome, found, answer = "error", 0, reply.shown()
         rows.append(NeedleRow(**common, message_tokens=hay.tokens, prompt_tokens=reply.prompt_tokens,
                               keys_expected=len(hay.keys), keys_found=found, outcome=outcome,
-                              finish_reason=reply.finish_reason, answer=answer[:200], seconds=reply.seconds))
+                              finish_reason=reply.finish_reason, answer=answer[:200], seconds=reply.seconds,
+                              started_at=reply.started_at))
     return rows
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import os
 import subprocess
 from pathlib import Path
 
@@ -15,6 +17,12 @@ class BuildError(RuntimeError):
 
 def llama_cpp_bin_dir() -> Path:
     """Folder holding llama-server, llama-quantize, llama-perplexity, rpc-server (builds on first use)."""
+    keys = ("LANEBENCH_CACHE", "LANEBENCH_LLAMA_BACKEND", "LANEBENCH_CUDA_ARCHS", "LANEBENCH_LLAMA_SRC", "HOME")
+    return _bin_dir(tuple(os.environ.get(k) for k in keys))
+
+
+@functools.cache  # once a process for the same build settings: a lane asked three times, 0.1 s each
+def _bin_dir(settings: tuple[str | None, ...]) -> Path:  # a failed build raises, and is not cached
     proc = subprocess.run(["bash", str(BUILD_SCRIPT)], capture_output=True, text=True)
     if proc.returncode != 0:
         raise BuildError(f"building llama.cpp failed (exit {proc.returncode}): {proc.stderr[-2000:]}")

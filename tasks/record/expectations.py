@@ -153,6 +153,9 @@ def warm_up(kinds: list[str] | None = None, suites_dir: Path = SUITES_DIR,
     waits for it (`warmed_up`): beside the client it slowed the warmup's steady requests.
     """
     global _warming
+    if _warming is not None:  # started already (the CLI starts it while Prefect's API server boots)
+        return _warming
+
     def load() -> None:
         engine = _get_engine()
         for name in kinds or [p.stem for p in Path(suites_dir).glob("*.json")]:

@@ -220,8 +220,14 @@ class RunFolder:
         return d
 
     def append_jsonl(self, lane: str, name: str, record: BaseModel) -> None:
-        """Append one raw record and list it in the manifest at once. On a failed write the file is
-        cut back to its last whole line (every earlier record kept) and RunFolderWriteError raised."""
+        """Append one raw record; a new file is listed in the manifest at once. On a failed write
+        the file is cut back to its last whole line (every earlier record kept) and
+        RunFolderWriteError raised.
+
+        The file's hash is refreshed by the next manifest save (every stage mark and table
+        writes one; a run that dies is re-hashed by the run that reclaims it), not per record:
+        this is called inside a wave's event loop, and hashing every live file and writing the
+        manifest for each record held the loop for milliseconds between requests."""
         rel = f"{lane}/{name}"
         path = self.lane_dir(lane) / name
         line = record.model_dump_json() + "\n"
@@ -236,8 +242,9 @@ class RunFolder:
                 except OSError:
                     pass
                 self._failed_write(rel, e)
-            self._refresh(rel)
-            self.save_manifest()
+            if size == 0:
+                self._refresh(rel)
+                self.save_manifest()
 
     def _refresh(self, rel: str, kind: str | None = None) -> None:
         """List a live file (or refresh its hash); its kind is kept once a stage has named it."""
