@@ -184,11 +184,25 @@ class Stamped:
         self._wake()  # a read still waiting ends with the bytes it has, or b""
 
 
+def _literal(host: str, port: int) -> list[tuple] | None:
+    """An IP address needs no resolver: asyncio's getaddrinfo runs in a thread that each wave's
+    loop then waits to join at its close (between the acceptance probe's requests)."""
+    for family in (socket.AF_INET, socket.AF_INET6):
+        try:
+            socket.inet_pton(family, host.strip("[]"))
+        except OSError:
+            continue
+        address = (host.strip("[]"), port) if family == socket.AF_INET else (host.strip("[]"), port, 0, 0)
+        return [(family, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", address)]
+    return None
+
+
 async def connect(host: str, port: int) -> socket.socket:
     """A non-blocking TCP connection with Nagle off (a request goes out whole, at once)."""
     loop = asyncio.get_running_loop()
     last: OSError | None = None
-    for family, kind, proto, _, address in await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM):
+    for family, kind, proto, _, address in _literal(host, port) or await loop.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM):
         sock = socket.socket(family, kind, proto)
         try:
             sock.setblocking(False)

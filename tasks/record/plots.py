@@ -42,9 +42,10 @@ def _plt() -> Any:
     return plt
 
 
-def _save(fig: Any, out: Path) -> Path:
+def _save(fig: Any, out: Path, tight: bool = True) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
+    if tight:
+        fig.tight_layout()
     # No timestamp in the PNG metadata: the same figure gives the same bytes.
     fig.savefig(out, dpi=_DPI, metadata={"Software": None})
     _plt().close(fig)
@@ -137,7 +138,11 @@ def trend(history: dict[str, pd.DataFrame], rows: list[RegressionRow], current_r
     for ax in list(axes.flat)[len(metrics):]:
         ax.axis("off")
     fig.suptitle(f"{title}: headline metrics over history (ringed: baseline runs; shaded: noise band)", fontsize=10)
-    return _save(fig, out)
+    # Fixed margins: tight_layout measured every tick label of every panel, a third of this
+    # plot's second on the nightly's tail.
+    fig.subplots_adjust(left=0.05, right=0.99, bottom=0.22 / nrows, top=1 - 0.28 / nrows, wspace=0.28,
+                        hspace=0.8)
+    return _save(fig, out, tight=False)
 
 
 def prefill_ladder(prefill: pd.DataFrame, out: Path, title: str) -> Path | None:
