@@ -52,9 +52,11 @@ def run_cli(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
                           timeout=timeout)
 
 
-def interrupt_cli(*args: str, when, timeout: float = 240) -> tuple[subprocess.CompletedProcess, bool]:
-    """`lanebench ...` in its own process group (as a terminal starts it), sent SIGINT to the
-    group once `when()` holds, as Ctrl-C does; (its result, whether the SIGINT was sent)."""
+def interrupt_cli(*args: str, when, timeout: float = 240, signal_name: str = "SIGINT"
+                  ) -> tuple[subprocess.CompletedProcess, bool]:
+    """`lanebench ...` in its own process group (as a terminal starts it), stopped once `when()`
+    holds: SIGINT to the whole group, as Ctrl-C does, or SIGTERM to the process alone, as a
+    service manager or `kill` does; (its result, whether the signal was sent)."""
     import signal
     import time
 
@@ -65,7 +67,10 @@ def interrupt_cli(*args: str, when, timeout: float = 240) -> tuple[subprocess.Co
         deadline = time.monotonic() + timeout
         while not sent and time.monotonic() < deadline and cli.poll() is None:
             if when():
-                os.killpg(cli.pid, signal.SIGINT)
+                if signal_name == "SIGINT":
+                    os.killpg(cli.pid, signal.SIGINT)
+                else:
+                    os.kill(cli.pid, getattr(signal, signal_name))
                 sent = True
             time.sleep(0.05)
         out, err = cli.communicate(timeout=120)

@@ -258,24 +258,29 @@ def test_a_candidate_that_dies_keeps_its_partial_results(tmp_path, llama_bin):
     assert no_llama_server_left(range(18241, 18243))
 
 
-def test_ctrl_c_mid_reference_stops_kl_like_nightly(tmp_path, llama_bin):
-    """Ctrl-C to `lanebench kl`'s process group while the reference scores (flows/cli/kl.py ->
-    run_flow): exit 130 naming SIGINT, the reference's server torn down, the run folder marked
-    interrupted with what was scored kept, verify passes, no verdict."""
+@pytest.mark.parametrize("sig, ports", [("SIGINT", (18244, 18245)), ("SIGTERM", (18246, 18247))])
+def test_ctrl_c_mid_reference_stops_kl_like_nightly(tmp_path, llama_bin, sig, ports):
+    """Ctrl-C to `lanebench kl`'s process group, or SIGTERM to the process alone, while the
+    reference scores (flows/cli/kl.py -> run_flow): exit 130 naming the signal, the reference's
+    server torn down, the run folder marked interrupted with what was scored kept, verify
+    passes, no verdict."""
+    reference, candidate = ports
     path = kl_file(tmp_path, "stop.yaml", candidates=["q8_0"], lanes={
-        "f16": llama_lane(18244), "q8_0": llama_lane(18245, quantize={"type": "Q8_0"})})
+        "f16": llama_lane(reference), "q8_0": llama_lane(candidate, quantize={"type": "Q8_0"})})
     artifacts = tmp_path / "art"
     result, sent = interrupt_cli("kl", str(path), "--artifacts", str(artifacts), "--prompt-count", "12",
-                                 when=lambda: any(artifacts.glob("*_kl_*/f16/*.jsonl")) and llama_server_pid(18244))
+                                 when=lambda: any(artifacts.glob("*_kl_*/f16/*.jsonl")) and llama_server_pid(reference),
+                                 signal_name=sig)
     out, err = result.stdout, result.stderr
     assert sent, "the reference finished before it could be interrupted: " + out[-500:] + err[-1500:]
     assert result.returncode == 130, out + err
-    assert "kl interrupted by SIGINT" in out + err and "Traceback" not in err, out + err
+    assert f"kl interrupted by {sig}" in out + err and "Traceback" not in err, out + err
     folder = Path(out.strip().splitlines()[-1].removeprefix("run folder: "))
     m = manifest_of(folder)
     assert m["flow"]["status"] == "interrupted" and m["lanes"]["f16"]["status"] == "interrupted", m["flow"]
+    assert sig in m["lanes"]["f16"]["reason"], m["lanes"]["f16"]
     assert run_cli("verify", str(folder)).returncode == 0
-    assert no_llama_server_left(range(18244, 18246))
+    assert no_llama_server_left(range(reference, candidate + 1))
 
 
 def test_bad_kl_files_are_one_line_and_exit_2(tmp_path):

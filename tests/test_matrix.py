@@ -425,19 +425,22 @@ def test_rerun_with_an_edited_bar_says_so_and_a_failed_gate_does_not_stop_the_ma
     assert no_llama_server_left(range(PORT, PORT + 20))
 
 
-def test_ctrl_c_mid_arm_stops_the_matrix_like_nightly(tmp_path, llama_bin):
-    """Ctrl-C to `lanebench matrix`'s process group mid arm (flows/cli/matrix.py -> run_flow):
-    exit 130 naming SIGINT, the arm's server torn down, the run folder marked interrupted with
-    the arms never started said so, verify passes, no verdict."""
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_ctrl_c_mid_arm_stops_the_matrix_like_nightly(tmp_path, llama_bin, sig):
+    """Ctrl-C to `lanebench matrix`'s process group, or SIGTERM to the process alone, mid arm
+    (flows/cli/matrix.py -> run_flow): exit 130 naming the signal, the arm's server torn down,
+    the run folder marked interrupted with the arms never started said so, verify passes, no
+    verdict."""
     matrix_inventory(tmp_path, PORT + 10)
     artifacts = tmp_path / "artifacts"
     data = reduced(tmp_path)
     result, sent = interrupt_cli("matrix", str(write_matrix(tmp_path, data)), "--artifacts", str(artifacts),
-                                 when=lambda: any(artifacts.glob("*_matrix_*/*/requests.jsonl")))  # first arm measuring
+                                 when=lambda: any(artifacts.glob("*_matrix_*/*/requests.jsonl")),  # first arm measuring
+                                 signal_name=sig)
     out, err = result.stdout, result.stderr
     assert sent, "the first arm never measured: " + out[-500:] + err[-1500:]
     assert result.returncode == 130, out + err
-    assert "matrix interrupted by SIGINT" in out + err and "Traceback" not in err, out + err
+    assert f"matrix interrupted by {sig}" in out + err and "Traceback" not in err, out + err
     folder = run_folder_of(result)
     m = manifest_of(folder)
     assert m["flow"]["status"] == "interrupted", m["flow"]
