@@ -91,3 +91,37 @@ def test_history_refuses_a_tampered_table(tmp_path):
     r = subprocess.run([sys.executable, "-m", "flows.cli", "history", "--artifacts", str(tmp_path), "runs"],
                        cwd=REPO, capture_output=True, text=True, timeout=120)
     assert f"history: refused {bad.path.name}/rehearsal/decode.parquet" in r.stderr, r.stderr
+
+
+_SIGTERM_IN_A_CALLBACK = """
+import asyncio, os, signal, sys
+sys.path.insert(0, sys.argv[1])
+from tasks.record.interrupted import install_stop_handlers, interrupts, stop_requested
+import prefect.utilities.engine as engine
+
+install_stop_handlers()
+signal.signal(signal.SIGTERM, engine._prefect_sigterm_handler)  # what Prefect installs while a flow runs
+
+async def wave():
+    def readable():  # a socket callback, as the wave's client runs them
+        os.kill(os.getpid(), signal.SIGTERM)
+        for _ in range(1000):  # the handler runs between these bytecodes
+            pass
+    asyncio.get_running_loop().call_soon(readable)
+    await asyncio.sleep(0.5)
+    return "the wave went on"
+
+try:
+    print(asyncio.run(wave()))
+except interrupts() as e:
+    print("stopped:", type(e).__name__, stop_requested())
+"""
+
+
+def test_sigterm_inside_an_event_loop_callback_stops_the_run():
+    """SIGTERM landing while the event loop runs a callback (a wave reading its sockets) stops the
+    run: asyncio must not log the exception and carry on (it did for Prefect's TerminationSignal)."""
+    r = subprocess.run([sys.executable, "-c", _SIGTERM_IN_A_CALLBACK, str(REPO)], capture_output=True, text=True,
+                       timeout=120)
+    assert r.stdout.strip() == "stopped: Terminated SIGTERM", r.stdout + r.stderr
+    assert "Exception in callback" not in r.stderr, r.stderr

@@ -82,15 +82,23 @@ def install_stop_handlers() -> None:
     signal.signal(signal.SIGTERM, _on_stop)
     try:
         import prefect.utilities.engine as engine
+        from prefect.exceptions import TerminationSignal
     except ImportError:
         return
     original = engine._prefect_sigterm_handler
     if getattr(original, "_lanebench", False):
         return
 
+    class Terminated(TerminationSignal, KeyboardInterrupt):
+        """Prefect's SIGTERM exception, which asyncio lets through. A signal handler raises in
+        whatever code runs when the signal lands; inside an event-loop callback (a wave reading
+        its sockets) asyncio logged a plain TerminationSignal and dropped it, and the lane
+        measured on (test_matrix's SIGTERM case, 2026-12-01). asyncio re-raises a
+        KeyboardInterrupt; Prefect's engine still catches it as the TerminationSignal it is."""
+
     def bridged(sig_num: int, *args: object):  # type: ignore[no-untyped-def]
         _STOPS.append(signal.Signals(sig_num).name)
-        return original(sig_num, *args)
+        raise Terminated(signal=sig_num)
 
     bridged._lanebench = True  # type: ignore[attr-defined]
     engine._prefect_sigterm_handler = bridged
