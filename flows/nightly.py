@@ -76,8 +76,7 @@ def _history(con: Any, lane: str, metrics: list[str]) -> dict[str, Any]:
                             FROM metrics WHERE flow = 'nightly' AND lane = ? AND passed
                             AND list_contains(?, metric))
                         WHERE newest <= ? ORDER BY metric, started_at""", [lane, metrics, TREND_RUNS]).df()
-    return {metric: part.drop(columns="metric").reset_index(drop=True) for metric, part in df.groupby("metric")
-            if metric in metrics}
+    return {metric: part.drop(columns="metric").reset_index(drop=True) for metric, part in df.groupby("metric")}
 
 
 def _plots(run: RunFolder, name: str, con: Any, comparison: LaneComparison | None) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import ipaddress
 import socket
 import struct
 import sys
@@ -187,14 +188,12 @@ class Stamped:
 def _literal(host: str, port: int) -> list[tuple] | None:
     """An IP address needs no resolver: asyncio's getaddrinfo runs in a thread that each wave's
     loop then waits to join at its close (between the acceptance probe's requests)."""
-    for family in (socket.AF_INET, socket.AF_INET6):
-        try:
-            socket.inet_pton(family, host.strip("[]"))
-        except OSError:
-            continue
-        address = (host.strip("[]"), port) if family == socket.AF_INET else (host.strip("[]"), port, 0, 0)
-        return [(family, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", address)]
-    return None
+    try:
+        ip = ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return None
+    family, address = (socket.AF_INET, (str(ip), port)) if ip.version == 4 else (socket.AF_INET6, (str(ip), port, 0, 0))
+    return [(family, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", address)]
 
 
 async def connect(host: str, port: int) -> socket.socket:

@@ -130,6 +130,7 @@ def acceptance_probe(endpoint: Endpoint, run_dir: str, k: int, classes: dict[str
     Before each window the server is checked (tasks/stages/deadlines.py); every record is kept."""
     engine, lane_name = engine_for(endpoint.engine), endpoint.lane
     scrape = scrape_metrics.fn  # between requests: a plain call, not one task run per request
+    keep = live.keeper(run_dir, endpoint)
     rows, silent = [], []
     for prompt_class, prompts in classes.items():
         windows, per_prompt = [], []
@@ -141,8 +142,7 @@ def acceptance_probe(endpoint: Endpoint, run_dir: str, k: int, classes: dict[str
             before = scrape_metrics(endpoint)
             mark, records = before, []
             for prompt in prompts:
-                record = run_wave(endpoint.base_url, engine, wave, [prompt],
-                                  live.keeper(run_dir, endpoint)).records[0]
+                record = run_wave(endpoint.base_url, engine, wave, [prompt], keep).records[0]
                 now = scrape(endpoint)
                 records.append(record)
                 one = engine.acceptance(mark, now, [record], k)

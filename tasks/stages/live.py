@@ -87,7 +87,7 @@ class Server:
                 if (code := w.poll()) is not None]
 
     def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        return self.endpoint.log()
 
     @property
     def command(self) -> str:
