@@ -59,6 +59,15 @@ class LlamaCpp(Engine):
         return m[0].strip() if m else None
     queue_gauge = "llamacpp:requests_deferred"
 
+    local_binary_name = "llama-server"
+
+    def local_build(self) -> tuple[str, dict[str, str]]:
+        """The pinned llama.cpp build (scripts/build-llama-cpp.sh; built on first use)."""
+        from tasks.engines.build import llama_cpp_bin_dir, llama_cpp_identity
+
+        bin_dir = llama_cpp_bin_dir()
+        return str(bin_dir / "llama-server"), llama_cpp_identity(bin_dir)
+
     def launch_command(self, lane: Lane, binary: str, host: str) -> list[str]:
         argv = [
             binary,
