@@ -179,7 +179,8 @@ def lane_flow(lane_name: str, lane: Lane, host: Host, base_dir: Path, run_dir: s
             if lane.speculative is not None and lane.bench.acceptance is not None:
                 stage("acceptance probe")
                 acc_rows, silent = acceptance_probe(endpoint, run_dir, lane.speculative.k, class_prompts,
-                                                    lane.bench.acceptance.max_tokens, lane.bench.repeats)
+                                                    lane.bench.acceptance.max_tokens, lane.bench.repeats,
+                                                    engine_for(lane.engine).acceptance_log_interval_s(lane.env))
                 live.check(endpoint)
                 for prompt_class in silent:
                     record.warnings.append(f"acceptance probe: class {prompt_class} had no verification step")

@@ -105,3 +105,18 @@ class Acceptance(_Record):
     acceptance_length: float
     per_position: list[float]
     source: Literal["counters", "requests"]
+
+
+class LoggedAcceptance(_Record):
+    """What the server itself logged about acceptance over one window (vLLM's periodic
+    `SpecDecoding metrics` lines, summed): the cross-check for the counter-derived row.
+
+    `accepted` and `drafted` are the lines' exact integers; the acceptance length is
+    1 + accepted / (drafted / K), which is the engine's own 1 + accepted / drafts when every
+    draft is K tokens wide (the draft-width gate's condition)."""
+
+    lines: int
+    accepted: int
+    drafted: int
+    acceptance_length: float
+    per_position: list[float]  # drafts-weighted mean of the lines' per-position rates
