@@ -18,7 +18,7 @@ from tasks.client.replies import ChatReply, parse_openai_chat
 from tasks.inventory.models import Agentic, Lane
 from tasks.kl.records import ForcedProbe, ForcedScore
 from tasks.client.records import RequestRecord, RequestSpec, StreamEvent
-from tasks.engines.facts import Acceptance, BootFacts, Metrics, PlannedCap
+from tasks.engines.facts import Acceptance, BootFacts, DraftPlan, Metrics, PlannedCap
 
 
 class Engine(ABC):
@@ -31,8 +31,37 @@ class Engine(ABC):
     draft_counter: ClassVar[str | None] = None
     draft_tokens_counter: ClassVar[str | None] = None
 
-    def effective_k(self, metrics: Metrics) -> int | None:
-        """The draft width the server resolved, as its own counters state it (None: not stated)."""
+    def effective_k(self, metrics: Metrics, requests: list[RequestRecord] | None = None) -> int | None:
+        """The draft width the server resolved, as its own counters (or the probe requests' own
+        speculation fields) state it (None: not stated)."""
+        return None
+
+    def draft_window(self, before: Metrics, after: Metrics, requests: list[RequestRecord]) -> tuple[float, float] | None:
+        """(verification steps with a draft, draft tokens proposed) over a window, as the engine
+        counts them: its two counters by default. None: the engine states no proposed count."""
+        if self.draft_counter is None or self.draft_tokens_counter is None:
+            return None
+        return (after.total(self.draft_counter) - before.total(self.draft_counter),
+                after.total(self.draft_tokens_counter) - before.total(self.draft_tokens_counter))
+
+    # --- K, converted once per engine (tasks/engines/facts.py DraftPlan) ----------------------
+
+    def method_name(self, method: str) -> str:
+        """A lane's speculative.method as the release spells it."""
+        return method
+
+    def same_method(self, given: str, declared: str) -> bool:
+        """Whether a method flag's value names the lane's declared method to this engine."""
+        return self.method_name(given).lower() == self.method_name(declared).lower()
+
+    def speculative_flags(self, method: str, k: int, drafter: str | None) -> list[str]:
+        """Launch flags that make the engine draft K tokens per verification step with `method`."""
+        return []
+
+    def draft_plan(self, argv: list[str]) -> DraftPlan | None:
+        """What the engine will draft for this argv, read as the release's parser and resolution
+        hooks read it (the last of a repeated flag wins). None: this adapter checks its flags
+        field by field (tasks/inventory/flag_conflicts.py)."""
         return None
 
     def invalid_speculation(self, log: str) -> str | None:

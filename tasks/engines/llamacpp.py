@@ -46,7 +46,7 @@ class LlamaCpp(Engine):
     draft_counter = _P + "spec_decode_num_drafts_total"
     draft_tokens_counter = _P + "spec_decode_num_draft_tokens_total"
 
-    def effective_k(self, metrics: Metrics) -> int | None:
+    def effective_k(self, metrics: Metrics, requests: list[RequestRecord] | None = None) -> int | None:
         """The per-position counter has one series per draft position the server sized for
         (server-context.cpp resizes it to `common_speculative_n_max`): their count is K."""
         positions = [int(m[1]) for key in metrics.values if (m := _POSITION.match(key))]

@@ -48,7 +48,7 @@ from tasks.inventory.models import Agentic, Lane
 from tasks.engines.base import Engine, per_position_from_counts, parser_flags
 from tasks.kl.records import ForcedProbe, ForcedScore
 from tasks.client.records import RequestRecord, RequestSpec, StreamEvent
-from tasks.engines.facts import Acceptance, BootFacts, Metrics, PlannedCap
+from tasks.engines.facts import Acceptance, BootFacts, DraftPlan, Metrics, PlannedCap
 from tasks.engines import planned, vllm_boot
 
 _P = "vllm:spec_decode_"
@@ -61,6 +61,33 @@ def vllm_method(method: str) -> str:
     """Lane method name -> vLLM's `method` ("EAGLE3" -> "eagle3", "draft-simple" -> "draft_model")."""
     name = method.lower().removeprefix("draft-")
     return _ALIASES.get(name, name)
+
+
+def vllm_draft_plan(argv: list[str]) -> DraftPlan | None:
+    """K as vLLM will run an argv: `num_speculative_tokens` of the last `--speculative-config`
+    JSON, with its dotted keys (`--speculative-config.num_speculative_tokens 5`) applied over it,
+    as FlexibleArgumentParser merges them. A `speculative_token_tree` drafts a tree."""
+    config: dict = {}
+    for i, token in enumerate(argv):
+        head, eq, tail = token.partition("=")
+        name, dot, key = head.partition(".")
+        if name.replace("_", "-") != "--speculative-config":
+            continue
+        value = tail if eq else (argv[i + 1] if i + 1 < len(argv) else "")
+        if not dot:
+            try:
+                config = json.loads(value) if value.strip().startswith("{") else {}
+            except json.JSONDecodeError:
+                config = {}
+        else:
+            config[key] = value
+    if "method" not in config and "num_speculative_tokens" not in config:
+        return None
+    k = config.get("num_speculative_tokens")
+    k = int(k) if isinstance(k, int) or (isinstance(k, str) and k.isdigit()) else None
+    tree = bool(config.get("speculative_token_tree"))
+    return DraftPlan(method=config.get("method"), k=k, flag=f"--speculative-config num_speculative_tokens={k}",
+                     tree=tree, shape="tree (speculative_token_tree)" if tree else "chain")
 
 
 def counter_by_position(metrics: Metrics, name: str) -> dict[str, float]:
@@ -110,6 +137,12 @@ class VLLM(Engine):
 
     def planned_cap(self, lane: Lane) -> PlannedCap | None:
         return planned.vllm_cap(lane, self.launch_command(lane, "vllm", "0.0.0.0"))
+
+    def method_name(self, method: str) -> str:
+        return vllm_method(method)
+
+    def draft_plan(self, argv: list[str]) -> DraftPlan | None:
+        return vllm_draft_plan(argv)
 
     def node_flags(self, rank: int, nnodes: int, master: str, port: int) -> list[str]:
         # vllm/engine/arg_utils.py --nnodes/--node-rank/--master-addr/--master-port; every node but

@@ -117,15 +117,17 @@ def boot_gates(run: RunFolder, served: Served, probe: Prompt | None) -> None:
     engine = engine_for(lane.engine)
     record.waivers = [w.model_dump() for w in lane.waivers]
     before = scrape_metrics(served.endpoint)
-    results = []
+    results, probes = [], []
     for gate in implied_gates(lane, engine):
         if isinstance(gate, CapacityGate):
             results.append(capacity_gate(gate, lane, served.facts))
         else:
             if probe is None:
                 raise ValueError("a counter gate needs a probe prompt")
-            results.append(counter_gate(gate, served.endpoint, lane, probe, served.facts))
-    results += speculation_gates(lane, engine, before, scrape_metrics(served.endpoint), served.server.log())
+            result, sent = counter_gate(gate, served.endpoint, lane, probe, served.facts)
+            results.append(result)
+            probes.append(sent)
+    results += speculation_gates(lane, engine, before, scrape_metrics(served.endpoint), served.server.log(), probes)
     results = [explain(r, lane) for r in results]
     record.gates += [r.model_dump() for r in results]
     # Some servers name their speculation type only once a slot has run: read the facts again.
