@@ -202,6 +202,10 @@ class Engine(ABC):
 
     # --- Serving across hosts (a lane's `nodes`; llama.cpp: its `rpc` plan) -------------------
 
+    def listen_ports(self, argv: list[str], rank: int, spans_nodes: bool) -> list[tuple[int, str]]:
+        """Ports node `rank`'s process listens on besides HTTP and the rendezvous, by its argv."""
+        return []
+
     def node_flags(self, rank: int, nnodes: int, master: str, port: int) -> list[str]:
         """Launch flags that make this process node `rank` of `nnodes`, meeting at master:port
         (rank 0 is the head that serves HTTP; the others are its workers)."""

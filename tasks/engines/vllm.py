@@ -144,6 +144,9 @@ class VLLM(Engine):
     def draft_plan(self, argv: list[str]) -> DraftPlan | None:
         return vllm_draft_plan(argv)
 
+    def listen_ports(self, argv: list[str], rank: int, spans_nodes: bool) -> list[tuple[int, str]]:
+        return planned.vllm_ports(argv, rank, spans_nodes)
+
     def node_flags(self, rank: int, nnodes: int, master: str, port: int) -> list[str]:
         # vllm/engine/arg_utils.py --nnodes/--node-rank/--master-addr/--master-port; every node but
         # the head runs --headless (entrypoints/cli/serve.py run_headless: workers, no API server).

@@ -99,8 +99,9 @@ def placement(lane: Lane, host: Host, reach: Reach, pre: Preflight, inventory: I
     for rank, name in topology.worker_ranks(lane):
         node = inventory.hosts[name] if inventory is not None else Host()
         binary = lane.container.entrypoint_binary if lane.image else pre.node_binaries[name]
-        argv = engine.launch_command(topology.at_rank(lane, engine, rank, pre.master), binary, node.address)
-        workers.append(Worker(name, reach.transports[name], argv, rank=rank, image=lane.image, host=node))
+        argv = topology.node_argv(lane, engine, rank, pre.master, binary, node.address, node)
+        workers.append(Worker(name, reach.transports[name], argv, rank=rank, image=lane.image, host=node,
+                              env=topology.node_env(lane, name)))
     for worker, endpoint in zip(lane.rpc.workers if lane.rpc else [], pre.rpc_endpoints):
         address, port = endpoint.rsplit(":", 1)
         workers.append(Worker(worker, reach.transports[worker],
