@@ -149,3 +149,30 @@ def test_the_sglang_draft_width_gate_reads_the_servers_width_from_the_probe():
     assert "120 draft tokens over 20 verify steps" in wrong.detail
     # Without the probe's fields there is nothing to judge the width by: no gate, not a pass.
     assert speculation_gates(_dflash_lane(7), engine, before, after, "", []) == []
+
+
+def test_tree_shaped_drafting_is_labelled_in_the_acceptance_table():
+    """SGLang NGRAM drafts a BFS tree (breadth up to 10 by default): its per-position rates mean
+    "accepted path at least i+1 long", and the table says so; a chain lane's table is unchanged."""
+    import pandas as pd
+
+    from tasks.record.report import acceptance_table
+    from tasks.stages.acceptance import draft_shape, summarize
+
+    engine = SGLang()
+    ngram = Lane.model_validate({"host": "h", "engine": "sglang", "model": {"path": "/m"},
+                                 "speculative": {"method": "NGRAM", "k": 7}, "bench": {"decode": {"prompts": "p.jsonl"}}})
+    shape = draft_shape("sglang", engine.launch_command(ngram, "python3", "0.0.0.0"))
+    assert shape == "tree, BFS breadth up to 10"
+    chain = draft_shape("sglang", engine.launch_command(_dflash_lane(7), "python3", "0.0.0.0"))
+    assert chain == "chain"
+    window = engine.acceptance(engine.metrics(""), engine.metrics(""), [_probe("stream_stop.sse")], 7)
+    assert window is not None
+    tree_row = summarize("ngram", "prose", 7, [window], shape=shape)
+    chain_row = summarize("dflash", "prose", 7, [window], shape=chain)
+    table = acceptance_table(pd.DataFrame([tree_row.model_dump()]))
+    assert list(table["drafting"]) == ["tree, BFS breadth up to 10 (per-position: accepted path >= i+1)"]
+    assert "drafting" not in acceptance_table(pd.DataFrame([chain_row.model_dump()]))
+    # Rows written before the column existed read as chains.
+    old = pd.DataFrame([chain_row.model_dump(exclude={"draft_shape"})])
+    assert "drafting" not in acceptance_table(old)

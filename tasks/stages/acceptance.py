@@ -79,8 +79,14 @@ def _interval(prompts: list[PromptWindow]) -> tuple[float | None, float | None]:
     return float(res.confidence_interval.low), float(res.confidence_interval.high)
 
 
+def draft_shape(engine_name: str, argv: list[str]) -> str:
+    """How the server drafts for the argv it was started with: "chain" or the tree's width."""
+    plan = engine_for(engine_name).draft_plan(argv)
+    return plan.shape if plan is not None else "chain"
+
+
 def summarize(lane_name: str, prompt_class: str, k: int, windows: list[Acceptance],
-              prompts: list[PromptWindow] | None = None) -> AcceptanceRow:
+              prompts: list[PromptWindow] | None = None, shape: str = "chain") -> AcceptanceRow:
     """Median over repeats; the per-position median keeps the curve non-increasing. With the
     per-prompt windows: tokens per target pass, full-step acceptance, the interval over prompts."""
     lengths = [w.acceptance_length for w in windows]
@@ -116,14 +122,15 @@ def summarize(lane_name: str, prompt_class: str, k: int, windows: list[Acceptanc
         acceptance_length=statistics.median(lengths),
         acceptance_length_min=min(lengths), acceptance_length_max=max(lengths),
         verify_steps=sum(w.verify_steps for w in windows), accepted=sum(w.accepted for w in windows),
-        per_position=per_pos, source=windows[0].source, **extra,
+        per_position=per_pos, source=windows[0].source, draft_shape=shape, **extra,
     )
 
 
 @task(name="acceptance-probe", cache_policy=NO_CACHE)
 def acceptance_probe(endpoint: Endpoint, run_dir: str, k: int, classes: dict[str, list[Prompt]], max_tokens: int,
-                     repeats: int) -> tuple[list[AcceptanceRow], list[str]]:
+                     repeats: int, shape: str = "chain") -> tuple[list[AcceptanceRow], list[str]]:
     """Rows per class, and the classes whose windows held no verification step at all.
+    `shape`: how the server drafts (`draft_shape`), carried on every row.
 
     Each request is its own counter window too (scraped between requests, which run one at a
     time), so per-prompt acceptance, budget-cut drafts and tokens per target pass are exact.
@@ -158,7 +165,7 @@ def acceptance_probe(endpoint: Endpoint, run_dir: str, k: int, classes: dict[str
             if window is not None:
                 windows.append(window)
         if windows:
-            rows.append(summarize(lane_name, prompt_class, k, windows, per_prompt))
+            rows.append(summarize(lane_name, prompt_class, k, windows, per_prompt, shape))
         else:
             silent.append(prompt_class)
     return rows, silent
