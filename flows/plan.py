@@ -150,14 +150,22 @@ def _preflight(lane: Lane, inventory: Inventory) -> list[str]:
 
 
 def _gates(lane: Lane) -> list[str]:
+    """The gates boot will run: declared and implied (tasks/stages/safety.py), as the lane flow does."""
+    from tasks.stages.safety import implied_gates, waived
+
+    engine = engine_for(lane.engine)
     out = []
-    for gate in lane.gates:
+    for gate in implied_gates(lane, engine):
         if isinstance(gate, CounterGate):
             source = f"metric {gate.metric} increase over a probe" if gate.metric else f"log /{gate.log_pattern}/"
             out.append(f"counter {gate.name}: {source} {gate.op} {gate.threshold:g}")
         else:
             out.append(f"capacity: bench concurrency up to {max(lane.bench.decode.gated_levels())} must fit the "
                        "running-request cap the server resolves (the lowest of its sources)")
+    if lane.drafter is not None and engine.draft_counter is not None and lane.speculative is not None \
+            and not waived(lane, "draft-width"):
+        out.append(f"draft-width (implied): the server's draft tokens per verification step over the probe "
+                   f"must be K={lane.speculative.k}")
     if lane.agentic is not None:
         out.append("agentic smoke: tool calls and reasoning as declared" +
                    (f"; thinking switch {', '.join(t.name for t in lane.agentic.thinking_switch)}" if lane.agentic.thinking_switch else ""))

@@ -117,6 +117,10 @@ def test_plan_shows_every_process_as_boot_launches_it(tmp_path, capsys, name):
     else:
         assert head["ports"] == [18311, 29611] and node["argv"][node["argv"].index("--node-rank") + 1] == "1"
         assert plan["drafting"].startswith("EAGLE3, K=3 draft tokens per verification step (--speculative-num-steps 3)")
+        # SGLang drafter lanes get the implied gates (tasks/stages/safety.py), and the plan lists them.
+        assert "counter drafts-happen (implied): metric sglang:spec_verify_calls_total increase over a probe > 0" \
+            in plan["gates"]
+        assert any(g.startswith("draft-width (implied)") and "K=3" in g for g in plan["gates"])
 
 
 def test_plan_text_prints_env_ports_and_working_directory(tmp_path, capsys):
