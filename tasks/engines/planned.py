@@ -80,20 +80,6 @@ def vllm_cap(lane: Lane, argv: list[str]) -> PlannedCap | None:
                       fix="raise the lane's slots (it becomes --max-num-seqs)")
 
 
-DP_RPC_PORT = 29550  # vllm/config/parallel.py `data_parallel_rpc_port`: "shared by all nodes"
-
-
-def vllm_ports(argv: list[str], rank: int, spans_nodes: bool) -> list[tuple[int, str]]:
-    """vLLM's head listens on the data-parallel RPC port for the other nodes' engines (the headless
-    nodes connect to it: vllm/entrypoints/cli/serve.py run_headless), when data-parallel spans nodes
-    or the flag is given."""
-    given = _int(argv, "--data-parallel-rpc-port")
-    dp = _int(argv, "--data-parallel-size", "-dp") or 1
-    if rank != 0 or (given is None and not (dp > 1 and spans_nodes)):
-        return []
-    return [(given or DP_RPC_PORT, "--data-parallel-rpc-port")]
-
-
 def check(lane: Lane, planned: PlannedCap | None) -> str | None:
     """A one-line reason when the lane's capacity gate cannot pass its own bench, else None (levels
     declared `beyond_cap: queue` are let through, as the gate lets them)."""

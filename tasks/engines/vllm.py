@@ -49,7 +49,7 @@ from tasks.engines.base import Engine, per_position_from_counts, parser_flags
 from tasks.kl.records import ForcedProbe, ForcedScore
 from tasks.client.records import RequestRecord, RequestSpec, StreamEvent
 from tasks.engines.facts import Acceptance, BootFacts, DraftPlan, Metrics, PlannedCap
-from tasks.engines import planned, vllm_boot
+from tasks.engines import planned, vllm_args, vllm_boot
 
 _P = "vllm:spec_decode_"
 _KEY = re.compile(r"^([^{]+)(?:\{(.*)\})?$")
@@ -61,33 +61,6 @@ def vllm_method(method: str) -> str:
     """Lane method name -> vLLM's `method` ("EAGLE3" -> "eagle3", "draft-simple" -> "draft_model")."""
     name = method.lower().removeprefix("draft-")
     return _ALIASES.get(name, name)
-
-
-def vllm_draft_plan(argv: list[str]) -> DraftPlan | None:
-    """K as vLLM will run an argv: `num_speculative_tokens` of the last `--speculative-config`
-    JSON, with its dotted keys (`--speculative-config.num_speculative_tokens 5`) applied over it,
-    as FlexibleArgumentParser merges them. A `speculative_token_tree` drafts a tree."""
-    config: dict = {}
-    for i, token in enumerate(argv):
-        head, eq, tail = token.partition("=")
-        name, dot, key = head.partition(".")
-        if name.replace("_", "-") != "--speculative-config":
-            continue
-        value = tail if eq else (argv[i + 1] if i + 1 < len(argv) else "")
-        if not dot:
-            try:
-                config = json.loads(value) if value.strip().startswith("{") else {}
-            except json.JSONDecodeError:
-                config = {}
-        else:
-            config[key] = value
-    if "method" not in config and "num_speculative_tokens" not in config:
-        return None
-    k = config.get("num_speculative_tokens")
-    k = int(k) if isinstance(k, int) or (isinstance(k, str) and k.isdigit()) else None
-    tree = bool(config.get("speculative_token_tree"))
-    return DraftPlan(method=config.get("method"), k=k, flag=f"--speculative-config num_speculative_tokens={k}",
-                     tree=tree, shape="tree (speculative_token_tree)" if tree else "chain")
 
 
 def counter_by_position(metrics: Metrics, name: str) -> dict[str, float]:
@@ -142,10 +115,10 @@ class VLLM(Engine):
         return vllm_method(method)
 
     def draft_plan(self, argv: list[str]) -> DraftPlan | None:
-        return vllm_draft_plan(argv)
+        return vllm_args.draft_plan(argv)
 
     def listen_ports(self, argv: list[str], rank: int, spans_nodes: bool) -> list[tuple[int, str]]:
-        return planned.vllm_ports(argv, rank, spans_nodes)
+        return vllm_args.listen_ports(argv, rank, spans_nodes)
 
     def node_flags(self, rank: int, nnodes: int, master: str, port: int) -> list[str]:
         # vllm/engine/arg_utils.py --nnodes/--node-rank/--master-addr/--master-port; every node but
