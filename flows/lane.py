@@ -180,6 +180,7 @@ def lane_flow(lane_name: str, lane: Lane, host: Host, base_dir: Path, run_dir: s
                 stage("acceptance probe")
                 acc_rows, silent = acceptance_probe(endpoint, run_dir, lane.speculative.k, class_prompts,
                                                     lane.bench.acceptance.max_tokens, lane.bench.repeats,
+                                                    engine_for(lane.engine).acceptance_log_interval_s(lane.env),
                                                     draft_shape(lane.engine, served.server.argv))
                 live.check(endpoint)
                 for prompt_class in silent:

@@ -72,7 +72,7 @@ def _binary(lane: Lane) -> str:
         return lane.container.entrypoint_binary
     if lane.binary is not None:
         return lane.binary
-    return "llama-server" if lane.engine == "llamacpp" else "<no binary: set 'binary' or 'image'>"
+    return engine_for(lane.engine).local_binary_name or "<no binary: set 'binary' or 'image'>"
 
 
 def _resolved(lane: Lane, inventory: Inventory, base_dir: Path) -> Lane:
@@ -195,11 +195,11 @@ def plan_lane(name: str, lane: Lane, inventory: Inventory, base_dir: Path) -> La
             for flag in dict.fromkeys(release_flags.unknown_flags(proc.argv, known)):
                 result.problems.append(f"{proc.role} on {proc.host}: flag {flag} is not defined by "
                                        f"{lane.engine} {known.version} (tasks/engines/flags/)")
-    if lane.image is None and lane.binary is None and lane.engine != "llamacpp":
+    if lane.image is None and lane.binary is None and engine_for(lane.engine).local_binary_name is None:
         result.skipped = f"lane declares no binary for engine {lane.engine} (set 'binary', or run it from a pinned 'image')"
     elif inventory.hosts[lane.host].transport == "local":
         for role, ref in (("model", resolved.model), ("drafter", resolved.drafter)):
-            if ref is not None and not Path(ref.path).is_file():
+            if ref is not None and not Path(ref.path).exists():
                 result.skipped = f"{role} file {ref.path} is missing"
                 break
     return result

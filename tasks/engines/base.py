@@ -18,7 +18,7 @@ from tasks.client.replies import ChatReply, parse_openai_chat
 from tasks.inventory.models import Agentic, Lane
 from tasks.kl.records import ForcedProbe, ForcedScore
 from tasks.client.records import RequestRecord, RequestSpec, StreamEvent
-from tasks.engines.facts import Acceptance, BootFacts, DraftPlan, Metrics, PlannedCap
+from tasks.engines.facts import Acceptance, BootFacts, DraftPlan, LoggedAcceptance, Metrics, PlannedCap
 
 
 class Engine(ABC):
@@ -31,9 +31,13 @@ class Engine(ABC):
     draft_counter: ClassVar[str | None] = None
     draft_tokens_counter: ClassVar[str | None] = None
 
-    def effective_k(self, metrics: Metrics, requests: list[RequestRecord] | None = None) -> int | None:
-        """The draft width the server resolved, as its own counters (or the probe requests' own
-        speculation fields) state it (None: not stated)."""
+    def effective_k(self, metrics: Metrics) -> int | None:
+        """The draft width the server resolved, as its own counters state it (None: not stated)."""
+        return None
+
+    def effective_k_of(self, requests: list[RequestRecord]) -> int | None:
+        """The draft width the server resolved, as the requests' own speculation fields state it
+        (None: not stated; SGLang says it only there)."""
         return None
 
     def draft_window(self, before: Metrics, after: Metrics, requests: list[RequestRecord]) -> tuple[float, float] | None:
@@ -68,6 +72,27 @@ class Engine(ABC):
         """The server's own words when its speculation output is not valid (synthetic acceptance)."""
         return None
     queue_gauge: ClassVar[str | None] = None  # the metric counting requests waiting past the running cap
+
+    # --- The engine's own acceptance line, to check the counters against -------------------
+
+    def acceptance_log_interval_s(self, env: dict[str, str]) -> float | None:
+        """How often the server logs its own acceptance summary with the lane's environment
+        (None: it logs none). The acceptance probe waits this long around each class's window
+        so the lines printed between the waits describe exactly that window."""
+        return None
+
+    def logged_acceptance(self, log: str, k: int) -> LoggedAcceptance | None:
+        """The server's own acceptance lines in `log` (one window's), summed (None: no line)."""
+        return None
+
+    local_binary_name: ClassVar[str | None] = None  # what local_build runs, as `lanebench plan` shows it
+
+    def local_build(self) -> tuple[str, dict[str, str]]:
+        """The engine's executable on this machine when a lane names no `binary`, and what the
+        manifest records about it. Raises BuildError with the reason where there is none."""
+        from tasks.engines.build import BuildError
+
+        raise BuildError(f"lane declares no binary for engine {self.name} (set 'binary', or run it from a pinned 'image')")
 
     @abstractmethod
     def launch_command(self, lane: Lane, binary: str, host: str) -> list[str]:

@@ -107,6 +107,21 @@ class Acceptance(_Record):
     source: Literal["counters", "requests"]
 
 
+class LoggedAcceptance(_Record):
+    """What the server itself logged about acceptance over one window (vLLM's periodic
+    `SpecDecoding metrics` lines, summed): the cross-check for the counter-derived row.
+
+    `accepted` and `drafted` are the lines' exact integers; the acceptance length is
+    1 + accepted / (drafted / K), which is the engine's own 1 + accepted / drafts when every
+    draft is K tokens wide (the draft-width gate's condition)."""
+
+    lines: int
+    accepted: int
+    drafted: int
+    acceptance_length: float
+    per_position: list[float]  # drafts-weighted mean of the lines' per-position rates
+
+
 class DraftPlan(_Record):
     """What an engine will draft for an argv, in lanebench's one definition of K: draft tokens
     proposed per verification step (the verified root and the bonus token not counted).

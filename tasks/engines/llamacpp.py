@@ -46,7 +46,7 @@ class LlamaCpp(Engine):
     draft_counter = _P + "spec_decode_num_drafts_total"
     draft_tokens_counter = _P + "spec_decode_num_draft_tokens_total"
 
-    def effective_k(self, metrics: Metrics, requests: list[RequestRecord] | None = None) -> int | None:
+    def effective_k(self, metrics: Metrics) -> int | None:
         """The per-position counter has one series per draft position the server sized for
         (server-context.cpp resizes it to `common_speculative_n_max`): their count is K."""
         positions = [int(m[1]) for key in metrics.values if (m := _POSITION.match(key))]
@@ -58,6 +58,15 @@ class LlamaCpp(Engine):
         m = _SYNTHETIC.search(log)
         return m[0].strip() if m else None
     queue_gauge = "llamacpp:requests_deferred"
+
+    local_binary_name = "llama-server"
+
+    def local_build(self) -> tuple[str, dict[str, str]]:
+        """The pinned llama.cpp build (scripts/build-llama-cpp.sh; built on first use)."""
+        from tasks.engines.build import llama_cpp_bin_dir, llama_cpp_identity
+
+        bin_dir = llama_cpp_bin_dir()
+        return str(bin_dir / "llama-server"), llama_cpp_identity(bin_dir)
 
     def launch_command(self, lane: Lane, binary: str, host: str) -> list[str]:
         argv = [

@@ -210,9 +210,9 @@ class SGLang(Engine):
             return None
         return (sum(_num(s, "spec_verify_ct") for s in specs), sum(_num(s, "spec_num_proposed_drafts") for s in specs))
 
-    def effective_k(self, metrics: Metrics, requests: list[RequestRecord] | None = None) -> int | None:
+    def effective_k_of(self, requests: list[RequestRecord]) -> int | None:
         """Proposed drafts per verify step of the probe requests: the server's resolved K, exactly."""
-        window = self.draft_window(metrics, metrics, requests or [])
+        window = self.draft_window(Metrics(), Metrics(), requests)
         if window is None or window[0] <= 0:
             return None
         per_step = window[1] / window[0]

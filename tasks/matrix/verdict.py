@@ -195,7 +195,7 @@ def model_drift(run: RunFolder, m: Matrix) -> list[str]:
     """Arms compare only if they served the same bytes: the target's sha256 must be one value across
     arms (and now, at the end), each drafter's one value across its arms. Preflight records the
     sha256 of every file it checks; a file rewritten mid-matrix (a rebuilt checkpoint) shows here."""
-    from tasks.hosts.files import sha256_of
+    from tasks.hosts.files import model_sha256
 
     seen: dict[str, dict[str, list[str]]] = {}  # label -> sha256 -> arms
     for arm in m.arms:
@@ -210,9 +210,9 @@ def model_drift(run: RunFolder, m: Matrix) -> list[str]:
                 f"sha256 {sha[:12]} for {', '.join(arms)}" for sha, arms in by_sha.items()) + ": those arms are not comparable")
     target = Path(m.target.model.path)
     recorded = list(seen.get("target model", {}))
-    if target.is_file() and len(recorded) == 1 and sha256_of(target) != recorded[0]:
+    if target.exists() and len(recorded) == 1 and model_sha256(target) != recorded[0]:
         out.append(f"target model {target.name} was rewritten after the last arm's preflight (sha256 now "
-                   f"{sha256_of(target)[:12]}, served {recorded[0][:12]})")
+                   f"{model_sha256(target)[:12]}, served {recorded[0][:12]})")
     return out
 
 

@@ -128,6 +128,14 @@ class AcceptanceRow(_Record):
     ci_high: float | None = None
     enough_prompts: bool = True
     truncated_share: float = 0.0  # probe requests that ran into the context
+    # The server's own acceptance lines over the same window (vLLM's `SpecDecoding metrics`),
+    # beside the counters: the pooled acceptance length 1 + accepted / verify_steps against the
+    # logged one, and their gap (the acceptance suite allows at most 0.02).
+    acceptance_length_pooled: float | None = None
+    engine_logged_acceptance_length: float | None = None
+    engine_logged_accepted: int | None = None
+    engine_logged_drafted: int | None = None
+    engine_log_gap: float | None = None
 
 
 class LaneStatus(_Record):

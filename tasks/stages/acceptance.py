@@ -9,6 +9,7 @@ nothing else. The engine adapter turns the window into lanebench's one definitio
 from __future__ import annotations
 
 import statistics
+import time
 
 import numpy as np
 from pydantic import BaseModel
@@ -20,7 +21,7 @@ from tasks.engines import engine_for
 from tasks.stages.gates import scrape_metrics
 from tasks.client.waves import Wave, run_wave
 from tasks.client.prompts import Prompt
-from tasks.engines.facts import Acceptance
+from tasks.engines.facts import Acceptance, LoggedAcceptance
 from tasks.record.progress import progress
 from tasks.record.rows import AcceptanceRow
 from tasks.stages import live
@@ -126,21 +127,47 @@ def summarize(lane_name: str, prompt_class: str, k: int, windows: list[Acceptanc
     )
 
 
+def _fence(endpoint: Endpoint, interval_s: float | None) -> int | None:
+    """Wait out one log interval (plus slack), so everything before now has been logged; the
+    log's length then. None: the engine logs no acceptance."""
+    if interval_s is None:
+        return None
+    time.sleep(interval_s * 1.2 + 0.3)
+    return len(endpoint.log())
+
+
+def with_logged(row: AcceptanceRow, logged: LoggedAcceptance | None) -> AcceptanceRow:
+    """The row beside the engine's own lines over its window: both figures and their gap."""
+    pooled = 1.0 + row.accepted / row.verify_steps if row.verify_steps > 0 else None
+    if logged is None:
+        return row.model_copy(update={"acceptance_length_pooled": pooled})
+    gap = abs(pooled - logged.acceptance_length) if pooled is not None else None
+    return row.model_copy(update={
+        "acceptance_length_pooled": pooled, "engine_logged_acceptance_length": logged.acceptance_length,
+        "engine_logged_accepted": logged.accepted, "engine_logged_drafted": logged.drafted, "engine_log_gap": gap})
+
+
 @task(name="acceptance-probe", cache_policy=NO_CACHE)
 def acceptance_probe(endpoint: Endpoint, run_dir: str, k: int, classes: dict[str, list[Prompt]], max_tokens: int,
-                     repeats: int, shape: str = "chain") -> tuple[list[AcceptanceRow], list[str]]:
+                     repeats: int, log_interval_s: float | None = None,
+                     shape: str = "chain") -> tuple[list[AcceptanceRow], list[str]]:
     """Rows per class, and the classes whose windows held no verification step at all.
     `shape`: how the server drafts (`draft_shape`), carried on every row.
 
     Each request is its own counter window too (scraped between requests, which run one at a
     time), so per-prompt acceptance, budget-cut drafts and tokens per target pass are exact.
-    Before each window the server is checked (tasks/stages/deadlines.py); every record is kept."""
+    Before each window the server is checked (tasks/stages/deadlines.py); every record is kept.
+
+    `log_interval_s`: the server logs its own acceptance this often (Engine.acceptance_log_interval_s).
+    The class's window is then fenced by a wait of one interval on each side, so the lines
+    printed in between cover exactly its requests, and the row carries the engine's figure."""
     engine, lane_name = engine_for(endpoint.engine), endpoint.lane
     scrape = scrape_metrics.fn  # between requests: a plain call, not one task run per request
     keep = live.keeper(run_dir, endpoint)
     rows, silent = [], []
     for prompt_class, prompts in classes.items():
         windows, per_prompt = [], []
+        log_from = _fence(endpoint, log_interval_s)
         for repeat in range(1, repeats + 1):
             live.check(endpoint)
             progress(lane_name, f"acceptance {prompt_class} repeat {repeat}/{repeats}")
@@ -165,7 +192,11 @@ def acceptance_probe(endpoint: Endpoint, run_dir: str, k: int, classes: dict[str
             if window is not None:
                 windows.append(window)
         if windows:
-            rows.append(summarize(lane_name, prompt_class, k, windows, per_prompt, shape))
+            row = summarize(lane_name, prompt_class, k, windows, per_prompt, shape)
+            if log_from is not None:
+                _fence(endpoint, log_interval_s)
+                row = with_logged(row, engine.logged_acceptance(endpoint.log()[log_from:], k))
+            rows.append(row)
         else:
             silent.append(prompt_class)
     return rows, silent

@@ -151,5 +151,7 @@ def capacity_gate(gate: CapacityGate, lane: Lane, facts: BootFacts) -> GateResul
     workers = facts.parallel.get("dp_workers", 1)
     shape = f", {workers} data-parallel workers" if workers > 1 else ""
     note = f"; declared beyond_cap queue levels {queued} run as queueing" if queued else ""
+    if line := facts.extra.get("cap_line"):
+        note += f"; the server's own line: {line!r}"
     return judge(gate.name, "capacity", float(cap), ">=", float(wanted),
                  f"running-request cap from {why}{shape} (bench concurrency up to {wanted}{note})")

@@ -79,7 +79,7 @@ def speculation_gates(lane: Lane, engine: Engine, before: Metrics, after: Metric
     window = engine.draft_window(before, after, requests or [])
     if not waived(lane, "draft-width") and window is not None:
         drafts, tokens = window
-        effective_k = engine.effective_k(after, requests or [])
+        effective_k = engine.effective_k(after) or engine.effective_k_of(requests or [])
         per_draft = tokens / drafts if drafts > 0 else None
         if declared_k is not None and effective_k is not None and effective_k != declared_k:
             out.append(_result("draft-width (implied)", False, float(effective_k), "==", float(declared_k),
