@@ -111,6 +111,9 @@ def test_each_conversion_is_its_own_inverse():
     chain = SGLang().draft_plan(["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "5",
                                  "--speculative-ngram-max-bfs-breadth", "1"])
     assert chain is not None and not chain.tree
+    adaptive = SGLang().draft_plan(["--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "3",
+                                    "--speculative-adaptive"])
+    assert adaptive is not None and adaptive.k == 3 and "adaptive" in adaptive.shape
 
 
 # --- At boot: the server's own counts -----------------------------------------------------------

@@ -111,8 +111,10 @@ def sglang_draft_plan(argv: list[str]) -> DraftPlan | None:
         topk, topk_flag = _int_flag(argv, "--speculative-eagle-topk")
         if steps is None:
             return DraftPlan(method=algo, k=None, flag="--speculative-num-steps (unset: SGLang picks it per model)")
+        adaptive = "--speculative-adaptive" in argv  # fields/spec.py: num_steps follows the acceptance rate
         if topk is None or topk <= 1:
-            return DraftPlan(method=algo, k=steps, flag=steps_flag)
+            return DraftPlan(method=algo, k=steps, flag=steps_flag,
+                             shape="chain, adaptive: SGLang moves num_steps with acceptance" if adaptive else "chain")
         width, width_flag = _int_flag(argv, "--speculative-num-draft-tokens")
         return DraftPlan(method=algo, k=None if width is None else width - 1, tree=True, shape=f"tree, topk {topk}",
                          flag=width_flag if width is not None else f"{topk_flag} (num_draft_tokens unset)")
