@@ -79,7 +79,7 @@ def _drafting(df: pd.DataFrame) -> dict:
     long", not chain position i (rows written before the column existed were chains)."""
     if "draft_shape" not in df or (df.draft_shape.fillna("chain") == "chain").all():
         return {}
-    return {"drafting": [s if s == "chain" else f"{s} (per-position: accepted path >= i+1)"
+    return {"drafting": [f"{s} (per-position: accepted path >= i+1)" if s.startswith("tree") else s
                          for s in df.draft_shape.fillna("chain")]}
 
 
