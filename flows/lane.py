@@ -40,7 +40,7 @@ from tasks.record.expectations import warmed_up
 from tasks.record.interrupted import stop_requested
 from tasks.record.rows import GateResult
 from tasks.record.run_folder import LaneRecord, RunFolder, RunFolderWriteError
-from tasks.stages.acceptance import acceptance_probe
+from tasks.stages.acceptance import acceptance_probe, draft_shape
 from tasks.stages import live
 from tasks.stages.boot import NodeLost
 from tasks.stages.deadlines import ServerDied
@@ -180,7 +180,8 @@ def lane_flow(lane_name: str, lane: Lane, host: Host, base_dir: Path, run_dir: s
                 stage("acceptance probe")
                 acc_rows, silent = acceptance_probe(endpoint, run_dir, lane.speculative.k, class_prompts,
                                                     lane.bench.acceptance.max_tokens, lane.bench.repeats,
-                                                    engine_for(lane.engine).acceptance_log_interval_s(lane.env))
+                                                    engine_for(lane.engine).acceptance_log_interval_s(lane.env),
+                                                    draft_shape(lane.engine, served.server.argv))
                 live.check(endpoint)
                 for prompt_class in silent:
                     record.warnings.append(f"acceptance probe: class {prompt_class} had no verification step")

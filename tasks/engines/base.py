@@ -18,7 +18,7 @@ from tasks.client.replies import ChatReply, parse_openai_chat
 from tasks.inventory.models import Agentic, Lane
 from tasks.kl.records import ForcedProbe, ForcedScore
 from tasks.client.records import RequestRecord, RequestSpec, StreamEvent
-from tasks.engines.facts import Acceptance, BootFacts, LoggedAcceptance, Metrics, PlannedCap
+from tasks.engines.facts import Acceptance, BootFacts, DraftPlan, LoggedAcceptance, Metrics, PlannedCap
 
 
 class Engine(ABC):
@@ -33,6 +33,39 @@ class Engine(ABC):
 
     def effective_k(self, metrics: Metrics) -> int | None:
         """The draft width the server resolved, as its own counters state it (None: not stated)."""
+        return None
+
+    def effective_k_of(self, requests: list[RequestRecord]) -> int | None:
+        """The draft width the server resolved, as the requests' own speculation fields state it
+        (None: not stated; SGLang says it only there)."""
+        return None
+
+    def draft_window(self, before: Metrics, after: Metrics, requests: list[RequestRecord]) -> tuple[float, float] | None:
+        """(verification steps with a draft, draft tokens proposed) over a window, as the engine
+        counts them: its two counters by default. None: the engine states no proposed count."""
+        if self.draft_counter is None or self.draft_tokens_counter is None:
+            return None
+        return (after.total(self.draft_counter) - before.total(self.draft_counter),
+                after.total(self.draft_tokens_counter) - before.total(self.draft_tokens_counter))
+
+    # --- K, converted once per engine (tasks/engines/facts.py DraftPlan) ----------------------
+
+    def method_name(self, method: str) -> str:
+        """A lane's speculative.method as the release spells it."""
+        return method
+
+    def same_method(self, given: str, declared: str) -> bool:
+        """Whether a method flag's value names the lane's declared method to this engine."""
+        return self.method_name(given).lower() == self.method_name(declared).lower()
+
+    def speculative_flags(self, method: str, k: int, drafter: str | None) -> list[str]:
+        """Launch flags that make the engine draft K tokens per verification step with `method`."""
+        return []
+
+    def draft_plan(self, argv: list[str]) -> DraftPlan | None:
+        """What the engine will draft for this argv, read as the release's parser and resolution
+        hooks read it (the last of a repeated flag wins). None: this adapter checks its flags
+        field by field (tasks/inventory/flag_conflicts.py)."""
         return None
 
     def invalid_speculation(self, log: str) -> str | None:
@@ -193,6 +226,10 @@ class Engine(ABC):
         return None
 
     # --- Serving across hosts (a lane's `nodes`; llama.cpp: its `rpc` plan) -------------------
+
+    def listen_ports(self, argv: list[str], rank: int, spans_nodes: bool) -> list[tuple[int, str]]:
+        """Ports node `rank`'s process listens on besides HTTP and the rendezvous, by its argv."""
+        return []
 
     def node_flags(self, rank: int, nnodes: int, master: str, port: int) -> list[str]:
         """Launch flags that make this process node `rank` of `nnodes`, meeting at master:port

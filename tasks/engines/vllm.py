@@ -48,8 +48,8 @@ from tasks.inventory.models import Agentic, Lane
 from tasks.engines.base import Engine, per_position_from_counts, parser_flags
 from tasks.kl.records import ForcedProbe, ForcedScore
 from tasks.client.records import RequestRecord, RequestSpec, StreamEvent
-from tasks.engines.facts import Acceptance, BootFacts, LoggedAcceptance, Metrics, PlannedCap
-from tasks.engines import planned, vllm_boot
+from tasks.engines.facts import Acceptance, BootFacts, DraftPlan, LoggedAcceptance, Metrics, PlannedCap
+from tasks.engines import planned, vllm_args, vllm_boot
 
 _P = "vllm:spec_decode_"
 _KEY = re.compile(r"^([^{]+)(?:\{(.*)\})?$")
@@ -153,6 +153,15 @@ class VLLM(Engine):
 
     def planned_cap(self, lane: Lane) -> PlannedCap | None:
         return planned.vllm_cap(lane, self.launch_command(lane, "vllm", "0.0.0.0"))
+
+    def method_name(self, method: str) -> str:
+        return vllm_method(method)
+
+    def draft_plan(self, argv: list[str]) -> DraftPlan | None:
+        return vllm_args.draft_plan(argv)
+
+    def listen_ports(self, argv: list[str], rank: int, spans_nodes: bool) -> list[tuple[int, str]]:
+        return vllm_args.listen_ports(argv, rank, spans_nodes)
 
     def node_flags(self, rank: int, nnodes: int, master: str, port: int) -> list[str]:
         # vllm/engine/arg_utils.py --nnodes/--node-rank/--master-addr/--master-port; every node but

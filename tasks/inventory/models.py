@@ -109,6 +109,16 @@ class RpcPlan(_Strict):
     binary: str | None = None  # rpc-server on the workers; default: the pinned build's
 
 
+def check_env(v: dict[str, str]) -> dict[str, str]:
+    """Environment names and values that can reach a process safely (never a command line)."""
+    for key, value in v.items():
+        if not re.fullmatch(r"[A-Z_][A-Z0-9_]*", key):
+            raise ValueError(f"environment name {key!r} must be upper-case letters, digits and '_'")
+        if not _SAFE_FLAG.fullmatch(value):
+            raise ValueError(f"environment value of {key} has characters not allowed on a command line")
+    return v
+
+
 class NodesPlan(_Strict):
     """One lane across hosts, node rank r on `hosts[r]`: rank 0 is the head (the lane's host,
     which serves HTTP), every other rank runs the engine's worker process on its host (vLLM
@@ -119,6 +129,17 @@ class NodesPlan(_Strict):
     link: str | None = None
     # vLLM --master-port and SGLang's --dist-init-addr port (default 29501); llama.cpp's rpc-server port (50052).
     port: Annotated[int, Field(ge=1024, le=65535)] | None = None
+    # Per node, by host name: environment merged over the lane's `env` for that node's process
+    # (the two ends of a link have their own NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME, VLLM_HOST_IP).
+    env: dict[str, dict[str, str]] = {}
+
+    @model_validator(mode="after")
+    def _node_env(self) -> NodesPlan:
+        for host, env in self.env.items():
+            if host not in self.hosts:
+                raise ValueError(f"nodes.env names host {host!r}, which is not one of nodes.hosts {self.hosts}")
+            check_env(env)
+        return self
 
 
 class FileRef(_Strict):
@@ -300,6 +321,9 @@ class Lane(_Strict):
             raise ValueError("nodes.hosts names a host twice; one node per host")
         if self.engine == "llamacpp" and self.nodes.link is None:
             raise ValueError("a llama.cpp lane across nodes needs nodes.link (rpc-server listens on its end)")
+        if self.engine == "llamacpp" and self.nodes.env:
+            raise ValueError("nodes.env sets the environment of vLLM and SGLang node processes; llama.cpp's "
+                             "rpc-server takes none: remove nodes.env (the server's own environment is 'env')")
         return self
 
     @model_validator(mode="before")
@@ -341,12 +365,7 @@ class Lane(_Strict):
     @field_validator("env")
     @classmethod
     def _env(cls, v: dict[str, str]) -> dict[str, str]:
-        for key, value in v.items():
-            if not re.fullmatch(r"[A-Z_][A-Z0-9_]*", key):
-                raise ValueError(f"environment name {key!r} must be upper-case letters, digits and '_'")
-            if not _SAFE_FLAG.fullmatch(value):
-                raise ValueError(f"environment value of {key} has characters not allowed on a command line")
-        return v
+        return check_env(v)
 
 
 class Inventory(_Strict):

@@ -55,6 +55,7 @@ class ArmClassRow(_Row):
     acceptance_length_min: float | None = None
     acceptance_length_max: float | None = None
     per_position: list[float] | None = None
+    draft_shape: str = "chain"  # a tree's per_position[i] is "accepted path at least i+1 long" (AcceptanceRow)
     verify_steps: float | None = None
     accepted: float | None = None
     draft_tokens: float | None = None
@@ -174,7 +175,8 @@ def collect(run: RunFolder, m: Matrix) -> tuple[list[ArmClassRow], list[SpeedRow
                 row = row.model_copy(update=dict(
                     repeats=int(a.repeats), acceptance_length=float(a.acceptance_length),
                     acceptance_length_min=float(a.acceptance_length_min), acceptance_length_max=float(a.acceptance_length_max),
-                    per_position=curve, verify_steps=float(a.verify_steps), accepted=float(a.accepted), draft_tokens=drafted,
+                    per_position=curve, draft_shape=str(getattr(a, "draft_shape", None) or "chain"),
+                    verify_steps=float(a.verify_steps), accepted=float(a.accepted), draft_tokens=drafted,
                     draft_efficiency=eff[0], draft_efficiency_min=eff[1], draft_efficiency_max=eff[2],
                     rejected_per_step=(drafted - float(a.accepted)) / float(a.verify_steps) if drafted else None,
                     single_stream_tok_s=tps[0], single_stream_tok_s_min=tps[1], single_stream_tok_s_max=tps[2],

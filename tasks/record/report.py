@@ -65,13 +65,22 @@ def decode_table(df: pd.DataFrame) -> pd.DataFrame:
 
 def acceptance_table(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({
-        "class": df.prompt_class, "K": df.k,
+        "class": df.prompt_class, "K": df.k, **_drafting(df),
         "acceptance length": [f"{m:.2f} [{lo:.2f}, {hi:.2f}]" for m, lo, hi in
                               zip(df.acceptance_length, df.acceptance_length_min, df.acceptance_length_max)],
         "per-position acceptance": [" · ".join(f"{p:.2f}" for p in pp) for pp in df.per_position],
         "verify steps": df.verify_steps.astype(int), "accepted": df.accepted.astype(int),
         **_acceptance_meaning(df),
     })
+
+
+def _drafting(df: pd.DataFrame) -> dict:
+    """Tree-shaped drafting said beside K: there per-position i is "accepted path at least i+1
+    long", not chain position i (rows written before the column existed were chains)."""
+    if "draft_shape" not in df or (df.draft_shape.fillna("chain") == "chain").all():
+        return {}
+    return {"drafting": [f"{s} (per-position: accepted path >= i+1)" if s.startswith("tree") else s
+                         for s in df.draft_shape.fillna("chain")]}
 
 
 def _acceptance_meaning(df: pd.DataFrame) -> dict:

@@ -112,6 +112,10 @@ class AcceptanceRow(_Record):
     accepted: float
     per_position: list[float]
     source: str
+    # "chain", or the tree the engine drafts ("tree, topk 4", SGLang NGRAM's "tree, BFS breadth up
+    # to 10"): in a tree, per_position[i] is the share of steps whose accepted path is at least
+    # i+1 long, not the acceptance of chain position i (tasks/engines/facts.py DraftPlan).
+    draft_shape: str = "chain"
     # What users think acceptance means (tasks/stages/acceptance.py): tokens per target forward
     # pass over every decode step, acceptance length without draft steps cut by the token
     # budget, a bootstrap interval over prompts, and whether the probe set is big enough.

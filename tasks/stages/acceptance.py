@@ -80,8 +80,14 @@ def _interval(prompts: list[PromptWindow]) -> tuple[float | None, float | None]:
     return float(res.confidence_interval.low), float(res.confidence_interval.high)
 
 
+def draft_shape(engine_name: str, argv: list[str]) -> str:
+    """How the server drafts for the argv it was started with: "chain" or the tree's width."""
+    plan = engine_for(engine_name).draft_plan(argv)
+    return plan.shape if plan is not None else "chain"
+
+
 def summarize(lane_name: str, prompt_class: str, k: int, windows: list[Acceptance],
-              prompts: list[PromptWindow] | None = None) -> AcceptanceRow:
+              prompts: list[PromptWindow] | None = None, shape: str = "chain") -> AcceptanceRow:
     """Median over repeats; the per-position median keeps the curve non-increasing. With the
     per-prompt windows: tokens per target pass, full-step acceptance, the interval over prompts."""
     lengths = [w.acceptance_length for w in windows]
@@ -117,7 +123,7 @@ def summarize(lane_name: str, prompt_class: str, k: int, windows: list[Acceptanc
         acceptance_length=statistics.median(lengths),
         acceptance_length_min=min(lengths), acceptance_length_max=max(lengths),
         verify_steps=sum(w.verify_steps for w in windows), accepted=sum(w.accepted for w in windows),
-        per_position=per_pos, source=windows[0].source, **extra,
+        per_position=per_pos, source=windows[0].source, draft_shape=shape, **extra,
     )
 
 
@@ -143,8 +149,10 @@ def with_logged(row: AcceptanceRow, logged: LoggedAcceptance | None) -> Acceptan
 
 @task(name="acceptance-probe", cache_policy=NO_CACHE)
 def acceptance_probe(endpoint: Endpoint, run_dir: str, k: int, classes: dict[str, list[Prompt]], max_tokens: int,
-                     repeats: int, log_interval_s: float | None = None) -> tuple[list[AcceptanceRow], list[str]]:
+                     repeats: int, log_interval_s: float | None = None,
+                     shape: str = "chain") -> tuple[list[AcceptanceRow], list[str]]:
     """Rows per class, and the classes whose windows held no verification step at all.
+    `shape`: how the server drafts (`draft_shape`), carried on every row.
 
     Each request is its own counter window too (scraped between requests, which run one at a
     time), so per-prompt acceptance, budget-cut drafts and tokens per target pass are exact.
@@ -184,7 +192,7 @@ def acceptance_probe(endpoint: Endpoint, run_dir: str, k: int, classes: dict[str
             if window is not None:
                 windows.append(window)
         if windows:
-            row = summarize(lane_name, prompt_class, k, windows, per_prompt)
+            row = summarize(lane_name, prompt_class, k, windows, per_prompt, shape)
             if log_from is not None:
                 _fence(endpoint, log_interval_s)
                 row = with_logged(row, engine.logged_acceptance(endpoint.log()[log_from:], k))

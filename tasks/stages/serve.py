@@ -99,8 +99,9 @@ def placement(lane: Lane, host: Host, reach: Reach, pre: Preflight, inventory: I
     for rank, name in topology.worker_ranks(lane):
         node = inventory.hosts[name] if inventory is not None else Host()
         binary = lane.container.entrypoint_binary if lane.image else pre.node_binaries[name]
-        argv = engine.launch_command(topology.at_rank(lane, engine, rank, pre.master), binary, node.address)
-        workers.append(Worker(name, reach.transports[name], argv, rank=rank, image=lane.image, host=node))
+        argv = topology.node_argv(lane, engine, rank, pre.master, binary, node.address, node)
+        workers.append(Worker(name, reach.transports[name], argv, rank=rank, image=lane.image, host=node,
+                              env=topology.node_env(lane, name)))
     for worker, endpoint in zip(lane.rpc.workers if lane.rpc else [], pre.rpc_endpoints):
         address, port = endpoint.rsplit(":", 1)
         workers.append(Worker(worker, reach.transports[worker],
@@ -117,15 +118,17 @@ def boot_gates(run: RunFolder, served: Served, probe: Prompt | None) -> None:
     engine = engine_for(lane.engine)
     record.waivers = [w.model_dump() for w in lane.waivers]
     before = scrape_metrics(served.endpoint)
-    results = []
+    results, probes = [], []
     for gate in implied_gates(lane, engine):
         if isinstance(gate, CapacityGate):
             results.append(capacity_gate(gate, lane, served.facts))
         else:
             if probe is None:
                 raise ValueError("a counter gate needs a probe prompt")
-            results.append(counter_gate(gate, served.endpoint, lane, probe, served.facts))
-    results += speculation_gates(lane, engine, before, scrape_metrics(served.endpoint), served.server.log())
+            result, sent = counter_gate(gate, served.endpoint, lane, probe, served.facts)
+            results.append(result)
+            probes.append(sent)
+    results += speculation_gates(lane, engine, before, scrape_metrics(served.endpoint), served.server.log(), probes)
     results = [explain(r, lane) for r in results]
     record.gates += [r.model_dump() for r in results]
     # Some servers name their speculation type only once a slot has run: read the facts again.
