@@ -48,6 +48,7 @@ def test_the_draft_model_is_loaded():
     facts = VLLM().boot_facts(read("draft", "boot.log"))
     assert facts.speculative_type == "draft_model" and facts.draft_model_loaded is True
     assert facts.extra["draft_model"].endswith("drafter-good")
+    assert facts.extra["dtype"] == "bfloat16"  # float32 weights, served in bfloat16 by the CPU build's choice
 
 
 def test_ngram_is_not_taken_for_a_loaded_drafter():
