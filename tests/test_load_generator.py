@@ -284,3 +284,82 @@ def test_bytes_read_late_keep_the_time_they_arrived():
     assert read - written > 0.08
     # (-50 µs: the kernel's wall-clock stamp moved onto perf_counter, two clock reads apart)
     assert -5e-5 <= stamped - written < 0.005, (stamped - written, read - written)
+
+
+def _event(ids: list[int], finish: str | None = None) -> bytes:
+    choice = {"index": 0, "text": " tok" * len(ids), "token_ids": ids, "finish_reason": finish}
+    return b"data: " + json.dumps({"id": "c", "object": "text_completion", "choices": [choice]}).encode() + b"\n\n"
+
+
+def test_two_events_in_one_read_each_get_an_honest_stamp():
+    """Two token events written 40 ms apart while the client's loop is busy reach it in one read.
+    Linux merges the two segments in the receive queue and keeps the later one's stamp, so no
+    read size separates them (docs/metrics.md): the later event's stamp must be its own, and the
+    earlier one's chunk must say that its stamp is only an upper bound (coalesced), and stay out
+    of ITL. A third event read alone keeps its own stamp."""
+    import asyncio
+    import socket
+    import threading
+
+    from tasks.client import metrics, waves
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    host, port = listener.getsockname()
+    times: dict[str, float] = {}
+    head_sent = threading.Event()
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            buf = b""
+            while b"\r\n\r\n" not in buf:
+                buf += conn.recv(65536)
+            head, _, body = buf.partition(b"\r\n\r\n")
+            length = int([h for h in head.split(b"\r\n") if h.lower().startswith(b"content-length")][0].split(b":")[1])
+            while len(body) < length:
+                body += conn.recv(65536)
+            times["recv"] = time.perf_counter()
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+            head_sent.set()
+
+            def send(name: str, data: bytes, after: float) -> None:
+                time.sleep(after)
+                times[name] = time.perf_counter()
+                conn.sendall(b"%x\r\n%s\r\n" % (len(data), data))
+
+            send("e1", _event([1]), 0.03)
+            send("e2", _event([2]), 0.04)  # 40 ms later: both wait in the receive queue
+            send("e3", _event([3]), 0.20)  # the loop is free again: read alone
+            send("end", _event([], "length") + b"data: [DONE]\n\n", 0.10)
+            conn.sendall(b"0\r\n\r\n")
+            conn.recv(1)  # until the client closes
+
+    async def busy_loop() -> None:
+        """The client's event loop doing other work (other streams, parsing) for 150 ms."""
+        while not head_sent.is_set():
+            await asyncio.sleep(0.001)
+        time.sleep(0.15)
+
+    async def scenario() -> waves.WaveResult:
+        result, _ = await asyncio.gather(
+            waves._run_wave(f"http://{host}:{port}", VLLM, _wave(1, 1, max_tokens=3), _prompts("x"), None), busy_loop())
+        return result
+
+    server = threading.Thread(target=serve, daemon=True)
+    server.start()
+    with listener:
+        result = asyncio.run(scenario())
+    server.join(5)
+    (r,) = result.records
+    assert r.ok, r.error
+    # One read carried e1 and e2: one chunk, two tokens, stamped when e2 arrived (e2's own time,
+    # e1's upper bound) and marked coalesced; e3 came alone and its stamp is its own.
+    assert r.chunk_tokens == [2, 1]
+    assert r.chunk_coalesced == [True, False]
+    sent = times["recv"]  # the request's send, on the server's clock (loopback: tens of µs later)
+    first, third = (sent + a for a in r.chunk_arrivals_s)
+    assert -0.0005 < first - times["e2"] < 0.003, first - times["e2"]
+    assert first - times["e1"] > 0.035  # an upper bound for e1, and the record says so
+    assert -0.0005 < third - times["e3"] < 0.003, third - times["e3"]
+    assert metrics.pooled_itl([r]) == []  # the only gap touches the coalesced chunk
+    assert metrics.coalesced_share([r]) == 0.5

@@ -147,8 +147,8 @@ class _Client:
             acc.t_send = t
 
         def sink(t: float, data: bytes) -> None:
-            for et, raw in splitter.feed(t, data):
-                acc.feed(et, raw)  # after an error event it ignores the rest
+            for et, raw, shared in splitter.feed(t, data):
+                acc.feed(et, raw, shared)  # after an error event it ignores the rest
 
         try:
             async with asyncio.timeout(wave.deadline_s):
@@ -166,8 +166,8 @@ class _Client:
             body = b"".join(p for _, p in resp.pieces).decode(errors="replace")
             error = f"HTTP {resp.status}: {body[:300]}"
         elif resp is not None:
-            for et, raw in splitter.close():
-                acc.feed(et, raw)
+            for et, raw, shared in splitter.close():
+                acc.feed(et, raw, shared)
             out = acc.finish()
             error = out.error
             t_end = resp.pieces[-1][0] if resp.pieces else t_end
@@ -189,7 +189,8 @@ class _Client:
             stream=stream, sent_s=(t_send if t_send is not None else t_start) - self.t0,
             ended_s=t_end - self.t0, scheduled_s=scheduled, queued_s=queued, connect_s=connect_s,
             reused_connection=reused, chunk_arrivals_s=out.arrivals if out else [],
-            chunk_tokens=out.tokens if out else [], events=out.events if out else 0, deadline_s=wave.deadline_s,
+            chunk_tokens=out.tokens if out else [], chunk_coalesced=out.coalesced if out else [],
+            events=out.events if out else 0, deadline_s=wave.deadline_s,
             truncation=truncation_of(ok, final.finish_reason if final else None, tokens, wave.max_tokens,
                                      final.truncated if final else None),
         )
