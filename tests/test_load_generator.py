@@ -250,6 +250,10 @@ def test_a_rate_sweep_validates_one_row_per_rate(fake):
     assert [r.load_shape for r in rows] == ["open poisson 20 req/s, ceiling 2", "open poisson 40 req/s, ceiling 2"]
     df = pd.DataFrame([r.model_dump() for r in rows])
     assert validate("decode", df).success
+    # what the waves really sent (a 3-request Poisson draw is far from its rate) and how late
+    for row in rows:
+        assert row.realized_rate > 0 and row.realized_rate != row.request_rate
+        assert -0.001 <= row.send_late_p50_s <= row.send_late_p99_s < 0.5  # (busy box)
     v = validate("decode", pd.concat([df, df.iloc[[0]]], ignore_index=True))
     assert any("expect_compound_columns_to_be_unique(lane, request_rate)" in line for line in v.failed), v.failed
 
@@ -363,3 +367,31 @@ def test_two_events_in_one_read_each_get_an_honest_stamp():
     assert -0.0005 < third - times["e3"] < 0.003, third - times["e3"]
     assert metrics.pooled_itl([r]) == []  # the only gap touches the coalesced chunk
     assert metrics.coalesced_share([r]) == 0.5
+
+
+def test_the_kernel_keeps_one_stamp_for_segments_queued_before_a_read():
+    """Why a shared read cannot be split by reading less (tasks/client/http.py EventSplitter):
+    two segments that wait in a TCP receive queue are merged there and keep the later one's
+    SO_TIMESTAMPNS stamp, so even a read of the first segment's bytes alone gets the second's
+    time. If a kernel ever keeps them apart, this fails and small reads become worth having."""
+    import socket
+    import struct
+
+    from tasks.client import stamped
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    with listener, socket.create_connection(listener.getsockname()) as client:
+        peer, _ = listener.accept()
+        with peer:
+            client.setsockopt(socket.SOL_SOCKET, stamped._SO_TIMESTAMPNS, 1)
+            writes = []
+            for _ in range(2):
+                writes.append(time.time())
+                peer.sendall(b"x" * 200)
+                time.sleep(0.04)
+            stamps = []
+            for _ in range(2):
+                _, anc, _, _ = client.recvmsg(200, stamped._ANC_SIZE)  # exactly one segment's bytes
+                (sec, nsec), = [struct.unpack("qq", d[:16]) for lvl, kind, d in anc if kind == stamped._SCM_TIMESTAMPNS]
+                stamps.append(sec + nsec * 1e-9)
+    assert all(abs(s - writes[1]) < 0.005 for s in stamps), [s - writes[0] for s in stamps]

@@ -52,7 +52,8 @@ class Assembler:
         self._last_t: float | None = None
 
     def feed(self, t: float, raw: bytes, shared: bool = False) -> bool:
-        """Take one event (`shared`: its read also carried a later event, http.EventSplitter); True when the stream is settled as an error (later events are ignored)."""
+        """Take one event (`shared`: its read also carried a later event, http.EventSplitter);
+        True when the stream is settled as an error (later events are ignored)."""
         out = self.out
         if out.error is not None:
             return True
