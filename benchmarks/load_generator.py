@@ -39,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from peers import PEERS, run_peer, venv  # noqa: E402
 from tasks.client.prompts import Prompt  # noqa: E402
 from tasks.client.waves import Wave, run_wave  # noqa: E402
+from tasks.client.workers import run_spread  # noqa: E402
 from tasks.engines import engine_for  # noqa: E402
 
 PORT = 18531
@@ -70,14 +71,19 @@ def _pct(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) if values else float("nan")
 
 
-def lanebench(url: str, concurrency: int, requests: int, tokens: int) -> dict:
-    """One closed-loop wave with lanebench's client, in this (pinned) process."""
+def lanebench(url: str, concurrency: int, requests: int, tokens: int, workers: int = 1,
+              cpus: list[int] | None = None) -> dict:
+    """One closed-loop wave with lanebench's client, in this (pinned) process, or over `workers`
+    processes pinned round-robin to `cpus`."""
     wave = Wave(lane="bench", stage="decode", repeat=1, concurrency=concurrency,
-                requests_per_stream=max(1, requests // concurrency), max_tokens=tokens)
+                requests_per_stream=max(1, requests // concurrency), max_tokens=tokens, workers=workers)
     prompts = [Prompt(id="p", prompt_class="bench", text="benchmark prompt")]
-    cpu0 = time.process_time()
-    result = run_wave(url, engine_for("vllm"), wave, prompts)
-    return {"cpu_s": time.process_time() - cpu0, "wall_s": result.wall_s,
+    if workers > 1:
+        result = run_spread(url, engine_for("vllm"), wave, prompts, cpus=cpus)
+    else:
+        result = run_wave(url, engine_for("vllm"), wave, prompts)
+    # the wave's own CPU in every client process (a worker's interpreter start-up is not in it)
+    return {"cpu_s": result.client_cpu_s, "wall_s": result.wall_s,
             "ok": sum(r.ok for r in result.records), "n": len(result.records),
             "tokens": sum(r.output_tokens for r in result.records if r.ok),
             "ttft": [(r.nonce, r.ttft_s) for r in result.records if r.ok],
@@ -142,10 +148,11 @@ def table(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
-def one(client: str, server: FakeServer, concurrency: int, requests: int, tokens: int, work: Path) -> dict:
+def one(client: str, server: FakeServer, concurrency: int, requests: int, tokens: int, work: Path,
+        workers: int = 1, cpus: list[int] | None = None) -> dict:
     server.log.write_text("")
     if client.startswith("lanebench"):
-        return lanebench(server.url, concurrency, requests, tokens)
+        return lanebench(server.url, concurrency, requests, tokens, workers, cpus)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     got = run_peer(client, server.url, concurrency, requests, tokens, work)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -161,6 +168,10 @@ def main() -> int:
     p.add_argument("--port", type=int, default=PORT, help="the fake server's port (loopback)")
     p.add_argument("--server-cpu", type=int, default=0)
     p.add_argument("--client-cpu", type=int, default=1)
+    p.add_argument("--workers", default="1",
+                   help="raw part: comma list of lanebench worker-process counts to run (e.g. 1,2,4,8,16)")
+    p.add_argument("--client-cpus", default=None,
+                   help="cores the workers are pinned to, round-robin (default: --client-cpu only)")
     p.add_argument("--ttft-ms", type=float, default=20.0)
     p.add_argument("--itl-ms", type=float, default=1.0)
     p.add_argument("--server-sleeps", action="store_true",
@@ -197,10 +208,13 @@ def main() -> int:
         server.stop()
     server = FakeServer(args.server_cpu, log, "--zero-delay", port=args.port)
     try:
+        counts = [int(x) for x in args.workers.split(",")]
+        cpus = [int(x) for x in args.client_cpus.split(",")] if args.client_cpus else [args.client_cpu]
+        raw_clients = [(f"lanebench x{w}" if w > 1 else "lanebench", w) for w in counts] + [(c, 1) for c in clients[1:]]
         for c in levels_raw:
-            for client in clients:
+            for client, w in raw_clients:
                 before = server.stats()["connections"]
-                got = one(client, server, c, per_level * max(1, c // 8), tokens_raw, work)
+                got = one(client, server, c, per_level * max(1, c // 8), tokens_raw, work, w, cpus)
                 entries = server.entries()
                 conns = server.stats()["connections"] - before - 1  # -1: the /stats call itself
                 raw.append(raw_row(client, got, entries, c, conns))

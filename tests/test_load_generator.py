@@ -395,3 +395,37 @@ def test_the_kernel_keeps_one_stamp_for_segments_queued_before_a_read():
                 (sec, nsec), = [struct.unpack("qq", d[:16]) for lvl, kind, d in anc if kind == stamped._SCM_TIMESTAMPNS]
                 stamps.append(sec + nsec * 1e-9)
     assert all(abs(s - writes[1]) < 0.005 for s in stamps), [s - writes[0] for s in stamps]
+
+
+def test_a_wave_spread_over_workers_keeps_its_shape_and_one_clock(fake):
+    """Two worker processes carry one closed wave and one open one: the records are the ones a
+    single process writes (every stream, connections = concurrency, a valid decode row), and the
+    open-loop requests leave at their scheduled times on the parent's clock (a worker that kept
+    its own clock would be off by its start-up, a second or more)."""
+    url, log = fake
+    seen = []
+    closed = run_wave(url, VLLM, _wave(4, 3, max_tokens=8, workers=2), _prompts("w"), seen.append)
+    assert len(closed.records) == 12 and all(r.ok for r in closed.records), [r.error for r in closed.records]
+    assert sorted(seen, key=lambda r: r.nonce) == sorted(closed.records, key=lambda r: r.nonce)  # live, as they end
+    assert sorted({r.stream for r in closed.records}) == [0, 1, 2, 3]
+    assert all(sum(r.stream == i for r in closed.records) == 3 for i in range(4))
+    assert closed.connections_opened == 4 and closed.shape == "closed c=4"
+    row = summarize("l", 4, [closed])
+    assert row.unforced_reconnects == 0 and row.steady_window_s > 0
+    assert validate("decode", pd.DataFrame([row.model_dump()])).success
+    assert validate("requests", pd.DataFrame([r.model_dump() for r in closed.records])).success
+
+    opened = run_wave(url, VLLM, _wave(4, 4, max_tokens=4, rate=50.0, arrival="constant", workers=2), _prompts("o"))
+    assert len(opened.records) == 16 and all(r.ok for r in opened.records)
+    assert [r.scheduled_s for r in opened.records] == pytest.approx([i / 50 for i in range(16)])
+    late = [r.sent_s - r.scheduled_s - r.queued_s for r in opened.records]
+    assert all(-0.001 <= x < 0.5 for x in late), late  # (busy box)
+    # One clock: the server saw the requests of both workers as far apart as their sends say.
+    time.sleep(0.2)  # the server logs a request after its last write
+    recv = {r.nonce: [json.loads(x)["recv"] for x in log.read_text().splitlines() if r.nonce in x][0]
+            for r in opened.records}
+    first = opened.records[0]
+    skew = [abs((recv[r.nonce] - recv[first.nonce]) - (r.sent_s - first.sent_s)) for r in opened.records]
+    assert statistics.median(skew) < 0.01, skew
+    rate = summarize("l", 4, [opened], request_rate=50.0)
+    assert rate.realized_rate == pytest.approx(50.0, rel=0.2)

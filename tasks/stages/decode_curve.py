@@ -139,7 +139,7 @@ def measure(endpoint: Endpoint, plan: DecodePlan, repeats: int, prompts: list[Pr
             wave = Wave(lane=lane_name, stage="decode", repeat=repeat, concurrency=concurrency,
                         requests_per_stream=plan.per_stream(concurrency, repeats), max_tokens=plan.max_tokens,
                         stagger_s=plan.stagger_s, rate=rate, arrival=plan.arrival, deadline_s=plan.deadline_s,
-                        seed=repeat)
+                        seed=repeat, workers=plan.workers)
             on_wave(f"decode curve {wave.shape.describe()} repeat {repeat}/{repeats}")
             before = host_noise.sample()
             waves.append(run_wave(endpoint.base_url, engine, wave, prompts, on_record))
