@@ -11,7 +11,8 @@ One clock: every stamp is `time.perf_counter()`, CLOCK_MONOTONIC, the same clock
 on the host; the workers start their share at one `t0` handed to them after all of them are up
 (a spawned interpreter takes a second or more to import), so `sent_s`, `scheduled_s` and every
 arrival are on the wave's one timeline and merge into the same records one process writes.
-Records reach `on_record` as each worker finishes them, not at the wave's end.
+Records reach `on_record` as each worker finishes them, not at the wave's end. A request past
+its deadline stops new sends in its own worker only; the others stop at their own deadlines.
 """
 
 from __future__ import annotations
