@@ -360,11 +360,15 @@ def test_two_events_in_one_read_each_get_an_honest_stamp():
     # e1's upper bound) and marked coalesced; e3 came alone and its stamp is its own.
     assert r.chunk_tokens == [2, 1]
     assert r.chunk_coalesced == [True, False]
-    sent = times["recv"]  # the request's send, on the server's clock (loopback: tens of µs later)
+    # The send on the server's clock: its receipt, later by loopback and the server thread's
+    # wake-up (ms on a busy box), so the absolute checks allow that much; the gap between the
+    # two exact stamps needs no send time and is checked tighter.
+    sent = times["recv"]
     first, third = (sent + a for a in r.chunk_arrivals_s)
-    assert -0.0005 < first - times["e2"] < 0.003, first - times["e2"]
+    assert -0.0005 < first - times["e2"] < 0.015, first - times["e2"]  # e2's own arrival, not the read's (+80 ms)
     assert first - times["e1"] > 0.035  # an upper bound for e1, and the record says so
-    assert -0.0005 < third - times["e3"] < 0.003, third - times["e3"]
+    assert -0.0005 < third - times["e3"] < 0.015, third - times["e3"]
+    assert abs((third - first) - (times["e3"] - times["e2"])) < 0.005
     assert metrics.pooled_itl([r]) == []  # the only gap touches the coalesced chunk
     assert metrics.coalesced_share([r]) == 0.5
 
