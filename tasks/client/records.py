@@ -82,7 +82,10 @@ class RequestRecord(_Record):
     queued_s: float = 0.0  # waiting for a connection under the concurrency ceiling
     connect_s: float | None = None  # TCP connect time; None when the request reused a connection
     reused_connection: bool = False
-    chunk_arrivals_s: list[float] = []  # each chunk's first byte, from send
+    chunk_arrivals_s: list[float] = []  # each chunk's first byte, from send (its read's kernel stamp)
     chunk_tokens: list[int] = []  # tokens each chunk carried (a speculative burst shows as > 1)
+    # per chunk: its read also carried a later event, so its stamp is that read's last bytes'
+    # arrival, an upper bound for this chunk (docs/metrics.md, "Coalesced reads")
+    chunk_coalesced: list[bool] = []
     events: int = 0  # server-sent events received, pings and the final event included
     deadline_s: float | None = None  # the wall deadline this request ran under

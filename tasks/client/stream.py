@@ -28,6 +28,7 @@ class Outcome:
     final: StreamEvent | None = None
     arrivals: list[float] = field(default_factory=list)  # per chunk, seconds from send
     tokens: list[int] = field(default_factory=list)  # per chunk, as the engine counted (0: unknown)
+    coalesced: list[bool] = field(default_factory=list)  # per chunk: its read carried a later event too
     events: int = 0
     output_tokens: int = 0
 
@@ -50,8 +51,9 @@ class Assembler:
         self.out = Outcome()
         self._last_t: float | None = None
 
-    def feed(self, t: float, raw: bytes) -> bool:
-        """Take one event; True when the stream is settled as an error (later events are ignored)."""
+    def feed(self, t: float, raw: bytes, shared: bool = False) -> bool:
+        """Take one event (`shared`: its read also carried a later event, http.EventSplitter);
+        True when the stream is settled as an error (later events are ignored)."""
         out = self.out
         if out.error is not None:
             return True
@@ -72,6 +74,7 @@ class Assembler:
             else:
                 out.arrivals.append(t - self.t_send)
                 out.tokens.append(ev.tokens)
+                out.coalesced.append(shared)
                 self._last_t = t
         if ev.done and (out.final is None or (out.final.completion_tokens is None and ev.completion_tokens is not None)):
             out.final = ev  # the first final event, or the first that carries the count
