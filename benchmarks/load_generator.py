@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from peers import PEERS, run_peer, venv  # noqa: E402
 from tasks.client.prompts import Prompt  # noqa: E402
-from tasks.client.waves import Wave, run_wave  # noqa: E402
+from tasks.client.load import Wave, run_wave  # noqa: E402
 from tasks.client.workers import run_spread  # noqa: E402
 from tasks.engines import engine_for  # noqa: E402
 

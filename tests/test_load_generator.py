@@ -22,7 +22,7 @@ import pytest
 from conftest import REPO, shipped_inventory
 from tasks.client.metrics import steady_window
 from tasks.client.prompts import Prompt
-from tasks.client.waves import Wave, run_wave
+from tasks.client.load import Wave, run_wave
 from tasks.engines import engine_for
 from tasks.inventory.models import DecodePlan, Inventory
 from tasks.record.expectations import validate

@@ -273,19 +273,6 @@ async def _run_wave(base_url: str, engine: Engine, wave: Wave, prompts: list[Pro
                       shape=shape.describe())
 
 
-def run_wave(base_url: str, engine: Engine, wave: Wave, prompts: list[Prompt],
-             on_record: Callable[[RequestRecord], None] | None = None) -> WaveResult:
-    """Run one wave to completion (blocking); failures are recorded, not raised. A wave with
-    `workers` > 1 is spread over that many processes (tasks/client/workers.py)."""
-    if not prompts:
-        raise ValueError("a wave needs at least one prompt")
-    if wave.workers > 1:
-        from tasks.client.workers import run_spread
-
-        return run_spread(base_url, engine, wave, prompts, on_record)
-    return run_part(base_url, engine, wave, prompts, on_record)
-
-
 def run_part(base_url: str, engine: Engine, wave: Wave, prompts: list[Prompt],
              on_record: Callable[[RequestRecord], None] | None = None, part: tuple[int, int] = (0, 1),
              t0: float | None = None) -> WaveResult:
@@ -300,10 +287,4 @@ def run_part(base_url: str, engine: Engine, wave: Wave, prompts: list[Prompt],
         gc.unfreeze()
 
 
-def sweep(base_url: str, engine: Engine, waves: list[Wave], prompts: list[Prompt],
-          on_record: Callable[[RequestRecord], None] | None = None) -> list[WaveResult]:
-    """A sweep: one wave per level (concurrencies or rates), in order, on the same server."""
-    return [run_wave(base_url, engine, w, prompts, on_record) for w in waves]
-
-
-__all__ = ["Wave", "WaveResult", "run_wave", "sweep"]
+__all__ = ["Wave", "WaveResult", "run_part"]

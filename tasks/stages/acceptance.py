@@ -19,7 +19,7 @@ from prefect.cache_policies import NO_CACHE
 
 from tasks.engines import engine_for
 from tasks.stages.gates import scrape_metrics
-from tasks.client.waves import Wave, run_wave
+from tasks.client.load import Wave, run_wave
 from tasks.client.prompts import Prompt
 from tasks.engines.facts import Acceptance, LoggedAcceptance
 from tasks.record.progress import progress

@@ -19,7 +19,7 @@ from prefect.cache_policies import NO_CACHE
 from tasks.client import metrics
 from tasks.client.prompts import Prompt
 from tasks.client.records import RequestRecord
-from tasks.client.waves import Wave, WaveResult, run_wave
+from tasks.client.load import Wave, WaveResult, run_wave
 from tasks.engines import engine_for
 from tasks.hosts import noise as host_noise
 from tasks.hosts.noise import DEFAULT_UNSTABLE_SPREAD_PCT, Noise
