@@ -142,3 +142,12 @@ def server_gpu_memory(facts: GpuHostFacts, binary: str) -> float | None:
     name = binary.rsplit("/", 1)[-1]
     held = [a.used_mib or 0.0 for g in facts.gpus for a in g.apps if a.name == binary or a.name.rsplit("/", 1)[-1] == name]
     return sum(held) if held else None
+
+
+def cpu_lane_on_gpu(held_mib: float) -> str:
+    """The flag for a lane on a host declared `gpus: 0` whose server holds GPU memory anyway
+    (a CUDA build that made a context on a GPU it was told not to use): its numbers are not a
+    CPU lane's."""
+    return (f"GPU memory held by a lane declared CPU-only: its server holds {held_mib:.0f} MiB on the host's GPUs "
+            "although the host says gpus: 0 (a CUDA build that saw the GPU; set CUDA_VISIBLE_DEVICES= or "
+            "declare the GPUs)")

@@ -45,6 +45,14 @@ def launch_argv(lane: Lane, binary: str, address: str, host: Host) -> list[str]:
     return argv
 
 
+def process_env(lane: Lane, host: Host, for_lane: bool = True) -> dict[str, str]:
+    """The environment a host process of the lane starts with: on a host declared `gpus: 0`,
+    the engine's switch that hides the GPUs; the lane's own `env` (for_lane) last, so a lane
+    that names CUDA_VISIBLE_DEVICES itself keeps it, as its own offload flags win."""
+    env = engine_for(lane.engine).cpu_only_env() if host.gpus == 0 else {}
+    return {**env, **(lane.env if for_lane else {})}
+
+
 def start(lane_name: str, lane: Lane, binary: str, address: str, log_path: Path,
           placement: Placement | None = None) -> Server:
     """Start the workers, then the server (a process on the host, or the lane's container).
@@ -70,7 +78,7 @@ def start(lane_name: str, lane: Lane, binary: str, address: str, log_path: Path,
             name = f"{lane_name}-rpc{i}.{lane.port}" if worker.rank is None else f"{lane_name}-node{worker.rank}.{lane.port}"
             worker.transport.stop_leftover(name)
             workers.append(worker.transport.spawn(worker.argv, worker_log, name=name,
-                                                  env=lane.env if worker.rank is not None else None))
+                                                  env=process_env(lane, worker.host, worker.rank is not None)))
         if where.image is not None:
             containers.remove_leftover(where.transport, where.host.docker_host, lane_name)
             process: Spawned = containers.run_container(
@@ -80,7 +88,7 @@ def start(lane_name: str, lane: Lane, binary: str, address: str, log_path: Path,
             # Named by lane and port: a crashed run's server on this port is what would block this boot.
             name = f"{lane_name}.{lane.port}"
             where.transport.stop_leftover(name)
-            process = where.transport.spawn(argv, log_path, name=name, env=lane.env)
+            process = where.transport.spawn(argv, log_path, name=name, env=process_env(lane, where.host))
     except BaseException:
         for w in workers:
             w.stop()
