@@ -59,6 +59,9 @@ if [ ! -f "$BUNDLE/site.tar.xz" ] || [ "${REBUILD_SITE:-0}" = 1 ]; then
     "${plats[@]}" --platform any -d "$tmp/wheels" -r "$tmp/reqs.txt"
   uv pip install -q --target "$tmp/gpusite" --python-version 3.12 --python-platform x86_64-manylinux_2_28 \
     --no-deps --no-index --no-compile "$tmp"/wheels/*.whl
+  # Prefect's Apprise notification blocks (8 MB) are imported only when one sends through
+  # Apprise, which no GPU run does; without them the bundle fits under 48 MiB.
+  rm -rf "$tmp"/gpusite/apprise "$tmp"/gpusite/apprise-*.dist-info
   tar -C "$tmp" -cJf "$BUNDLE/site.tar.xz" gpusite
 fi
 gguf="gguf==$(cd "$repo" && uv export --frozen --only-dev --no-hashes | sed -n 's/^gguf==\([^ ]*\).*/\1/p')"
