@@ -24,17 +24,24 @@ PORTS = (18541, 18542)
 
 
 def _replaying_nvidia_smi(folder: Path) -> Path:
-    """An nvidia-smi that answers from the H200 recordings: busy while a server of this test runs.
-    It also notes the environment each llama-server of this test started with."""
+    """An nvidia-smi that answers from the H200 recordings: the idle GPU while no server of this
+    test runs; while some do, the busy recording, its llama-server row once per running server
+    of this test under that server's own pid (as a CUDA build that saw the GPU would appear)."""
     folder.mkdir()
-    running = f'cat /proc/[0-9]*/cmdline 2>/dev/null | tr "\\0" " " | grep -qE -- "--port ({PORTS[0]}|{PORTS[1]}) "'
+    apps = (CUDA / "nvidia-smi-apps-busy.csv").read_text().strip()
+    recorded_pid = apps.split(",")[1].strip()
     script = folder / "nvidia-smi"
     script.write_text(
         "#!/bin/sh\n"
-        f"if {running}; then s=busy; else s=idle; fi\n"
+        "ours=\n"
+        "for d in /proc/[0-9]*; do\n"
+        '  c=$(tr "\\0" " " < "$d/cmdline" 2>/dev/null)\n'
+        f'  case "$c" in *"--port {PORTS[0]} "*|*"--port {PORTS[1]} "*) ours="$ours ${{d#/proc/}}" ;; esac\n'
+        "done\n"
+        'if [ -n "$ours" ]; then s=busy; else s=idle; fi\n'
         'case "$1" in\n'
         f'  "--query-gpu={QUERY}") cat "{CUDA}/nvidia-smi-query-$s.csv" ;;\n'
-        f'  "--query-compute-apps={APPS}") cat "{CUDA}/nvidia-smi-apps-$s.csv" ;;\n'
+        f'  "--query-compute-apps={APPS}") for p in $ours; do echo "{apps}" | sed "s/, {recorded_pid}, /, $p, /"; done ;;\n'
         '  --*) echo "not recorded: $*" >&2; exit 9 ;;\n'
         f'  *) cat "{CUDA}/nvidia-smi-banner.txt" ;;\n'
         "esac\n")

@@ -62,7 +62,7 @@ def decode_table(df: pd.DataFrame) -> pd.DataFrame:
     if "client_saturated" in df:
         out["client-bound"] = ["yes" if v else "" for v in df.client_saturated]
     if "bandwidth_share" in df and df.bandwidth_share.notna().any():  # beside the C=1 row (tasks/stages/limits.py)
-        out["bandwidth share"] = ["" if v is None or pd.isna(v) else f"{v:.3f}" for v in df.bandwidth_share]
+        out["bandwidth share"] = ["" if v is None or pd.isna(v) else f"{v:.3g}" for v in df.bandwidth_share]
     return out
 
 

@@ -34,7 +34,7 @@ from tasks.engines.facts import BootFacts
 from tasks.hosts.containers import container_name
 from tasks.hosts.connect import Reach
 from tasks.stages.image_pull import image_pull
-from tasks.hosts.gpu import cpu_lane_on_gpu, gpu_facts, idle_gpu_gate, server_gpu_memory
+from tasks.hosts.gpu import cpu_lane_on_gpu, gpu_facts, group_pids, idle_gpu_gate, server_gpu_memory
 from tasks.hosts.reclaim import reclaim_leftovers, server_spawn_name
 from tasks.hosts.transport import TransportError
 from tasks.inventory import secrets
@@ -217,7 +217,8 @@ def served_lane(run: RunFolder, name: str, lane: Lane, host: Host, base_dir: Pat
         if gpu_seen:  # what the booted server holds on the GPU: the offload that happened
             booted = gpu_facts(reach.transport)
             record.gpu["booted"] = booted.model_dump()
-            record.gpu["server_memory_mib"] = held = server_gpu_memory(booted, pre.binary)
+            pids = None if server.image else group_pids(reach.transport, server.process.pid) or None
+            record.gpu["server_memory_mib"] = held = server_gpu_memory(booted, pre.binary, pids)
             if host.gpus == 0 and held:
                 line = cpu_lane_on_gpu(held)
                 record.gpu["cpu_lane_holds_gpu"] = line
