@@ -116,7 +116,7 @@ def test_a_cpu_declared_host_starts_its_server_without_gpus():
     from tasks.inventory.models import Host, Lane
     from tasks.stages.boot import process_env
 
-    lane = Lane.model_validate({"host": "h", "engine": "llamacpp", "port": 1, "model": {"path": "/m.gguf"},
+    lane = Lane.model_validate({"host": "h", "engine": "llamacpp", "port": 18000, "model": {"path": "/m.gguf"},
                                 "bench": {"decode": {"prompts": "p.jsonl"}}})
     assert process_env(lane, Host(gpus=0)) == {"CUDA_VISIBLE_DEVICES": ""}
     assert process_env(lane, Host(gpus=1)) == {}
