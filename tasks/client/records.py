@@ -19,6 +19,10 @@ class StreamEvent(_Record):
 
     text: str = ""
     tokens: int = 0  # tokens this chunk carries, when the engine says; else 0
+    # The engine's own running count of generated tokens at this event (llama.cpp's
+    # `tokens_predicted`); when set, the event's tokens are its step from the previous count,
+    # which also counts tokens whose bytes the server withheld (an incomplete UTF-8 sequence).
+    tokens_total: int | None = None
     done: bool = False
     completion_tokens: int | None = None  # final count, when the engine reports it
     prompt_tokens: int | None = None
