@@ -141,6 +141,7 @@ class AcceptanceRow(_Record):
     # beside the counters: the pooled acceptance length 1 + accepted / verify_steps against the
     # logged one, and their gap (the acceptance suite allows at most 0.02).
     acceptance_length_pooled: float | None = None
+    draft_tokens: float | None = None  # draft tokens proposed over the windows (counters), where the engine counts them
     engine_logged_acceptance_length: float | None = None
     engine_logged_accepted: int | None = None
     engine_logged_drafted: int | None = None

@@ -140,6 +140,7 @@ def summarize(lane_name: str, prompt_class: str, k: int, windows: list[Acceptanc
         acceptance_length=statistics.median(lengths),
         acceptance_length_min=min(lengths), acceptance_length_max=max(lengths),
         verify_steps=sum(w.verify_steps for w in windows), accepted=sum(w.accepted for w in windows),
+        draft_tokens=sum(w.draft_tokens for w in windows) if all(w.draft_tokens is not None for w in windows) else None,
         per_position=per_pos, source=windows[0].source, draft_shape=shape, **extra,
     )
 
