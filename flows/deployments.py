@@ -91,12 +91,14 @@ def wait_healthy(api_url: str, proc: subprocess.Popen | None, timeout_s: float, 
 
 @contextmanager
 def server(host: str, port: int, home: Path | None, timeout_s: float = 180,
-           extra_env: dict[str, str] | None = None) -> Iterator[str]:
-    """`prefect server start` on host:port (SQLite under PREFECT_HOME); yields its API URL; stopped on exit."""
+           extra_env: dict[str, str] | None = None, database: str | None = None) -> Iterator[str]:
+    """`prefect server start` on host:port (SQLite under PREFECT_HOME, or `database`, flows/database.py);
+    yields its API URL; stopped on exit."""
+    from flows.database import server_env
     from tasks.hosts.lock import FILE_LEASES, LEASE_STORAGE_ENV
 
     api_url = f"http://{host}:{port}/api"
-    env = prefect_env(api_url, home, extra_env)
+    env = prefect_env(api_url, home, (extra_env or {}) | server_env(database))
     env.pop("PREFECT_API_URL")  # the server serves the API; it is no client of one
     # Leases on disk: a restarted server still knows who holds a host (tasks/host_lock.py).
     env.setdefault(LEASE_STORAGE_ENV, FILE_LEASES)
@@ -169,13 +171,15 @@ def deploy(env: dict[str, str], prefect_file: Path = PREFECT_FILE, pool: str = P
     return names
 
 
-def worker(env: dict[str, str], pool: str, log: Path) -> subprocess.Popen:
-    """A process worker on `pool`: each flow run becomes a process in this checkout, with this environment."""
-    return _spawn(["worker", "start", "--pool", pool, "--type", "process"], env, log)
+def worker(env: dict[str, str], pool: str, log: Path, queues: list[str] | None = None) -> subprocess.Popen:
+    """A process worker on `pool` (only `queues` of it, when given: a site's or host group's runs):
+    each flow run becomes a process in this checkout, with this environment."""
+    picks = [arg for q in queues or [] for arg in ("--work-queue", q)]
+    return _spawn(["worker", "start", "--pool", pool, "--type", "process", *picks], env, log)
 
 
 def serve(host: str, port: int, home: Path | None, prefect_file: Path, pool: str, api_url: str | None,
-          start_worker: bool = True, say=print) -> int:
+          start_worker: bool = True, say=print, database: str | None = None, queues: list[str] | None = None) -> int:
     """Run the stack until SIGINT/SIGTERM, or until the server or worker dies (exit 1)."""
     stopping = {"signal": None}
 
@@ -190,7 +194,7 @@ def serve(host: str, port: int, home: Path | None, prefect_file: Path, pool: str
         env = prefect_env(url, home)
         names = deploy(env, prefect_file, pool, say)
         say(f"deployed to {url}: {', '.join(names) or '(none)'} on work pool {pool}")
-        proc = worker(env, pool, logs / "worker.log") if start_worker else None
+        proc = worker(env, pool, logs / "worker.log", queues) if start_worker else None
         say(f"{'worker running' if proc else 'no worker started'}; logs in {logs}; Ctrl-C stops")
         misses, last_check = 0, time.monotonic()
         try:
@@ -215,6 +219,6 @@ def serve(host: str, port: int, home: Path | None, prefect_file: Path, pool: str
     if api_url:
         wait_healthy(api_url, None, 30)
         return run(api_url)
-    with server(host, port, home) as url:
+    with server(host, port, home, database=database) as url:
         say(f"prefect server at {url.removesuffix('/api')}")
         return run(url)
