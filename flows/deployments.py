@@ -140,9 +140,9 @@ def _schedules(spec: dict) -> list:
 
 
 def deploy(env: dict[str, str], prefect_file: Path = PREFECT_FILE, pool: str = POOL,
-           say=print) -> list[str]:
-    """Create the process pool if missing and deploy every loadable deployment of `prefect_file`,
-    through Prefect's Python API against the server `env` names."""
+           say=print, queues: list[str] | None = None) -> list[str]:
+    """Create the process pool and its `queues` (a site's or host group's) if missing and deploy
+    every loadable deployment of `prefect_file`, through Prefect's Python API against the server `env` names."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import WorkPoolCreate
     from prefect.exceptions import ObjectAlreadyExists
@@ -155,6 +155,11 @@ def deploy(env: dict[str, str], prefect_file: Path = PREFECT_FILE, pool: str = P
                 client.create_work_pool(WorkPoolCreate(name=pool, type="process"))
             except ObjectAlreadyExists:
                 pass
+            for queue in queues or []:
+                try:
+                    client.create_work_queue(name=queue, work_pool_name=pool)
+                except ObjectAlreadyExists:
+                    pass
         for spec in deployments(prefect_file):
             flow, why = _loaded(spec["entrypoint"])
             if flow is None:
@@ -192,7 +197,7 @@ def serve(host: str, port: int, home: Path | None, prefect_file: Path, pool: str
 
     def run(url: str) -> int:
         env = prefect_env(url, home)
-        names = deploy(env, prefect_file, pool, say)
+        names = deploy(env, prefect_file, pool, say, queues)
         say(f"deployed to {url}: {', '.join(names) or '(none)'} on work pool {pool}")
         proc = worker(env, pool, logs / "worker.log", queues) if start_worker else None
         say(f"{'worker running' if proc else 'no worker started'}; logs in {logs}; Ctrl-C stops")

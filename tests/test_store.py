@@ -40,9 +40,9 @@ def sftp_store(tmp_path_factory):
     (tmp / "authorized_keys").write_text((tmp / "id_ed25519.pub").read_text())
     sshd = start_sshd(tmp / "sshd", "127.0.0.1", free_port(), tmp / "authorized_keys")
     (tmp / "known_hosts").write_text(sshd.known_hosts_line() + "\n")
-    saved = {k: os.environ.get(k) for k in ("LANEBENCH_STORE_IDENTITY", "LANEBENCH_STORE_KNOWN_HOSTS", "LANEBENCH_CACHE")}
+    saved = {k: os.environ.get(k) for k in ("LANEBENCH_STORE_IDENTITY", "LANEBENCH_STORE_KNOWN_HOSTS", "LANEBENCH_STORE_MIRRORS")}
     os.environ.update(LANEBENCH_STORE_IDENTITY=str(tmp / "id_ed25519"), LANEBENCH_STORE_KNOWN_HOSTS=str(tmp / "known_hosts"),
-                      LANEBENCH_CACHE=str(tmp / "cache"))
+                      LANEBENCH_STORE_MIRRORS=str(tmp / "mirrors"))
     (tmp / "remote").mkdir()
     try:
         yield {"url": f"sftp://{os.environ.get('USER', 'root')}@127.0.0.1:{sshd.port}{tmp / 'remote'}",

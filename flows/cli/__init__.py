@@ -26,6 +26,7 @@ DEFAULT_HOSTS = REPO / "hosts.yaml"
 # (flows/nightly.py, kl.py, matrix.py, tools.py) are Prefect flows defined at module level,
 # imported only once a command has checked its input and launched the API server.
 _SUBCOMMANDS: list[str] = ["flows.cli.kl", "flows.cli.matrix", "flows.history", "flows.cli.tools", "flows.lab",
+                           "flows.cli.launch",
                            "flows.plan"]
 
 
