@@ -100,6 +100,9 @@ def server(host: str, port: int, home: Path | None, timeout_s: float = 180,
     api_url = f"http://{host}:{port}/api"
     env = prefect_env(api_url, home, (extra_env or {}) | server_env(database))
     env.pop("PREFECT_API_URL")  # the server serves the API; it is no client of one
+    # The UI's calls go here (Prefect's default is port 4200 whatever --port says); a server on
+    # 0.0.0.0 is reached by its name: set PREFECT_UI_API_URL to it.
+    env.setdefault("PREFECT_UI_API_URL", api_url)
     # Leases on disk: a restarted server still knows who holds a host (tasks/host_lock.py).
     env.setdefault(LEASE_STORAGE_ENV, FILE_LEASES)
     log = (home or Path(env.get("PREFECT_HOME", Path.home() / ".prefect"))) / "server.log"
@@ -139,16 +142,14 @@ def _schedules(spec: dict) -> list:
     return out
 
 
-def deploy(env: dict[str, str], prefect_file: Path = PREFECT_FILE, pool: str = POOL,
-           say=print, queues: list[str] | None = None) -> list[str]:
-    """Create the process pool and its `queues` (a site's or host group's) if missing and deploy
-    every loadable deployment of `prefect_file`, through Prefect's Python API against the server `env` names."""
+def ensure_pool(env: dict[str, str], pool: str = POOL, queues: list[str] | None = None) -> None:
+    """The process work pool and its `queues` (a site's or host group's) on the server `env` names,
+    created when missing; existing ones are left as they are."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import WorkPoolCreate
     from prefect.exceptions import ObjectAlreadyExists
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    names = []
     with temporary_settings({PREFECT_API_URL: env["PREFECT_API_URL"]}):
         with get_client(sync_client=True) as client:
             try:
@@ -160,6 +161,20 @@ def deploy(env: dict[str, str], prefect_file: Path = PREFECT_FILE, pool: str = P
                     client.create_work_queue(name=queue, work_pool_name=pool)
                 except ObjectAlreadyExists:
                     pass
+
+
+def deploy(env: dict[str, str], prefect_file: Path = PREFECT_FILE, pool: str = POOL,
+           say=print, queues: list[str] | None = None) -> list[str]:
+    """Create the process pool and its `queues` (a site's or host group's) if missing and deploy
+    every loadable deployment of `prefect_file`, through Prefect's Python API against the server `env` names."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate
+    from prefect.exceptions import ObjectAlreadyExists
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    names = []
+    ensure_pool(env, pool, queues)
+    with temporary_settings({PREFECT_API_URL: env["PREFECT_API_URL"]}):
         for spec in deployments(prefect_file):
             flow, why = _loaded(spec["entrypoint"])
             if flow is None:

@@ -117,6 +117,29 @@ def cmd_serve(args: argparse.Namespace) -> int:
                  queues=args.work_queue or None)
 
 
+def cmd_worker(args: argparse.Namespace) -> int:
+    """A worker on another machine: the pool and its queues made if missing, then Prefect's own
+    `prefect worker start` in this process's place (its signals, its logs)."""
+    import os
+
+    from flows.cli import _bad_input, _quiet_prefect
+
+    api = args.api_url or os.environ.get("PREFECT_API_URL")
+    if not api:
+        return _bad_input("worker: no server. Fix: --api-url http://SERVER:4200/api (or PREFECT_API_URL)")
+    _quiet_prefect()
+    from flows.deployments import ensure_pool, prefect_env, wait_healthy
+    from tasks.engines.build import REPO
+
+    env = prefect_env(api)
+    wait_healthy(api, None, 60)
+    ensure_pool(env, args.pool, args.work_queue)
+    argv = [sys.executable, "-m", "prefect", "worker", "start", "--pool", args.pool, "--type", "process",
+            *[a for q in args.work_queue or [] for a in ("--work-queue", q)], *(["--name", args.name] if args.name else [])]
+    os.chdir(REPO)
+    os.execve(sys.executable, argv, env)
+
+
 def register_cli(subparsers: Any) -> None:
     from tasks.engines.build import REPO
 
@@ -160,3 +183,10 @@ def register_cli(subparsers: Any) -> None:
                    "(default: SQLite under --home); docs/nightly.md, 'A team's set-up'")
     p.add_argument("--work-queue", action="append", help="the worker takes only this queue of the pool (repeatable)")
     p.set_defaults(func=cmd_serve)
+
+    p = subparsers.add_parser("worker", help="a process worker for a team's server, on this machine (a site's queues)")
+    p.add_argument("--api-url", default=None, help="the team's server (default: PREFECT_API_URL)")
+    p.add_argument("--pool", default="lanebench", help="process work pool (created when missing)")
+    p.add_argument("--work-queue", action="append", help="take only this queue (repeatable; created when missing)")
+    p.add_argument("--name", default=None, help="the worker's name in the UI (default: Prefect's)")
+    p.set_defaults(func=cmd_worker)

@@ -43,9 +43,11 @@ def _inventory(folder: Path, port: int) -> Path:
         lane[ref].pop("bytes", None)
         lane[ref].pop("sha256", None)
     lane["bench"] = {**lane["bench"], "repeats": 1,
-                     "decode": {**lane["bench"]["decode"], "concurrency": [1], "max_tokens": 16}}
+                     "decode": {**lane["bench"]["decode"], "concurrency": [1], "max_tokens": 16,
+                                "requests_per_stream": 2, "requests_per_level": 2}}
     for bench in ("acceptance", "prefill", "accuracy", "capacity"):
         lane["bench"].pop(bench, None)
+    lane.pop("correctness", None)  # the tool-call gate and needles have tests of their own
     inv["lanes"] = {"rehearsal": lane}
     return write_inventory(folder, inv)
 
@@ -93,10 +95,11 @@ def team(lab, postgres, llama_bin, tmp_path_factory):
              "LANEBENCH_STORE_KNOWN_HOSTS": str(lab.dir / "known_hosts")}
     side = {s: base | {"PREFECT_HOME": str(tmp / s / "prefect"), "LANEBENCH_STORE_MIRRORS": str(tmp / s / "mirrors")}
             for s in ("site-a", "site-b")}
+    for s in side:
+        (tmp / s / "prefect").mkdir(parents=True)
     served = subprocess.Popen(
         [sys.executable, "-m", "flows.cli", "serve", "--host", ORCHESTRATOR, "--port", str(api_port),
-         "--database", database, "--home", str(tmp / "site-a" / "prefect"), "--work-queue", "site-a",
-         "--work-queue", "site-b"],
+         "--database", database, "--home", str(tmp / "site-a" / "prefect"), "--work-queue", "site-a"],
         cwd=REPO, env=side["site-a"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         start_new_session=True)
     remote_worker = None
@@ -104,10 +107,16 @@ def team(lab, postgres, llama_bin, tmp_path_factory):
         _Lines(served).until("Ctrl-C stops", 300)
         # The other machine: a worker in spark1's namespace, reaching the server over the lab bridge.
         remote_worker = subprocess.Popen(
-            ["ip", "netns", "exec", "spark1", sys.executable, "-m", "prefect", "worker", "start", "--pool",
-             "lanebench", "--type", "process", "--work-queue", "site-b", "--name", "spark1-worker"],
-            cwd=REPO, env=side["site-b"] | {"PREFECT_API_URL": api}, stdout=open(tmp / "spark1-worker.log", "wb"),
+            ["ip", "netns", "exec", "spark1", sys.executable, "-m", "flows.cli", "worker", "--api-url", api,
+             "--work-queue", "site-b", "--name", "spark1-worker"],
+            cwd=REPO, env=side["site-b"], stdout=open(tmp / "spark1-worker.log", "wb"),
             stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + 300
+        while not any(w["name"] == "spark1-worker" for w in
+                      api_call(api, "POST", "/work_pools/lanebench/workers/filter", json={}).json()):
+            assert remote_worker.poll() is None, (tmp / "spark1-worker.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "the spark1 worker never reached the server"
+            time.sleep(2)
         yield {"api": api, "store": store, "tmp": tmp, "env": side, "database": database, "postgres": postgres}
     finally:
         if remote_worker is not None:
@@ -158,8 +167,18 @@ def test_a_nightly_and_two_matrices_on_two_workers_share_one_history_and_one_hos
         assert run["state"]["type"] == "COMPLETED", (run["name"], run["state"]["message"],
                                                      (tmp / "spark1-worker.log").read_text()[-3000:])
     # Each run was taken by a worker of its own queue: the spark1 one ran the nightly and one matrix.
-    workers = {r["id"]: api_call(api, "GET", f"/work_queues/{r['work_queue_id']}").json()["name"] for r in done.values()}
-    assert workers == runs
+    queues = {r["id"]: api_call(api, "GET", f"/work_queues/{r['work_queue_id']}").json()["name"] for r in done.values()}
+    assert queues == runs
+    # ... and taken by that queue's worker: each worker's submitted-flow-run event names it.
+    deadline, taken_by = time.monotonic() + 60, {}
+    while set(taken_by) < set(runs) and time.monotonic() < deadline:
+        events = api_call(api, "POST", "/events/filter", json={
+            "filter": {"event": {"name": ["prefect.worker.submitted-flow-run"]}}, "limit": 50}).json()["events"]
+        taken_by = {r["prefect.resource.id"].removeprefix("prefect.flow-run."): e["resource"]["prefect.resource.name"]
+                    for e in events for r in e["related"] if r.get("prefect.resource.role") == "flow-run"}
+        time.sleep(2)
+    for run_id, queue in runs.items():
+        assert (taken_by.get(run_id) == "spark1-worker") == (queue == "site-b") and run_id in taken_by, (queue, taken_by)
 
     # The server really is on PostgreSQL: the flow runs are rows there.
     count = subprocess.run(["psql", team["database"], "-tAc", "SELECT count(*) FROM flow_run"],

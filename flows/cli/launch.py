@@ -56,8 +56,8 @@ def cmd_launch(args: argparse.Namespace) -> int:
             queues = [q.name for q in client.read_work_queues(work_pool_name=deployment.work_pool_name)]
             if args.work_queue not in queues:
                 return _bad_input(f"--work-queue {args.work_queue}: no such queue in pool {deployment.work_pool_name}. "
-                                  f"Fix: one of {', '.join(sorted(queues))}, or lanebench serve --work-queue "
-                                  f"{args.work_queue}")
+                                  f"Fix: one of {', '.join(sorted(queues))}, or start its worker first "
+                                  f"(lanebench worker --work-queue {args.work_queue})")
         run = client.create_flow_run_from_deployment(deployment.id, parameters=params,
                                                      work_queue_name=args.work_queue)
         print(f"flow run {run.name} ({run.id}) of {deployment.name} on queue "
