@@ -10,7 +10,8 @@ its manifest as it arrives; the run folders stay the source of truth, the mirror
 Roots: a local path (or `file://`), exactly today's behaviour with nothing copied; `sftp://
 [user@]host[:port]/abs/path` over paramiko with the same host-key policy as the lanes' hosts
 (tasks/hosts/ssh.py: known_hosts checked, an unknown or changed key refused), key and
-known_hosts from LANEBENCH_STORE_IDENTITY / LANEBENCH_STORE_KNOWN_HOSTS (default ~/.ssh/...).
+known_hosts from LANEBENCH_STORE_IDENTITY / LANEBENCH_STORE_KNOWN_HOSTS (default ~/.ssh/...);
+mirrors under LANEBENCH_STORE_MIRRORS (default ~/.cache/lanebench/stores/<hash of the URL>).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from fsspec import AbstractFileSystem
 from fsspec.implementations.sftp import SFTPFileSystem
 
 INCOMING = ".incoming"
-MIRRORS = Path(os.path.expanduser(os.environ.get("LANEBENCH_CACHE", "~/.cache/lanebench"))) / "stores"
+MIRRORS_ENV = "LANEBENCH_STORE_MIRRORS"  # where this machine keeps its mirrors of stores
 
 
 class StoreError(RuntimeError):
@@ -102,7 +103,7 @@ class Store:
         if not self.remote:
             return Path(self.path)
         key = hashlib.sha256(self.url.encode()).hexdigest()[:16]
-        return MIRRORS / key
+        return Path(os.path.expanduser(os.environ.get(MIRRORS_ENV, "~/.cache/lanebench/stores"))) / key
 
     # -- publish ---------------------------------------------------------------------------------
     def publish(self, folder: Path) -> str:
