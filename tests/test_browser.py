@@ -133,6 +133,7 @@ def test_the_matrix_run_form_in_the_ui_runs_the_matrix(ui, browser):
     assert verify.returncode == 0, verify.stdout + verify.stderr
 
     # The run's page, its artifacts tab: the matrix report is there.
-    browser.get(f"{ui['url']}/runs/flow-run/{run_id}?tab=Artifacts")
-    wait.until(ec.presence_of_element_located((By.XPATH, "//*[contains(., 'matrix-report')]")))
+    browser.get(f"{ui['url']}/runs/flow-run/{run_id}")
+    wait.until(ec.element_to_be_clickable((By.CSS_SELECTOR, "li.p-tab#artifacts"))).click()
+    wait.until(ec.visibility_of_element_located((By.XPATH, "//*[contains(text(), 'matrix-report')]")))
     _shot(browser, tmp, "ui-matrix-run-artifacts.png")
