@@ -40,7 +40,7 @@ from typing import IO, TYPE_CHECKING
 from pydantic import BaseModel
 
 if TYPE_CHECKING:
-    pass
+    from tasks.hosts.listener import Listeners
 
 OutputCallback = Callable[[str], None]
 
@@ -85,6 +85,16 @@ class Spawned(ABC):
     @abstractmethod
     def stop(self, grace_s: float = 10.0) -> None:
         """SIGTERM the process group, SIGKILL after `grace_s`; idempotent."""
+
+    def listeners(self, port: int) -> Listeners | None:
+        """Who listens on `port` where this process runs (tasks/hosts/listener.py); None: this
+        kind of spawn cannot be asked."""
+        return None
+
+    def owns(self, found: Listeners) -> bool:
+        """Whether a listener's owners include this process's group (the pid a spawn reports is
+        its process group: a server started through a wrapper is in it)."""
+        return any(o.pgid == self.pid for o in found.owners)
 
 
 class Transport(ABC):
@@ -219,6 +229,11 @@ class LocalSpawned(Spawned):
 
     def poll(self) -> int | None:
         return self.proc.poll()
+
+    def listeners(self, port: int) -> Listeners | None:
+        from tasks.hosts.listener import listeners
+
+        return listeners(LocalTransport(), port)
 
     def stop(self, grace_s: float = 10.0) -> None:
         if self.proc.poll() is None:
