@@ -77,3 +77,86 @@ def test_an_impostor_on_the_port_fails_the_boot_and_gets_no_request(tmp_path, ll
     assert not seen.exists() or seen.read_text() == "", f"the impostor was sent: {seen.read_text()}"
     assert verify(n.folder).returncode == 0
     print(f"\n[reliability] impostor on the port: ended in {took:.1f} s; reason: {lane['reason'][:160]}")
+
+
+def _decode_records(folder: Path) -> int:
+    path = folder / "rehearsal" / "requests.jsonl"
+    try:
+        return sum('"stage":"decode"' in line for line in path.read_text().splitlines())
+    except OSError:
+        return 0
+
+
+def _cli(*args: str) -> "subprocess.CompletedProcess[str]":
+    import subprocess
+
+    return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_a_dead_runs_edited_record_is_named_and_symlinks_are_not_followed(tmp_path, llama_bin):
+    """lanebench SIGKILLed mid-curve, then one raw record's output_tokens edited, and a symlinked
+    "run folder" (pointing outside the artifacts folder) left beside it. The next nightly reclaims
+    the dead run without re-hashing the edited file and says which file changed; verify then fails
+    on it naming it; the symlinked folder is refused in one line and its target is not touched;
+    `history runs` shows the run as interrupted; verify names a truncated manifest and one without
+    `artifacts` in one line each, exit 1, no traceback."""
+    import shutil
+
+    port = PORTS[1]
+    artifacts = tmp_path / "artifacts"
+    hosts = tiny_inventory(tmp_path, port, bench=LONG_CURVE)
+    first = Nightly(hosts, artifacts, tmp_path / "prefect")
+    dead = first.wait_stage(("decode curve",))
+    wait_for(lambda: _decode_records(dead) >= 1, 60, "a decode record", step=0.02)
+    first.proc.kill()
+    first.wait(timeout=30)
+    records = dead / "rehearsal" / "requests.jsonl"
+    text = records.read_text()
+    line = next(ln for ln in text.splitlines() if '"stage":"decode"' in ln)
+    rec = json.loads(line)
+    rec["output_tokens"] = rec["output_tokens"] + 7
+    records.write_text(text.replace(line, json.dumps(rec, separators=(",", ":")), 1))
+
+    outside = tmp_path / "elsewhere" / "20990101T000000Z_nightly_deadbeef"
+    outside.mkdir(parents=True)
+    forged = json.dumps({"flow": {"status": "running", "owner": {"hostname": os.uname().nodename, "pid": 1,
+                                                                   "boot_id": "x", "start": "1"}}, "artifacts": []})
+    (outside / "manifest.json").write_text(forged)
+    (artifacts / outside.name).symlink_to(outside)
+
+    second = Nightly(hosts, artifacts, tmp_path / "prefect")
+    rc = second.wait(timeout=400)
+    out = " ".join(second.output().split())  # the terminal wraps long lines
+    assert rc == 0, out
+    assert f"run {dead.name}: marked interrupted" in out
+    assert "changed after the crash, not re-hashed: rehearsal/requests.jsonl" in out, out
+    said = out.split(f"run {outside.name}: not reclaimed:")[1].split(" rehearsal ")[0]
+    assert "a symlink, not followed" in said, out
+    assert (outside / "manifest.json").read_text() == forged  # never rewritten (nor read)
+
+    v = verify(dead)
+    assert v.returncode == 1 and "changed: rehearsal/requests.jsonl" in v.stdout, v.stdout
+    assert "changed after the run died" in v.stdout and "Traceback" not in v.stdout + v.stderr
+    assert verify(second.folder).returncode == 0
+
+    h = _cli("history", "--artifacts", str(artifacts), "runs", "--csv")
+    assert h.returncode == 0, h.stderr
+    row = next(r for r in h.stdout.splitlines() if r.startswith(dead.name))
+    assert "interrupted" in row, h.stdout
+
+    for name, edit in (("truncated", lambda t: t[: len(t) // 2]),
+                       ("no-artifacts", lambda t: json.dumps({k: v for k, v in json.loads(t).items()
+                                                              if k != "artifacts"}))):
+        copy = tmp_path / name
+        shutil.copytree(second.folder, copy)
+        (copy / "manifest.json").write_text(edit((copy / "manifest.json").read_text()))
+        v = verify(copy)
+        assert v.returncode == 1 and "Traceback" not in v.stdout + v.stderr, v.stdout + v.stderr
+        problems = [ln for ln in v.stdout.splitlines() if ln.startswith("problem: manifest.json")]
+        assert len(problems) == 1, v.stdout
+    shutil.rmtree(tmp_path / "truncated")
+    os.symlink("/etc/hostname", second.folder / "rehearsal" / "hostname.log")
+    v = verify(second.folder)
+    assert v.returncode == 1 and "symlink: rehearsal/hostname.log" in v.stdout, v.stdout
+    print(f"\n[reliability] dead run edited after the crash: reclaim says {out.split('changed after the crash')[1][:60]!r}")
