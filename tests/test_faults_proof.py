@@ -160,3 +160,39 @@ def test_a_dead_runs_edited_record_is_named_and_symlinks_are_not_followed(tmp_pa
     v = verify(second.folder)
     assert v.returncode == 1 and "symlink: rehearsal/hostname.log" in v.stdout, v.stdout
     print(f"\n[reliability] dead run edited after the crash: reclaim says {out.split('changed after the crash')[1][:60]!r}")
+
+
+def test_a_server_stalled_mid_curve_fails_the_lane(tmp_path, llama_bin, monkeypatch):
+    """The server stops for 25 s mid-curve and resumes; the lane declares no deadline (the derived
+    wall deadline is 94 s). The stall bound derived from the lane's own warm steady state cuts the
+    stalled requests, records each as a stall with its span, and the lane and the night fail naming
+    it; the records so far are kept and verify passes."""
+    monkeypatch.setenv("LANEBENCH_STALL_FLOOR_S", "4")
+    monkeypatch.setenv("LANEBENCH_STALL_FACTOR", "5")  # this shared box is loaded: its steady ITL p99 reached 1.1 s
+    port = PORTS[2]
+    n = Nightly(tiny_inventory(tmp_path, port, bench=LONG_CURVE), tmp_path / "artifacts", tmp_path / "prefect")
+    folder = n.wait_stage(("decode curve",))
+    server = wait_for(lambda: llama_server_pid(port), 10, "the server")
+    wait_for(lambda: _decode_records(folder) >= 2, 120, "decode records", step=0.02)
+    time.sleep(0.3)  # the stream's next request is decoding
+    os.kill(server, signal.SIGSTOP)
+    t0 = time.monotonic()
+    try:
+        time.sleep(25)
+    finally:
+        kill(server, signal.SIGCONT)  # the lane may have ended (and torn it down) already
+    rc = n.wait(timeout=180)
+    took = time.monotonic() - t0
+    out = " ".join(n.output().split())
+    assert rc == 1, out
+    assert "stall bound" in out, out
+    lane = n.manifest()["lanes"]["rehearsal"]
+    assert lane["status"] == "failed" and lane["reason"].startswith("decode curve: "), lane
+    assert "stalled: no token for" in lane["reason"] and "bound" in lane["reason"], lane["reason"]
+    records = [json.loads(ln) for ln in (n.folder / "rehearsal" / "requests.jsonl").read_text().splitlines()]
+    stalls = [r for r in records if (r["error"] or "").startswith("stall: no token for")]
+    assert stalls and all("span" in r["error"] and not r["ok"] for r in stalls), stalls
+    assert sum(r["ok"] and r["stage"] == "decode" for r in records) >= 2  # nothing measured lost
+    assert verify(n.folder).returncode == 0
+    print(f"\n[reliability] server stalled 25 s mid-curve (no declared deadline): ended {took:.1f} s after the stop; "
+          f"load {Path('/proc/loadavg').read_text().split()[0]}; reason: {lane['reason'][:200]}")
