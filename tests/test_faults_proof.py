@@ -94,7 +94,7 @@ def _cli(*args: str) -> "subprocess.CompletedProcess[str]":
                           timeout=120)
 
 
-def test_a_dead_runs_edited_record_is_named_and_symlinks_are_not_followed(tmp_path, llama_bin):
+def test_a_dead_runs_edited_record_is_named_and_symlinks_are_not_followed(tmp_path, llama_bin, monkeypatch):
     """lanebench SIGKILLed mid-curve, then one raw record's output_tokens edited, and a symlinked
     "run folder" (pointing outside the artifacts folder) left beside it. The next nightly reclaims
     the dead run without re-hashing the edited file and says which file changed; verify then fails
@@ -103,6 +103,9 @@ def test_a_dead_runs_edited_record_is_named_and_symlinks_are_not_followed(tmp_pa
     `artifacts` in one line each, exit 1, no traceback."""
     import shutil
 
+    import pandas as pd
+
+    monkeypatch.setenv("LANEBENCH_LEDGER_DIR", str(tmp_path / "ledger"))
     port = PORTS[1]
     artifacts = tmp_path / "artifacts"
     hosts = tiny_inventory(tmp_path, port, bench=LONG_CURVE)
@@ -156,6 +159,25 @@ def test_a_dead_runs_edited_record_is_named_and_symlinks_are_not_followed(tmp_pa
         problems = [ln for ln in v.stdout.splitlines() if ln.startswith("problem: manifest.json")]
         assert len(problems) == 1, v.stdout
     shutil.rmtree(tmp_path / "truncated")
+
+    # Forged after the fact, table and hash together: the signed ledger outside the folder says so.
+    table = second.folder / "rehearsal" / "decode.parquet"
+    df = pd.read_parquet(table)
+    df["aggregate_tok_s"] = df["aggregate_tok_s"] * 3
+    df.to_parquet(table, index=False)
+    m = json.loads((second.folder / "manifest.json").read_text())
+    import hashlib
+    for a in m["artifacts"]:
+        if a["path"] == "rehearsal/decode.parquet":
+            a["sha256"] = hashlib.sha256(table.read_bytes()).hexdigest()
+    (second.folder / "manifest.json").write_text(json.dumps(m, indent=2))
+    v = verify(second.folder)
+    assert v.returncode == 1 and "problem: signed ledger: manifest.json differs" in v.stdout, v.stdout
+    assert "changed:" not in v.stdout  # every hash matches: only the ledger catches it
+    h = _cli("history", "--artifacts", str(artifacts), "metric", "rehearsal", "tok_s@c1", "--csv")
+    assert h.returncode == 0, h.stdout + h.stderr
+    row = next(r for r in h.stdout.splitlines() if r.startswith(second.folder.name))
+    assert "unverified (rewritten after its run)" in row, h.stdout
     os.symlink("/etc/hostname", second.folder / "rehearsal" / "hostname.log")
     v = verify(second.folder)
     assert v.returncode == 1 and "symlink: rehearsal/hostname.log" in v.stdout, v.stdout
@@ -194,5 +216,12 @@ def test_a_server_stalled_mid_curve_fails_the_lane(tmp_path, llama_bin, monkeypa
     assert stalls and all("span" in r["error"] and not r["ok"] for r in stalls), stalls
     assert sum(r["ok"] and r["stage"] == "decode" for r in records) >= 2  # nothing measured lost
     assert verify(n.folder).returncode == 0
+    import subprocess
+
+    for value in (alias, note):
+        found = subprocess.run(["grep", "-rlaF", value, str(tmp_path / "artifacts"), str(tmp_path / "prefect")],
+                               capture_output=True, text=True).stdout
+        assert found == "", f"{value} written to: {found}"
+    assert kept in (n.folder / "manifest.json").read_text()  # the allow-list keeps it in clear
     print(f"\n[reliability] server stalled 25 s mid-curve (no declared deadline): ended {took:.1f} s after the stop; "
           f"load {Path('/proc/loadavg').read_text().split()[0]}; reason: {lane['reason'][:200]}")

@@ -173,11 +173,26 @@ def _killpg(pgid: int, sig: int = signal.SIGKILL) -> None:
         pass
 
 
+_PIDFILES: dict[int, Path] = {}  # a spawned group's pidfile, removed with it at exit
+
+
+def _unrecord(pgid: int) -> None:
+    """Remove the group's pidfile while it still names this group (a newer spawn may own the name)."""
+    pidfile = _PIDFILES.pop(pgid, None)
+    try:
+        if pidfile is not None and pidfile.read_text().strip() == str(pgid):
+            pidfile.unlink()
+    except OSError:
+        pass
+
+
 @atexit.register
 def _kill_live() -> None:
-    """Teardown on every path: a crashed or interrupted run leaves no local process group behind."""
+    """Teardown on every path: a crashed or interrupted run leaves no local process group behind,
+    nor a pidfile naming one (a stale pidfile outlived a Ctrl-C'd run: issue 27)."""
     for pgid in list(_LIVE):
         _killpg(pgid)
+        _unrecord(pgid)
 
 
 def _pump(stream: IO[bytes], sink: StreamText) -> None:
@@ -246,6 +261,7 @@ class LocalSpawned(Spawned):
                 self.proc.wait(timeout=10)
         _killpg(self.pid)  # children that outlived the leader
         _LIVE.pop(self.pid, None)
+        _PIDFILES.pop(self.pid, None)
         if self.pidfile.exists() and self.pidfile.read_text().strip() == str(self.pid):
             self.pidfile.unlink(missing_ok=True)
 
@@ -302,6 +318,7 @@ class LocalTransport(Transport):
         _LIVE[proc.pid] = proc
         pidfile.parent.mkdir(parents=True, exist_ok=True)
         pidfile.write_text(f"{proc.pid}\n")
+        _PIDFILES[proc.pid] = pidfile
         return LocalSpawned(proc, argv, pidfile)
 
     def stop_leftover(self, name: str, grace_s: float = 5.0) -> bool:

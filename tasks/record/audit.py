@@ -30,6 +30,7 @@ class Audit(BaseModel):
     changed: list[str] = []
     extra: list[str] = []
     problems: list[str] = []  # one line each: what makes the folder untrustworthy beyond a file's hash
+    ledger: str = ""  # the manifest against its signed ledger entry (tasks/record/ledger.py)
 
     @property
     def ok(self) -> bool:
@@ -100,6 +101,12 @@ def audit(run_dir: Path) -> Audit:
     flow = manifest.get("flow") if isinstance(manifest.get("flow"), dict) else {}
     for line in flow.get("changed_after_crash") or []:
         result.problems.append(f"changed after the run died (found by its reclaim): {line}")
+    from tasks.record import ledger
+
+    state, why = ledger.check(run_dir)
+    result.ledger = f"{state}: {why}"
+    if state == "unverified":
+        result.problems.append(f"signed ledger: {why}")
     present = _present(run_dir, result)
     result.extra = sorted(p for p in present - set(listed) - _UNLISTED if not p.startswith(_UNLISTED_DIRS))
     return result

@@ -218,9 +218,27 @@ _PROVENANCE = ["git_sha", "dirty", "image", "model_sha256", "drafter_sha256", "e
 def metric_history(con: Any, lane: str, metric: str, last: int = 20, flow: str | None = None) -> pd.DataFrame:
     """A metric of a lane over its last `last` runs, oldest first, with what produced each number."""
     cols = ", ".join(["run", "started_at", "flow", "value", "lo", "hi", "passed", "regressed", *_PROVENANCE])
-    return con.execute(f"""SELECT {cols} FROM (
+    df = con.execute(f"""SELECT {cols} FROM (
             SELECT * FROM metrics WHERE lane = ? AND metric = ? AND (? IS NULL OR flow = ?)
             ORDER BY started_at DESC LIMIT ?) ORDER BY started_at""", [lane, metric, flow, flow, last]).df()
+    paths = dict(con.execute("SELECT run, path FROM runs").fetchall())
+    df["check"] = [_check(paths.get(run), value, df.loc[df.run != run, "value"])
+                   for run, value in zip(df.run, df.value)]
+    return df
+
+
+def _check(path: str | None, value: float, others: pd.Series) -> str:
+    """A value served from history, judged: its manifest against the signed ledger
+    (tasks/record/ledger.py), then against the lane's own recorded range (issue 27: a forged
+    1154 tok/s was served beside 533-814 without remark)."""
+    from tasks.record import ledger
+
+    state, _ = ledger.check(Path(path)) if path else ("absent", "")
+    notes = [] if state == "verified" else [f"unverified ({'not in the signed ledger' if state == 'absent' else 'rewritten after its run'})"]
+    others = others.dropna()
+    if len(others) >= 2 and not (others.min() <= value <= others.max()):
+        notes.append(f"outlier: outside the lane's recorded range {others.min():.4g}-{others.max():.4g}")
+    return "; ".join(notes) or "ok"
 
 
 def list_runs(con: Any, flow: str | None = None, last: int = 20) -> pd.DataFrame:

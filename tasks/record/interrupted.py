@@ -244,6 +244,16 @@ def _list_live_files(folder: Path, m: dict) -> list[str]:
     return sorted(changed)
 
 
+def _sign(folder: Path) -> None:
+    """The reclaimed manifest enters the signed ledger, as a finished one does (tasks/record/ledger.py)."""
+    from tasks.record import ledger
+
+    try:
+        ledger.record(folder)
+    except (OSError, ValueError):
+        pass
+
+
 def _write(folder: Path, m: dict) -> None:
     tmp = folder / "manifest.json.tmp"
     tmp.write_text(json.dumps(m, indent=2))
@@ -262,6 +272,7 @@ def refresh_marked(root: Path, by: str) -> None:
         if (m.get("flow") or {}).get("interrupted_by") == by and (m.get("flow") or {}).get("marked_at"):
             _list_live_files(manifest_path.parent, m)
             _write(manifest_path.parent, m)
+            _sign(manifest_path.parent)
 
 
 def reclaim_dead_runs(root: Path, by: str) -> list[str]:
@@ -293,6 +304,7 @@ def reclaim_dead_runs(root: Path, by: str) -> list[str]:
         m["flow"] = flow
         _write(folder, m)
         (folder / ".reserve").unlink(missing_ok=True)
+        _sign(folder)
         lines.append(f"run {folder.name}: marked interrupted (lanebench pid {pid} died"
                      + (f"; lanes {', '.join(lanes)} did not finish" if lanes else "") + ")"
                      + (f"; changed after the crash, not re-hashed: {', '.join(changed)}" if changed else ""))

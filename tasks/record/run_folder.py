@@ -328,6 +328,8 @@ class RunFolder:
                     self._refresh(str(path.relative_to(self.path)))
             try:
                 self._write_manifest()
+                if self.manifest.flow.finished_at:
+                    self._sign()
                 return
             except OSError as e:
                 error = e
@@ -411,3 +413,17 @@ class RunFolder:
         (self.path / RESERVE).unlink(missing_ok=True)
         self.save_manifest()
         shutil.rmtree(self.path / SEALS, ignore_errors=True)  # the manifest holds every final digest
+
+    def _sign(self) -> None:
+        """A finished run's manifest, as saved, enters the signed ledger outside the folder
+        (tasks/record/ledger.py); a save after the finish (the report registered) signs again."""
+        from tasks.record import ledger
+
+        try:
+            ledger.record(self.path)
+        except (OSError, ValueError) as e:
+            if not getattr(self, "_ledger_warned", False):
+                from tasks.record.progress import progress
+
+                progress("run", f"signed ledger not written ({e}): `verify` cannot prove this folder later")
+                self._ledger_warned = True

@@ -51,6 +51,8 @@ class Late:
         self.stall_s: float | None = None
         self.first_token_stall_s: float | None = None
         self.basis = ""  # how the bounds were derived, in words
+        self.server_errors: dict[int, int] = {}  # HTTP 5xx status -> requests that got it
+        self.first_server_error = ""
 
     def set_stall_bounds(self, gaps: list[float], ttfts: list[float]) -> str | None:
         """Bounds from the warm steady waves (tasks/client/deadline.py); returns them in words."""
@@ -68,13 +70,19 @@ class Late:
             self.deadline_s = record.deadline_s or 0.0
         elif record.error and record.error.startswith("stall:"):
             self.stalls.append(record.error.removeprefix("stall: "))
+        if record.http_status is not None and record.http_status >= 500:  # the server's own failure
+            self.server_errors[record.http_status] = self.server_errors.get(record.http_status, 0) + 1
+            self.first_server_error = self.first_server_error or (record.error or "")[:200]
 
     @property
     def any(self) -> bool:
-        return bool(self.count or self.stalls)
+        return bool(self.count or self.stalls or self.server_errors)
 
     def words(self) -> str:
         parts = []
+        if self.server_errors:
+            statuses = ", ".join(f"{n} x HTTP {code}" for code, n in sorted(self.server_errors.items()))
+            parts.append(f"the server failed requests ({statuses}; first: {self.first_server_error!r})")
         if self.stalls:
             many = f"{len(self.stalls)} requests stalled, the first" if len(self.stalls) > 1 else "a request stalled"
             parts.append(f"{many}: {self.stalls[0]}")
@@ -94,6 +102,8 @@ def check_alive(server, engine_health_path: str = "/health", late: Late | None =
             raise ServerDied(f"{late.words()}; {e}") from None
         raise
     if late is not None and late.any:
+        if not (late.count or late.stalls):  # only HTTP 5xx: the server answers, and fails requests
+            raise ServerDied(f"{late.words()}; its later waves are not sent")
         raise ServerDied(f"{late.words()}, though the server answers its health: hung (a worker or its link "
                          "gone), or too slow for that deadline")
 
