@@ -219,6 +219,8 @@ class _Client:
                 acc.feed(et, raw)
             out = acc.finish()
             error = out.error
+            if error is None and out.output_tokens == 0 and out.arrivals:  # never `ok` with 0 tokens (issue 27)
+                error = f"no token count: the stream carried {len(out.arrivals)} token-bearing chunks and ended counting 0"
             t_end = resp.pieces[-1][0] if resp.pieces else t_end
         ok = error is None and out is not None
         final = out.final if out else None
