@@ -40,7 +40,7 @@ from tasks.record.expectations import warmed_up
 from tasks.record.interrupted import stop_requested
 from tasks.record.rows import GateResult
 from tasks.record.run_folder import LaneRecord, RunFolder, RunFolderWriteError
-from tasks.stages.acceptance import acceptance_probe
+from tasks.stages.acceptance import acceptance_probe, draft_shape
 from tasks.stages import live
 from tasks.stages.boot import NodeLost
 from tasks.stages.deadlines import ServerDied
@@ -144,6 +144,8 @@ def lane_flow(lane_name: str, lane: Lane, host: Host, base_dir: Path, run_dir: s
             live.check(endpoint)  # the last wave's requests past their deadline end the lane here, not in a table
             model_bytes = next((m["bytes"] for m in record.models if m["role"] == "model"), None)
             rows = with_bandwidth_share(rows, model_bytes, host.memory_gbps)
+            if model_bytes and host.memory_gbps:
+                record.bandwidth = {"model_bytes": model_bytes, "memory_gbps": host.memory_gbps}
             queue_rows = []
             if past_cap:
                 stage("queueing levels")
@@ -179,7 +181,9 @@ def lane_flow(lane_name: str, lane: Lane, host: Host, base_dir: Path, run_dir: s
             if lane.speculative is not None and lane.bench.acceptance is not None:
                 stage("acceptance probe")
                 acc_rows, silent = acceptance_probe(endpoint, run_dir, lane.speculative.k, class_prompts,
-                                                    lane.bench.acceptance.max_tokens, lane.bench.repeats)
+                                                    lane.bench.acceptance.max_tokens, lane.bench.repeats,
+                                                    engine_for(lane.engine).acceptance_log_interval_s(lane.env),
+                                                    draft_shape(lane.engine, served.server.argv))
                 live.check(endpoint)
                 for prompt_class in silent:
                     record.warnings.append(f"acceptance probe: class {prompt_class} had no verification step")

@@ -37,7 +37,7 @@ from prefect.states import Completed, Failed, State
 
 from flows.lanes import LaneJob, run_lane
 from tasks.engines.build import REPO
-from tasks.hosts.files import sha256_of
+from tasks.hosts.files import model_sha256, sha256_of
 from tasks.hosts.lock import limit_name
 from tasks.inventory.models import Lane
 from tasks.kl.config import strip_speculation
@@ -77,9 +77,9 @@ def matrix(matrix_file: str, artifacts_root: str = "artifacts") -> State:
     (run.path / "registration.json").write_text(reg.model_dump_json(indent=2))
     reg_entry = run.register("", "registration.json", "registration")
     # What the bars are about, by content: the target's and drafters' bytes, whatever the names.
-    drafter_shas = {name: sha256_of(arm_lane(m, next(a for a in m.arms if a.drafter == name)).drafter.path)
-                    for name in sorted({a.drafter for a in m.arms})}
-    subject = hashlib.sha256(json.dumps({"target": sha256_of(m.target.model.path),
+    drafter_shas = {name: model_sha256(drafter.path) if (drafter := arm_lane(m, next(a for a in m.arms if a.drafter == name)).drafter)
+                    else f"method:{m.spec.drafters[name].method}" for name in sorted({a.drafter for a in m.arms})}
+    subject = hashlib.sha256(json.dumps({"target": model_sha256(m.target.model.path),
                                          "drafters": sorted(drafter_shas.values())}).encode()).hexdigest()
     earlier = earlier_run(root, reg, run.path, subject)
     same_bytes = [f"drafters {a} and {b} have identical bytes (sha256 {sa[:12]}): one drafter measured twice, "

@@ -1,7 +1,9 @@
 """`lanebench plan [--hosts FILE] [LANE...]`: every process the lanes would start, run nothing.
 
 Users check a new lane with it before a night: per lane the host of every node, container or
-bare, the full argv, the ports, the preflight checks that would skip it, the boot facts and
+bare, the full argv, its environment (secrets redacted), ports and working directory, built by
+the functions boot starts them with (tasks/stages/topology.py), the draft width the engine will
+run (K as lanebench counts it, and whether it drafts a tree), the preflight checks that would skip it, the boot facts and
 gates that will be checked, the running-request cap its config implies against its bench,
 and launch flags the pinned engine release does not define. Nothing is started, no host is
 contacted; a model file on this machine is looked at. Exit 0 when every lane would run
@@ -31,8 +33,11 @@ class Process(BaseModel):
     host: str
     address: str
     where: str  # "bare" or "container <image>"
-    argv: list[str]
+    argv: list[str]  # secret flag values redacted
     ports: list[int]
+    port_uses: list[str] = []  # what listens on each of `ports`
+    env: dict[str, str] = {}  # what the process gets on top of its host's environment; secrets redacted
+    cwd: str = ""
 
 
 class LanePlan(BaseModel):
@@ -42,6 +47,7 @@ class LanePlan(BaseModel):
     preflight: list[str]
     facts: list[str]
     gates: list[str]
+    drafting: str | None = None  # the draft width and shape the engine will run, as it resolves the argv
     capacity: str | None = None  # the config-time cap line, when the config implies one
     problems: list[str] = []  # what would fail the lane for sure
     skipped: str | None = None  # what would skip it, when known without contacting a host
@@ -66,7 +72,7 @@ def _binary(lane: Lane) -> str:
         return lane.container.entrypoint_binary
     if lane.binary is not None:
         return lane.binary
-    return "llama-server" if lane.engine == "llamacpp" else "<no binary: set 'binary' or 'image'>"
+    return engine_for(lane.engine).local_binary_name or "<no binary: set 'binary' or 'image'>"
 
 
 def _resolved(lane: Lane, inventory: Inventory, base_dir: Path) -> Lane:
@@ -80,26 +86,47 @@ def _resolved(lane: Lane, inventory: Inventory, base_dir: Path) -> Lane:
 
 
 def _processes(lane: Lane, inventory: Inventory) -> list[Process]:
+    """Every process of the lane, by the functions boot starts them with (topology.node_argv,
+    node_env, node_ports): head and node ranks, or llama.cpp's rpc-servers."""
+    import os
+
+    from tasks.inventory import secrets
+
     engine = engine_for(lane.engine)
-    host = inventory.hosts[lane.host]
     where = f"container {lane.image}" if lane.image else "bare"
     master = topology.master_address(lane, inventory)
-    head_ports = [lane.port] + ([topology.rendezvous_port(lane)] if topology.spans_nodes(lane) else [])
-    out = [Process(role="head (node 0)" if lane.nodes else "server", host=lane.host, address=host.address, where=where,
-                   argv=engine.launch_command(topology.at_rank(lane, engine, 0, master), _binary(lane), host.address),
-                   ports=head_ports)]
-    for rank, name in topology.worker_ranks(lane):
-        address = inventory.hosts[name].address
-        out.append(Process(role=f"node {rank}", host=name, address=address, where=where,
-                           argv=engine.launch_command(topology.at_rank(lane, engine, rank, master), _binary(lane), address),
-                           ports=[]))
+
+    def node(role: str, rank: int, name: str) -> Process:
+        host = inventory.hosts[name]
+        argv = topology.node_argv(lane, engine, rank, master, _binary(lane), host.address, host)
+        ports = topology.node_ports(lane, engine, rank, argv)
+        return Process(role=role, host=name, address=host.address, where=where,
+                       argv=secrets.redact_argv(lane, argv), ports=[p for p, _ in ports],
+                       port_uses=[u for _, u in ports], env=secrets.redact_env(lane, topology.node_env(lane, name)),
+                       cwd=topology.working_directory(host, lane.image, os.getcwd()))
+
+    out = [node("head (node 0)" if lane.nodes else "server", 0, lane.host)]
+    out += [node(f"node {rank}", rank, name) for rank, name in topology.worker_ranks(lane)]
     if lane.rpc is not None:
         for worker, endpoint in zip(lane.rpc.workers, topology.rpc_endpoints(lane, inventory)):
             address, port = endpoint.rsplit(":", 1)
             binary = lane.rpc.binary or "rpc-server"
             out.append(Process(role="rpc-server", host=worker, address=address, where="bare",
-                               argv=engine.rpc_worker_command(binary, address, int(port), lane.threads), ports=[int(port)]))
+                               argv=engine.rpc_worker_command(binary, address, int(port), lane.threads), ports=[int(port)],
+                               port_uses=["rpc"], cwd=topology.working_directory(inventory.hosts[worker], None, os.getcwd())))
     return out
+
+
+def _drafting(lane: Lane, argv: list[str]) -> str | None:
+    """K as the engine will run it (tasks/engines/facts.py DraftPlan), in the plan's words."""
+    if lane.speculative is None:
+        return None
+    plan = engine_for(lane.engine).draft_plan(argv)
+    if plan is None:
+        return f"{lane.speculative.method}, K={lane.speculative.k} draft tokens per verification step"
+    k = f"K={plan.k}" if plan.k is not None else "K picked at boot"
+    tree = "; per-position rates mean 'accepted path at least i+1 long'" if plan.tree else ""
+    return f"{plan.method}, {k} draft tokens per verification step ({plan.flag}), {plan.shape}{tree}"
 
 
 def _preflight(lane: Lane, inventory: Inventory) -> list[str]:
@@ -123,14 +150,22 @@ def _preflight(lane: Lane, inventory: Inventory) -> list[str]:
 
 
 def _gates(lane: Lane) -> list[str]:
+    """The gates boot will run: declared and implied (tasks/stages/safety.py), as the lane flow does."""
+    from tasks.stages.safety import implied_gates, waived
+
+    engine = engine_for(lane.engine)
     out = []
-    for gate in lane.gates:
+    for gate in implied_gates(lane, engine):
         if isinstance(gate, CounterGate):
             source = f"metric {gate.metric} increase over a probe" if gate.metric else f"log /{gate.log_pattern}/"
             out.append(f"counter {gate.name}: {source} {gate.op} {gate.threshold:g}")
         else:
             out.append(f"capacity: bench concurrency up to {max(lane.bench.decode.gated_levels())} must fit the "
                        "running-request cap the server resolves (the lowest of its sources)")
+    if lane.drafter is not None and engine.draft_counter is not None and lane.speculative is not None \
+            and not waived(lane, "draft-width"):
+        out.append(f"draft-width (implied): the server's draft tokens per verification step over the probe "
+                   f"must be K={lane.speculative.k}")
     if lane.agentic is not None:
         out.append("agentic smoke: tool calls and reasoning as declared" +
                    (f"; thinking switch {', '.join(t.name for t in lane.agentic.thinking_switch)}" if lane.agentic.thinking_switch else ""))
@@ -145,6 +180,7 @@ def plan_lane(name: str, lane: Lane, inventory: Inventory, base_dir: Path) -> La
     engine = engine_for(lane.engine)
     result = LanePlan(lane=name, engine=lane.engine, processes=_processes(resolved, inventory),
                       preflight=_preflight(lane, inventory), facts=_FACTS[lane.engine], gates=_gates(lane))
+    result.drafting = _drafting(lane, result.processes[0].argv)
     cap = engine.planned_cap(lane)
     if cap is not None:
         wanted = max(lane.bench.decode.gated_levels())
@@ -159,11 +195,11 @@ def plan_lane(name: str, lane: Lane, inventory: Inventory, base_dir: Path) -> La
             for flag in dict.fromkeys(release_flags.unknown_flags(proc.argv, known)):
                 result.problems.append(f"{proc.role} on {proc.host}: flag {flag} is not defined by "
                                        f"{lane.engine} {known.version} (tasks/engines/flags/)")
-    if lane.image is None and lane.binary is None and lane.engine != "llamacpp":
+    if lane.image is None and lane.binary is None and engine_for(lane.engine).local_binary_name is None:
         result.skipped = f"lane declares no binary for engine {lane.engine} (set 'binary', or run it from a pinned 'image')"
     elif inventory.hosts[lane.host].transport == "local":
         for role, ref in (("model", resolved.model), ("drafter", resolved.drafter)):
-            if ref is not None and not Path(ref.path).is_file():
+            if ref is not None and not Path(ref.path).exists():
                 result.skipped = f"{role} file {ref.path} is missing"
                 break
     return result
@@ -174,9 +210,16 @@ def render(plans: list[LanePlan]) -> str:
     for p in plans:
         lines.append(f"lane {p.lane} ({p.engine}, {len(p.processes)} process{'es' if len(p.processes) > 1 else ''})")
         for proc in p.processes:
-            ports = f", ports {', '.join(map(str, proc.ports))}" if proc.ports else ""
-            lines.append(f"  {proc.role} on {proc.host} ({proc.address}), {proc.where}{ports}")
-            lines.append(f"    {shlex.join(proc.argv)}")
+            uses = proc.port_uses if len(proc.port_uses) == len(proc.ports) else [""] * len(proc.ports)
+            ports = ", ".join(f"{port} ({use})" if use else str(port) for port, use in zip(proc.ports, uses))
+            lines.append(f"  {proc.role} on {proc.host} ({proc.address}), {proc.where}"
+                         f"{', ports ' + ports if ports else ''}")
+            lines.append(f"    argv: {shlex.join(proc.argv)}")
+            env = " ".join(f"{k}={shlex.quote(v)}" for k, v in proc.env.items())
+            lines.append(f"    env: {env or '(none beyond the host environment)'}")
+            lines.append(f"    working directory: {proc.cwd}")
+        if p.drafting:
+            lines.append(f"  drafting: {p.drafting}")
         lines += ["  preflight (a failure skips the lane):", *(f"    {x}" for x in p.preflight)]
         lines += ["  boot facts read:", *(f"    {x}" for x in p.facts)]
         lines += ["  gates:", *(f"    {x}" for x in p.gates or ["none declared"])]

@@ -7,7 +7,9 @@
 
 Downloads the wheel once into ~/.cache/lanebench/wheels (`pip download --no-deps
 --only-binary=:all:`, the package registry only), reads the argument definitions with `ast`
-(tasks/engines/release_flags.py says from which files) and writes
+(tasks/engines/release_flags.py says from which files, and how boolean flags get their `--no-`
+forms and vLLM's `--enable-`/`--disable-` inverses: importing the real parsers needs torch and
+CUDA, so the parser's own rules are applied to the declarations instead) and writes
 tasks/engines/flags/<engine>-<version>.json: flag names, the wheel's sha256 and each source
 file's sha256. Commit that file; tests/test_engine_flags.py checks every flag an adapter
 emits against it. Run it again when a pin in tasks/engines/releases.py moves.

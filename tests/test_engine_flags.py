@@ -99,3 +99,66 @@ def test_the_flag_lists_are_where_the_script_writes_them():
     assert release_flags.FLAGS_DIR == Path(release_flags.__file__).parent / "flags"
     assert sorted(p.name for p in release_flags.FLAGS_DIR.glob("*.json")) == \
         sorted(f"{e}-{v}.json" for e, v in PINNED.items())
+
+
+def test_boolean_flags_carry_the_inverses_their_action_adds(tmp_path):
+    """argparse's BooleanOptionalAction adds --no-x; vLLM's parser swaps in EnableDisableAction,
+    which also pairs --enable-y with --disable-y. Which vLLM flags are boolean comes from the
+    config dataclass field type that get_kwargs reads (a shape of each, nothing importable)."""
+    vllm = tmp_path / "vllm-9.9.9-cp38-abi3-manylinux_2_28_x86_64.whl"
+    with zipfile.ZipFile(vllm, "w") as z:
+        z.writestr("vllm/config/cache.py", "class CacheConfig:\n    enable_prefix_caching: bool | None = None\n"
+                   "    block_size: int = 16\n    kv_offloading: bool | str | None = None\n")
+        z.writestr("vllm/config/model.py", "class Base:\n    enforce_eager: bool = False\n"
+                   "class ModelConfig(Base):\n    disable_sliding_window: 'bool' = False\n")
+        z.writestr("vllm/engine/arg_utils.py",
+                   "def add_cli_args(parser):\n"
+                   "    cache_kwargs = get_kwargs(CacheConfig)\n    model_kwargs = get_kwargs(ModelConfig)\n"
+                   "    parser.add_argument('--enable-prefix-caching', **{**cache_kwargs['enable_prefix_caching'], 'default': None})\n"
+                   "    parser.add_argument('--block-size', **cache_kwargs['block_size'])\n"
+                   "    parser.add_argument('--kv-offloading', **cache_kwargs['kv_offloading'])\n"
+                   "    parser.add_argument('--enforce-eager', **model_kwargs['enforce_eager'])\n"
+                   "    parser.add_argument('--disable-sliding-window', **model_kwargs['disable_sliding_window'])\n"
+                   "    parser.add_argument('--async-scheduling', action=argparse.BooleanOptionalAction)\n")
+        z.writestr("vllm/entrypoints/common/cli_args.py",
+                   "class BaseFrontendArgs:\n    enable_auto_tool_choice: bool = False\n    host: str | None = None\n")
+    assert release_flags.extract("vllm", vllm).flags == sorted([
+        "--enable-prefix-caching", "--no-enable-prefix-caching", "--disable-prefix-caching",
+        "--block-size", "--kv-offloading",
+        "--enforce-eager", "--no-enforce-eager",
+        "--disable-sliding-window", "--no-disable-sliding-window", "--enable-sliding-window",
+        "--async-scheduling", "--no-async-scheduling",
+        "--enable-auto-tool-choice", "--no-enable-auto-tool-choice", "--disable-auto-tool-choice", "--host"])
+    sglang = tmp_path / "sglang-9.9.9-py3-none-any.whl"
+    with zipfile.ZipFile(sglang, "w") as z:
+        z.writestr("sglang/srt/arg_groups/fields/exec_.py",
+                   "class Exec(msgspec.Struct):\n"
+                   "    enable_tf32_matmul: A[bool, Arg(help='x', action=argparse.BooleanOptionalAction)] = True\n"
+                   "    enable_metrics: A[bool, 'store_true: no inverse'] = False\n")
+    assert release_flags.extract("sglang", sglang).flags == ["--enable-metrics", "--enable-tf32-matmul",
+                                                              "--no-enable-tf32-matmul"]
+
+
+def test_a_flag_the_release_accepts_is_never_refused():
+    """Every inverse in the pinned lists is consistent with its action, and the flags the issue
+    saw refused (vLLM's --disable-prefix-caching printed WOULD FAIL) are accepted."""
+    vllm = release_flags.load("vllm", PINNED["vllm"])
+    sglang = release_flags.load("sglang", PINNED["sglang"])
+    assert vllm is not None and sglang is not None
+    flags = set(vllm.flags)
+    booleans = {f for f in flags if not f.startswith("--no-") and "--no-" + f[2:] in flags}
+    for flag in booleans:  # EnableDisableAction: --enable-x <-> --disable-x
+        for prefix, inverse in (("--enable-", "--disable-"), ("--disable-", "--enable-")):
+            if flag.startswith(prefix):
+                assert inverse + flag.removeprefix(prefix) in flags, flag
+    inverses = [f for f in flags - booleans if not f.startswith("--no-")
+                and any(f.startswith(p) and q + f.removeprefix(p) in booleans
+                        for p, q in (("--enable-", "--disable-"), ("--disable-", "--enable-")))]
+    assert len(inverses) == 50  # vLLM 0.33.0's parser, as the issue counted it
+    accepted = ["--disable-prefix-caching", "--no-enable-prefix-caching", "--enable-prefix-caching",
+                "--disable-chunked-prefill", "--no-enforce-eager", "--disable-log-requests",
+                "--no-enable-auto-tool-choice", "--speculative-config.num_speculative_tokens", "--max_num_seqs"]
+    assert release_flags.unknown_flags(accepted, vllm) == []
+    assert release_flags.unknown_flags(["--no-enable-tf32-matmul", "--speculative-draft-model"], sglang) == []
+    # Not every flag has a --no- form: a value flag's is refused.
+    assert release_flags.unknown_flags(["--no-host", "--no-max-model-len"], vllm) == ["--no-host", "--no-max-model-len"]

@@ -140,3 +140,12 @@ def test_the_lane_flow_places_the_ranks_the_plan_prints(tmp_path, capsys):
     head = engine_for("vllm").launch_command(topology.at_rank(lane, engine_for("vllm"), 0, pre.master), "vllm",
                                              inventory.hosts["spark1"].address)
     assert head == printed["processes"][0]["argv"]
+
+
+def test_inverse_flags_the_release_accepts_plan_cleanly(tmp_path, capsys):
+    """vLLM's EnableDisableAction inverses were once missing from the flag list: WOULD FAIL, exit 1."""
+    path = uncommented(tmp_path, lambda t: t.replace("--enforce-eager]", "--enforce-eager, --disable-prefix-caching, "
+                                                     "--no-enable-chunked-prefill, --disable-log-requests]"))
+    code, (pair,) = plan(capsys, path, "spark-pair")
+    assert code == 0 and pair["problems"] == []
+    assert "--disable-prefix-caching" in pair["processes"][0]["argv"]

@@ -18,7 +18,7 @@ from tasks.client.replies import ChatReply, parse_openai_chat
 from tasks.inventory.models import Agentic, Lane
 from tasks.kl.records import ForcedProbe, ForcedScore
 from tasks.client.records import RequestRecord, RequestSpec, StreamEvent
-from tasks.engines.facts import Acceptance, BootFacts, Metrics, PlannedCap
+from tasks.engines.facts import Acceptance, BootFacts, DraftPlan, LoggedAcceptance, Metrics, PlannedCap
 
 
 class Engine(ABC):
@@ -35,10 +35,64 @@ class Engine(ABC):
         """The draft width the server resolved, as its own counters state it (None: not stated)."""
         return None
 
+    def effective_k_of(self, requests: list[RequestRecord]) -> int | None:
+        """The draft width the server resolved, as the requests' own speculation fields state it
+        (None: not stated; SGLang says it only there)."""
+        return None
+
+    def draft_window(self, before: Metrics, after: Metrics, requests: list[RequestRecord]) -> tuple[float, float] | None:
+        """(verification steps with a draft, draft tokens proposed) over a window, as the engine
+        counts them: its two counters by default. None: the engine states no proposed count."""
+        if self.draft_counter is None or self.draft_tokens_counter is None:
+            return None
+        return (after.total(self.draft_counter) - before.total(self.draft_counter),
+                after.total(self.draft_tokens_counter) - before.total(self.draft_tokens_counter))
+
+    # --- K, converted once per engine (tasks/engines/facts.py DraftPlan) ----------------------
+
+    def method_name(self, method: str) -> str:
+        """A lane's speculative.method as the release spells it."""
+        return method
+
+    def same_method(self, given: str, declared: str) -> bool:
+        """Whether a method flag's value names the lane's declared method to this engine."""
+        return self.method_name(given).lower() == self.method_name(declared).lower()
+
+    def speculative_flags(self, method: str, k: int, drafter: str | None) -> list[str]:
+        """Launch flags that make the engine draft K tokens per verification step with `method`."""
+        return []
+
+    def draft_plan(self, argv: list[str]) -> DraftPlan | None:
+        """What the engine will draft for this argv, read as the release's parser and resolution
+        hooks read it (the last of a repeated flag wins). None: this adapter checks its flags
+        field by field (tasks/inventory/flag_conflicts.py)."""
+        return None
+
     def invalid_speculation(self, log: str) -> str | None:
         """The server's own words when its speculation output is not valid (synthetic acceptance)."""
         return None
     queue_gauge: ClassVar[str | None] = None  # the metric counting requests waiting past the running cap
+
+    # --- The engine's own acceptance line, to check the counters against -------------------
+
+    def acceptance_log_interval_s(self, env: dict[str, str]) -> float | None:
+        """How often the server logs its own acceptance summary with the lane's environment
+        (None: it logs none). The acceptance probe waits this long around each class's window
+        so the lines printed between the waits describe exactly that window."""
+        return None
+
+    def logged_acceptance(self, log: str, k: int) -> LoggedAcceptance | None:
+        """The server's own acceptance lines in `log` (one window's), summed (None: no line)."""
+        return None
+
+    local_binary_name: ClassVar[str | None] = None  # what local_build runs, as `lanebench plan` shows it
+
+    def local_build(self) -> tuple[str, dict[str, str]]:
+        """The engine's executable on this machine when a lane names no `binary`, and what the
+        manifest records about it. Raises BuildError with the reason where there is none."""
+        from tasks.engines.build import BuildError
+
+        raise BuildError(f"lane declares no binary for engine {self.name} (set 'binary', or run it from a pinned 'image')")
 
     @abstractmethod
     def launch_command(self, lane: Lane, binary: str, host: str) -> list[str]:
@@ -94,6 +148,13 @@ class Engine(ABC):
         if payload == "[DONE]":
             return StreamEvent(done=True)
         return self.parse_event(json.loads(payload))
+
+    def cpu_only_env(self) -> dict[str, str]:
+        """The environment that keeps this engine's server off every GPU, for a host declared
+        `gpus: 0`. Offload flags alone are not enough: a CUDA llama-server at `-ngl 0` still
+        creates a CUDA context and compute buffers (~800 MiB on an H200). An empty
+        CUDA_VISIBLE_DEVICES hides every GPU from the CUDA runtime."""
+        return {"CUDA_VISIBLE_DEVICES": ""}
 
     def parse_stream_event(self, raw: bytes) -> StreamEvent | None:
         """One server-sent event as it came off the wire (the client stamped it first).
@@ -172,6 +233,10 @@ class Engine(ABC):
         return None
 
     # --- Serving across hosts (a lane's `nodes`; llama.cpp: its `rpc` plan) -------------------
+
+    def listen_ports(self, argv: list[str], rank: int, spans_nodes: bool) -> list[tuple[int, str]]:
+        """Ports node `rank`'s process listens on besides HTTP and the rendezvous, by its argv."""
+        return []
 
     def node_flags(self, rank: int, nnodes: int, master: str, port: int) -> list[str]:
         """Launch flags that make this process node `rank` of `nnodes`, meeting at master:port

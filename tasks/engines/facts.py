@@ -105,3 +105,35 @@ class Acceptance(_Record):
     acceptance_length: float
     per_position: list[float]
     source: Literal["counters", "requests"]
+
+
+class LoggedAcceptance(_Record):
+    """What the server itself logged about acceptance over one window (vLLM's periodic
+    `SpecDecoding metrics` lines, summed): the cross-check for the counter-derived row.
+
+    `accepted` and `drafted` are the lines' exact integers; the acceptance length is
+    1 + accepted / (drafted / K), which is the engine's own 1 + accepted / drafts when every
+    draft is K tokens wide (the draft-width gate's condition)."""
+
+    lines: int
+    accepted: int
+    drafted: int
+    acceptance_length: float
+    per_position: list[float]  # drafts-weighted mean of the lines' per-position rates
+
+
+class DraftPlan(_Record):
+    """What an engine will draft for an argv, in lanebench's one definition of K: draft tokens
+    proposed per verification step (the verified root and the bonus token not counted).
+
+    Engines count the width their own way (SGLang's `--speculative-num-draft-tokens` and
+    `--speculative-dflash-block-size` include the root, K+1); each adapter converts once, both
+    ways (`Engine.speculative_flags` and `Engine.draft_plan`), and the lane-vs-flag check, the
+    plan and the acceptance tables read this instead of a flag.
+    """
+
+    method: str | None  # as the release spells it ("EAGLE3", "eagle3"); None: no speculation
+    k: int | None  # None: the engine decides at boot (a checkpoint's block size, a per-model default)
+    flag: str  # the flag and value that decide k, as the argv has them ("--speculative-num-steps 5")
+    tree: bool = False  # drafts a tree: per-position rates then mean "accepted path at least i+1"
+    shape: str = "chain"  # "chain", or the tree's width ("tree, topk 4", "tree, BFS breadth up to 10")

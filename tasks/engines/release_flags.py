@@ -18,6 +18,21 @@ Where the names live:
   `vllm/entrypoints/common/cli_args.py` (`--headless`, ...), plus the fields of the frontend
   argument classes there (`FrontendArgs.add_cli_args` turns `host` into `--host`); older
   releases kept those in `vllm/entrypoints/openai/cli_args.py`.
+
+Boolean flags and their inverses (each is a flag the release accepts; `plan` must not refuse it):
+- argparse's `BooleanOptionalAction` adds `--no-<flag>` for every `--` spelling. SGLang declares
+  it as `Arg(action=argparse.BooleanOptionalAction)` (other bool fields are `store_true`, no
+  inverse: `arg_groups/arg_utils.py`).
+- vLLM's `FlexibleArgumentParser` registers `EnableDisableAction` in its place
+  (`vllm/utils/argparse_utils.py`): `--x` also takes `--no-x`, and `--enable-y` takes
+  `--disable-y` (and the reverse). Which flags are boolean is decided by `get_kwargs` from the
+  config dataclass field's type (`vllm/engine/arg_utils.py` `_compute_kwargs`: a field typed with
+  `bool`, except `bool | str | None`), so the field annotations of `vllm/config/*.py` and of the
+  frontend argument classes are read too: `add_argument("--x", **cache_kwargs["field"])` with
+  `cache_kwargs = get_kwargs(CacheConfig)` is boolean when `CacheConfig.field` is. This is the
+  static reading of the real parser (importing it needs torch and CUDA); the inverse list of
+  the 0.33.0 wheel was checked against the issue's count (50 `--enable-`/`--disable-` inverses).
+- vLLM JSON arguments also take dotted keys (`--speculative-config.method eagle3`).
 """
 
 from __future__ import annotations
@@ -38,8 +53,10 @@ WHEEL_CACHE = Path.home() / ".cache" / "lanebench" / "wheels"
 SOURCES = {
     "sglang": [r"sglang/srt/server_args\.py", r"sglang/srt/arg_groups/fields/[a-z_]+\.py"],
     "vllm": [r"vllm/engine/arg_utils\.py", r"vllm/entrypoints/common/cli_args\.py",
-             r"vllm/entrypoints/openai/cli_args\.py"],
+             r"vllm/entrypoints/openai/cli_args\.py", r"vllm/config/[a-z_]+\.py"],
 }
+_BOOL_ACTIONS = {"BooleanOptionalAction", "EnableDisableAction"}
+_INVERSE_PREFIXES = {"--enable-": "--disable-", "--disable-": "--enable-"}
 _FIELD_CLASSES = {"vllm": {"BaseFrontendArgs", "FrontendArgs"}}  # vLLM: only these classes' fields are flags
 
 
@@ -63,8 +80,31 @@ def _keyword(call: ast.Call, name: str) -> ast.expr | None:
     return next((k.value for k in call.keywords if k.arg == name), None)
 
 
+def _names(node: ast.AST | None) -> set[str]:
+    """Every bare and dotted name in an expression (`argparse.BooleanOptionalAction` -> both parts)."""
+    out: set[str] = set()
+    for n in ast.walk(node) if node is not None else []:
+        if isinstance(n, ast.Name):
+            out.add(n.id)
+        elif isinstance(n, ast.Attribute):
+            out.add(n.attr)
+        elif isinstance(n, ast.Constant) and isinstance(n.value, str):  # a quoted annotation
+            out.update(re.findall(r"\w+", n.value))
+    return out
+
+
+def negations(flag: str, engine: str) -> list[str]:
+    """What a boolean flag's action adds: `--no-x` (argparse), and vLLM's `--enable-`/`--disable-` inverse."""
+    out = ["--no-" + flag[2:]]
+    if engine == "vllm":
+        out += [inverse + flag.removeprefix(prefix) for prefix, inverse in _INVERSE_PREFIXES.items()
+                if flag.startswith(prefix)]
+    return out
+
+
 def _sglang_field_flags(node: ast.AnnAssign) -> list[str]:
-    """`name: A[T, "help"]` -> --name; `A[T, Arg(...)]` -> cli_name or --name, plus aliases."""
+    """`name: A[T, "help"]` -> --name; `A[T, Arg(...)]` -> cli_name or --name, plus aliases
+    (and `--no-` forms with `action=argparse.BooleanOptionalAction`)."""
     ann = node.annotation
     if not (isinstance(ann, ast.Subscript) and isinstance(ann.value, ast.Name) and ann.value.id == "A"
             and isinstance(node.target, ast.Name) and isinstance(ann.slice, ast.Tuple) and len(ann.slice.elts) >= 2):
@@ -83,25 +123,103 @@ def _sglang_field_flags(node: ast.AnnAssign) -> list[str]:
     aliases = _keyword(meta, "aliases")
     if isinstance(aliases, ast.List):
         flags += [e.value for e in aliases.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)]
+    if _names(_keyword(meta, "action")) & _BOOL_ACTIONS:
+        flags += [n for f in flags if f.startswith("--") for n in negations(f, "sglang")]
     return flags
 
 
-def flags_in_source(engine: str, path: str, text: str) -> set[str]:
-    """Every flag one source file defines (engine decides which declaration shapes count)."""
-    tree = ast.parse(text)
+def _is_bool(annotation: ast.expr) -> bool:
+    """vLLM `_compute_kwargs`: a field typed with bool is a BooleanOptionalAction, except
+    `bool | str | None` (an optional-valued flag) and a config dataclass."""
+    names = _names(annotation) - {"Optional", "Union", "None", "Annotated", "Field"}
+    if "bool" not in names:
+        return False
+    return not (names <= {"bool", "str"} and "str" in names) and not any(n.endswith("Config") for n in names)
+
+
+def _class_fields(trees: list[ast.Module]) -> dict[str, dict[str, ast.expr]]:
+    """class name -> {field: annotation}, bases' fields included (dataclass `fields(cls)`)."""
+    own: dict[str, tuple[list[str], dict[str, ast.expr]]] = {}
+    for tree in trees:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                fields = {i.target.id: i.annotation for i in node.body
+                          if isinstance(i, ast.AnnAssign) and isinstance(i.target, ast.Name)}
+                own[node.name] = ([b.id for b in node.bases if isinstance(b, ast.Name)], fields)
+
+    def merged(name: str, seen: frozenset[str] = frozenset()) -> dict[str, ast.expr]:
+        if name not in own or name in seen:
+            return {}
+        bases, fields = own[name]
+        out: dict[str, ast.expr] = {}
+        for base in bases:
+            out.update(merged(base, seen | {name}))
+        return {**out, **fields}
+
+    return {name: merged(name) for name in own}
+
+
+def _kwargs_field(call: ast.Call) -> tuple[str, str] | None:
+    """`add_argument(..., **NAME["field"])` or `**{**NAME["field"], ...}` -> (NAME, field)."""
+    for kw in call.keywords:
+        if kw.arg is not None:
+            continue
+        for n in ast.walk(kw.value):
+            if isinstance(n, ast.Subscript) and isinstance(n.value, ast.Name) and isinstance(n.slice, ast.Constant) \
+                    and isinstance(n.slice.value, str):
+                return n.value.id, n.slice.value
+    return None
+
+
+def _vllm_flags(tree: ast.Module, classes: dict[str, dict[str, ast.expr]]) -> set[str]:
+    """vLLM's flags in one file, each boolean one with its EnableDisableAction inverses."""
+    configs: dict[str, str] = {}  # NAME = get_kwargs(Cls)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and len(node.targets) == 1 \
+                and isinstance(node.targets[0], ast.Name) and _names(node.value.func) & {"get_kwargs"} \
+                and node.value.args and isinstance(node.value.args[0], ast.Name):
+            configs[node.targets[0].id] = node.value.args[0].id
     found: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "add_argument":
-            found.update(_constant_flags(node))
+            flags = _constant_flags(node)
+            boolean = bool(_names(_keyword(node, "action")) & _BOOL_ACTIONS)
+            if (ref := _kwargs_field(node)) is not None and ref[0] in configs:
+                annotation = classes.get(configs[ref[0]], {}).get(ref[1])
+                boolean = boolean or (annotation is not None and _is_bool(annotation))
+            found.update(flags)
+            if boolean:
+                found.update(n for f in flags if f.startswith("--") for n in negations(f, "vllm"))
+        if isinstance(node, ast.ClassDef) and node.name in _FIELD_CLASSES["vllm"]:
+            for name, annotation in classes.get(node.name, {}).items():
+                if name.startswith("_"):
+                    continue
+                flag = "--" + name.replace("_", "-")
+                found.add(flag)
+                if _is_bool(annotation):
+                    found.update(negations(flag, "vllm"))
+    return found
+
+
+def flags_in_source(engine: str, path: str, text: str,
+                    classes: dict[str, dict[str, ast.expr]] | None = None) -> set[str]:
+    """Every flag one source file defines (engine decides which declaration shapes count).
+    `classes`: vLLM's config dataclasses' fields, which decide which flags are boolean."""
+    tree = ast.parse(text)
+    if engine == "vllm":
+        return {f for f in _vllm_flags(tree, classes if classes is not None else _class_fields([tree]))
+                if f.startswith("--")}
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "add_argument":
+            flags = _constant_flags(node)
+            found.update(flags)
+            if _names(_keyword(node, "action")) & _BOOL_ACTIONS:
+                found.update(n for f in flags if f.startswith("--") for n in negations(f, engine))
         if engine == "sglang" and "/arg_groups/fields/" in path and isinstance(node, ast.ClassDef):
             for item in node.body:
                 if isinstance(item, ast.AnnAssign):
                     found.update(_sglang_field_flags(item))
-        if engine == "vllm" and isinstance(node, ast.ClassDef) and node.name in _FIELD_CLASSES["vllm"]:
-            for item in node.body:
-                if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name) \
-                        and not item.target.id.startswith("_"):
-                    found.add("--" + item.target.id.replace("_", "-"))
     return {f for f in found if f.startswith("--")}
 
 
@@ -110,16 +228,20 @@ def extract(engine: str, wheel: Path) -> ReleaseFlags:
     m = re.match(rf"{engine}-([^-]+)-", wheel.name)
     if m is None:
         raise ValueError(f"{wheel.name} is not a {engine} wheel")
-    flags: set[str] = set()
+    texts: dict[str, str] = {}
     sources: dict[str, str] = {}
     with zipfile.ZipFile(wheel) as z:
         for name in sorted(z.namelist()):
             if any(re.fullmatch(p, name) for p in SOURCES[engine]):
                 data = z.read(name)
                 sources[name] = hashlib.sha256(data).hexdigest()
-                flags |= flags_in_source(engine, name, data.decode())
+                texts[name] = data.decode()
     if not sources:
         raise ValueError(f"{wheel.name} holds none of {SOURCES[engine]}")
+    classes = _class_fields([ast.parse(t) for t in texts.values()]) if engine == "vllm" else None
+    flags: set[str] = set()
+    for name, text in texts.items():
+        flags |= flags_in_source(engine, name, text, classes)
     return ReleaseFlags(engine=engine, version=m[1], wheel=wheel.name,
                         wheel_sha256=hashlib.sha256(wheel.read_bytes()).hexdigest(),
                         sources=sources, flags=sorted(flags))
@@ -141,14 +263,18 @@ def cached_wheel(engine: str, version: str) -> Path | None:
 
 
 def unknown_flags(argv: list[str], known: ReleaseFlags) -> list[str]:
-    """Flags in an argv (`--name` or `--name=value`) the release does not define."""
+    """Flags in an argv (`--name` or `--name=value`) the release does not define. The list holds
+    every inverse (`--no-x`, vLLM's `--disable-x`); vLLM also reads `_` as `-` and a JSON
+    argument's dotted keys (`--speculative-config.method`)."""
     defined = set(known.flags)
     out = []
     for token in argv:
         if token.startswith("--") and len(token) > 2:
             name = token.split("=", 1)[0]
-            name = name.replace("_", "-")
-            # argparse's BooleanOptionalAction adds --no-<flag> (vLLM's boolean engine args).
-            if name not in defined and not (name.startswith("--no-") and "--" + name[5:] in defined):
+            if known.engine == "vllm":
+                name = name.replace("_", "-")
+                if "." in name and name.split(".", 1)[0] in defined:
+                    continue
+            if name not in defined:
                 out.append(name)
     return out

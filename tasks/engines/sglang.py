@@ -57,11 +57,15 @@ from tasks.inventory.models import Agentic, Lane
 from tasks.engines.base import Engine, per_position_from_counts, parser_flags
 from tasks.kl.records import ForcedProbe, ForcedScore
 from tasks.client.records import RequestRecord, RequestSpec, StreamEvent
-from tasks.engines.facts import Acceptance, BootFacts, Metrics, PlannedCap
+from tasks.engines.facts import Acceptance, BootFacts, DraftPlan, Metrics, PlannedCap
 from tasks.engines import planned, sglang_boot
 
-_CHAIN = {"EAGLE", "EAGLE3", "NEXTN", "STANDALONE"}
+_CHAIN = {"EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "FROZEN_KV_MTP"}
 _ALIASES = {"SIMPLE": "STANDALONE", "DRAFT_MODEL": "STANDALONE", "MTP": "NEXTN"}
+# srt/speculative/spec_info.py `SpeculativeAlgorithm.from_string`: the name is upper-cased, and
+# NEXTN is a reserved alias of EAGLE; these name one algorithm to the server.
+_SAME = {"NEXTN": "EAGLE"}
+_NGRAM_DRAFT_TOKENS, _NGRAM_BFS_BREADTH = 12, 10  # srt/arg_groups: _handle_ngram, fields/spec.py defaults
 
 # Per-request speculation fields, canonical name first, then older releases' names.
 _CORRECT = ("spec_num_correct_drafts", "spec_accepted_drafts", "spec_accept_token_num")
@@ -75,6 +79,69 @@ def sglang_method(method: str) -> str:
     return _ALIASES.get(name, name)
 
 
+def same_algorithm(a: str, b: str) -> bool:
+    """Whether two `--speculative-algorithm` values name one algorithm to SGLang."""
+    return _SAME.get(a.upper(), a.upper()) == _SAME.get(b.upper(), b.upper())
+
+
+def _int_flag(argv: list[str], name: str) -> tuple[int | None, str]:
+    value = planned.flag_value(argv, name)
+    return (int(value) if value is not None and value.lstrip("-").isdigit() else None), f"{name} {value}"
+
+
+def sglang_draft_plan(argv: list[str]) -> DraftPlan | None:
+    """K as SGLang 0.5.23 will run an argv (`srt/arg_groups/speculative_hook.py`):
+    - EAGLE family: `--speculative-num-steps` N drafts N per step with topk 1 (num_draft_tokens is
+      re-resolved to N+1 and a different value only warned about); with topk > 1 the tree is
+      verified `--speculative-num-draft-tokens` wide, root included, so K = that - 1. No steps:
+      SGLang picks all three per model.
+    - DFLASH: the block (`--speculative-dflash-block-size`, an alias of num_draft_tokens) holds the
+      anchor: K = block - 1 (`srt/speculative/dflash_worker_v2.py`); none: the checkpoint's.
+    - DSPARK: `--speculative-dspark-block-size` is gamma = K (verify window gamma + 1).
+    - NGRAM: K = num_draft_tokens - 1 (default 12), drafted as a BFS tree up to
+      `--speculative-ngram-max-bfs-breadth` wide (default 10; topk is set to it).
+    The tokenizer manager counts `spec_num_proposed_drafts = verify_ct x (num_draft_tokens - 1)`:
+    this K exactly."""
+    algo = planned.flag_value(argv, "--speculative-algorithm")
+    if algo is None:
+        return None
+    name = algo.upper()
+    if name in _CHAIN:
+        steps, steps_flag = _int_flag(argv, "--speculative-num-steps")
+        topk, topk_flag = _int_flag(argv, "--speculative-eagle-topk")
+        if steps is None:
+            return DraftPlan(method=algo, k=None, flag="--speculative-num-steps (unset: SGLang picks it per model)")
+        adaptive = "--speculative-adaptive" in argv  # fields/spec.py: num_steps follows the acceptance rate
+        if topk is None or topk <= 1:
+            return DraftPlan(method=algo, k=steps, flag=steps_flag,
+                             shape="chain, adaptive: SGLang moves num_steps with acceptance" if adaptive else "chain")
+        width, width_flag = _int_flag(argv, "--speculative-num-draft-tokens")
+        return DraftPlan(method=algo, k=None if width is None else width - 1, tree=True, shape=f"tree, topk {topk}",
+                         flag=width_flag if width is not None else f"{topk_flag} (num_draft_tokens unset)")
+    if name == "DFLASH":
+        block, flag = _int_flag(argv, "--speculative-dflash-block-size")
+        if block is None:
+            block, flag = _int_flag(argv, "--speculative-num-draft-tokens")
+        return DraftPlan(method=algo, k=None if block is None else block - 1,
+                         flag=flag if block is not None else "--speculative-dflash-block-size (unset: the checkpoint's)")
+    if name == "DSPARK":
+        gamma, flag = _int_flag(argv, "--speculative-dspark-block-size")
+        if gamma is None:
+            width, flag = _int_flag(argv, "--speculative-num-draft-tokens")
+            gamma = None if width is None else width - 1
+        return DraftPlan(method=algo, k=gamma,
+                         flag=flag if gamma is not None else "--speculative-dspark-block-size (unset: the checkpoint's)")
+    if name == "NGRAM":
+        width, flag = _int_flag(argv, "--speculative-num-draft-tokens")
+        breadth, _ = _int_flag(argv, "--speculative-ngram-max-bfs-breadth")
+        breadth = _NGRAM_BFS_BREADTH if breadth is None else breadth
+        if width is None:
+            width, flag = _NGRAM_DRAFT_TOKENS, f"--speculative-num-draft-tokens (unset: {_NGRAM_DRAFT_TOKENS})"
+        return DraftPlan(method=algo, k=width - 1, flag=flag, tree=breadth > 1,
+                         shape=f"tree, BFS breadth up to {breadth}" if breadth > 1 else "chain")
+    return DraftPlan(method=algo, k=None, flag=f"--speculative-algorithm {algo} (a width lanebench cannot read)")
+
+
 def _first(meta: dict, names: tuple[str, ...]) -> Any:
     return next((meta[n] for n in names if meta.get(n) is not None), None)
 
@@ -86,6 +153,7 @@ def _num(spec: dict[str, float | list[float]], key: str) -> float:
 
 class SGLang(Engine):
     name = "sglang"
+    draft_counter = "sglang:spec_verify_calls_total"  # srt/observability/metrics_collector.py
     queue_gauge = "sglang:num_queue_reqs"
     info_path = "/server_info"  # /get_server_info before it was renamed
 
@@ -103,20 +171,54 @@ class SGLang(Engine):
         # state) and logs it; boot_facts reads that and the capacity gate compares. A lane that
         # wants a lower ceiling says so in lane.flags.
         if lane.speculative is not None:
-            algo, k = sglang_method(lane.speculative.method), lane.speculative.k
-            argv += ["--speculative-algorithm", algo]
-            if lane.drafter is not None:
-                argv += ["--speculative-draft-model-path", lane.drafter.path]
-            if algo in _CHAIN:
-                argv += ["--speculative-num-steps", str(k), "--speculative-eagle-topk", "1",
-                         "--speculative-num-draft-tokens", str(k + 1)]
-            elif algo == "DFLASH":
-                argv += ["--speculative-dflash-block-size", str(k + 1)]
-            elif algo == "DSPARK":
-                argv += ["--speculative-dspark-block-size", str(k)]
-            elif algo == "NGRAM":
-                argv += ["--speculative-num-draft-tokens", str(k + 1)]
+            argv += self.speculative_flags(lane.speculative.method, lane.speculative.k,
+                                           lane.drafter.path if lane.drafter else None)
         return argv + list(lane.flags)
+
+    def method_name(self, method: str) -> str:
+        return sglang_method(method)
+
+    def speculative_flags(self, method: str, k: int, drafter: str | None) -> list[str]:
+        """K -> SGLang's flags, the inverse of `sglang_draft_plan` (module docstring: which include the root)."""
+        algo = sglang_method(method)
+        flags = ["--speculative-algorithm", algo]
+        if drafter is not None:
+            flags += ["--speculative-draft-model-path", drafter]
+        if algo in _CHAIN:
+            flags += ["--speculative-num-steps", str(k), "--speculative-eagle-topk", "1",
+                      "--speculative-num-draft-tokens", str(k + 1)]
+        elif algo == "DFLASH":
+            flags += ["--speculative-dflash-block-size", str(k + 1)]
+        elif algo == "DSPARK":
+            flags += ["--speculative-dspark-block-size", str(k)]
+        elif algo == "NGRAM":
+            flags += ["--speculative-num-draft-tokens", str(k + 1)]
+        return flags
+
+    def draft_plan(self, argv: list[str]) -> DraftPlan | None:
+        return sglang_draft_plan(argv)
+
+    def same_method(self, given: str, declared: str) -> bool:
+        return same_algorithm(given, sglang_method(declared))
+
+    # --- Draft counts for the implied gates (tasks/stages/safety.py) ---------------------------
+    # `sglang:spec_verify_calls_total` moves by the requests' verify steps (the drafts-happen
+    # gate); the proposed count is only in each request's meta_info, `spec_num_proposed_drafts =
+    # spec_verify_ct x (num_draft_tokens - 1)`, so the draft width is read from the probe itself.
+
+    def draft_window(self, before: Metrics, after: Metrics, requests: list[RequestRecord]) -> tuple[float, float] | None:
+        specs = [r.spec for r in requests if r.spec and "spec_num_proposed_drafts" in r.spec]
+        if not specs:
+            return None
+        return (sum(_num(s, "spec_verify_ct") for s in specs), sum(_num(s, "spec_num_proposed_drafts") for s in specs))
+
+    def effective_k_of(self, requests: list[RequestRecord]) -> int | None:
+        """Proposed drafts per verify step of the probe requests: the server's resolved K, exactly."""
+        window = self.draft_window(Metrics(), Metrics(), requests)
+        if window is None or window[0] <= 0:
+            return None
+        per_step = window[1] / window[0]
+        return int(per_step) if per_step == int(per_step) else None
 
     def boot_facts(self, log: str, version: str | None = None) -> BootFacts:
         """Per release (tasks/engines/sglang_boot.py): server args, per-worker caps x DP workers."""

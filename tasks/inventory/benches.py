@@ -82,3 +82,65 @@ class CapacityPlan(_Strict):
 
     typical_tokens: Annotated[int, Field(ge=1)] | None = None
     users: list[Annotated[int, Field(ge=1, le=100_000)]] = []
+
+
+class DecodePlan(_Strict):
+    concurrency: Annotated[list[Annotated[int, Field(ge=1, le=1024)]], Field(min_length=1)] = [1, 2, 4, 8]
+    max_tokens: Annotated[int, Field(ge=1)] = 64
+    requests_per_stream: Annotated[int, Field(ge=1)] = 2
+    # At least this many measured requests per level, over all repeats: a p95 over fewer than 20
+    # is one request's noise (the regression check reads it "too few samples"). Low levels then
+    # send more requests per stream; a level never sends fewer than requests_per_stream.
+    requests_per_level: Annotated[int, Field(ge=1)] | None = None
+    prompts: str
+    beyond_cap: BeyondCap | None = None  # levels run past the server's cap, labelled "queueing"
+
+    def per_stream(self, concurrency: int, repeats: int) -> int:
+        """Requests each stream sends at `concurrency` in one repeat."""
+        wanted = -(-(self.requests_per_level or 0) // (concurrency * repeats))  # ceiling division
+        return max(self.requests_per_stream, wanted)
+
+    @model_validator(mode="after")
+    def _queue_levels_declared(self) -> DecodePlan:
+        extra = sorted(set(self.beyond_cap.queue) - set(self.concurrency)) if self.beyond_cap else []
+        if extra:
+            raise ValueError(f"beyond_cap.queue names levels {extra} that are not in concurrency; "
+                             "list them under concurrency too")
+        return self
+
+    def queue_levels(self) -> list[int]:
+        return sorted(set(self.beyond_cap.queue)) if self.beyond_cap else []
+
+    def gated_levels(self) -> list[int]:
+        """The levels the capacity gate judges: every level but the declared queueing ones."""
+        queued = set(self.queue_levels())
+        return [c for c in self.concurrency if c not in queued] or [1]
+    # Load shape (tasks/client/shapes.py): closed loop by default; `rates` sweeps open-loop
+    # request rates (req/s) with the largest concurrency level as the in-flight ceiling.
+    stagger_s: Annotated[float, Field(ge=0)] = 0.0
+    rates: list[Annotated[float, Field(gt=0)]] | None = None
+    arrival: Literal["poisson", "constant"] = "poisson"
+    deadline_s: Annotated[float, Field(gt=0)] | None = None  # per request, wall clock
+    ttft_bound_s: Annotated[float, Field(gt=0)] | None = None  # goodput's bounds
+    tpot_bound_s: Annotated[float, Field(gt=0)] | None = None
+    # Client processes a wave's load is spread over (tasks/client/workers.py): one asyncio
+    # process streams about one core's worth; more only where the host has the cores.
+    workers: Annotated[int, Field(ge=1, le=256)] = 1
+
+
+class AcceptancePlan(_Strict):
+    classes: Annotated[dict[str, str], Field(min_length=1)]
+    max_tokens: Annotated[int, Field(ge=1)] = 96
+    prompts_per_class: Annotated[int, Field(ge=1)] = 8
+
+
+class BenchPlan(_Strict):
+    repeats: Annotated[int, Field(ge=1, le=50)] = 3
+    # A decode level whose repeats spread more than this (max - min over median, %) is marked
+    # unstable: noise, not a baseline (tasks/hosts/noise.py says why 50).
+    unstable_spread_pct: Annotated[float, Field(gt=0)] = 50.0
+    decode: DecodePlan
+    acceptance: AcceptancePlan | None = None
+    prefill: PrefillPlan | None = None
+    accuracy: AccuracyPlan | None = None
+    capacity: CapacityPlan | None = None

@@ -7,6 +7,13 @@ wins on the command line (last one wins), so the two must agree or the lane is r
 
 Each engine's spelling of those settings, read from its argument parser (llama.cpp
 common/arg.cpp of the pinned tree; SGLang server_args.py; vLLM arg_utils.py).
+
+SGLang and vLLM count the draft width their own way (SGLang's num_draft_tokens and DFLASH block
+include the root; `--speculative-num-steps` decides with topk 1), so for them the draft width and
+method are not compared flag by flag: the adapter reads the whole argv it would launch as the
+release resolves it (`Engine.draft_plan`, one conversion per engine) and the K it will run is
+compared with the declared K. A flag that agrees with the lane loads; one that changes the
+width is refused naming the flag, the declared K and the K the engine would run.
 """
 
 from __future__ import annotations
@@ -28,10 +35,8 @@ _LLAMACPP: dict[str, tuple[tuple[str, ...], _Getter]] = {
 }
 
 _SGLANG: dict[str, tuple[tuple[str, ...], _Getter]] = {
-    "speculative.k": (("--speculative-num-draft-tokens", "--speculative-dflash-block-size"),
-                      lambda lane: str(lane.speculative.k) if lane.speculative else None),
-    "speculative.method": (("--speculative-algorithm",), lambda lane: lane.speculative.method if lane.speculative else None),
-    "drafter.path": (("--speculative-draft-model-path",), lambda lane: lane.drafter.path if lane.drafter else None),
+    "drafter.path": (("--speculative-draft-model-path", "--speculative-draft-model"),
+                     lambda lane: lane.drafter.path if lane.drafter else None),
 }
 
 _TABLES = {"llamacpp": _LLAMACPP, "sglang": _SGLANG, "vllm": {}}
@@ -50,9 +55,35 @@ def flag_values(flags: list[str], names: tuple[str, ...]) -> list[str]:
     return out
 
 
+def draft_conflicts(lane: Any) -> list[tuple[str, str, str]]:
+    """The lane's speculative method and K against what the engine will run for its argv."""
+    from tasks.engines import engine_for
+
+    engine = engine_for(lane.engine)
+    plan = engine.draft_plan(engine.launch_command(lane, "engine", "0.0.0.0"))
+    spec = lane.speculative
+    if plan is None:
+        return []
+    if spec is None:
+        return [("flags", f"flag --speculative-algorithm {plan.method} in 'flags' turns on speculation, but the lane "
+                          "declares no 'speculative'", "declare speculative: {k: ..., method: ...} and drop the flag")]
+    if plan.method is not None and not engine.same_method(plan.method, spec.method):
+        return [("speculative.method", f"declared {spec.method} ({engine.name} spells it "
+                                       f"{engine.method_name(spec.method)}), but 'flags' says {plan.method}",
+                 f"set speculative.method to {plan.method} or remove the method flag from 'flags'")]
+    if plan.k != spec.k:
+        runs = f"K={plan.k}" if plan.k is not None else "a K it picks at boot"
+        return [("speculative.k", f"declared K={spec.k}, but {plan.flag} makes {engine.name} draft {runs} "
+                                  f"(draft tokens per verification step); every row would carry K={spec.k}",
+                 f"set speculative.k to {plan.k} or drop {plan.flag.split()[0]} from 'flags' (lanebench emits "
+                 f"the width flags from speculative.k)" if plan.k is not None else
+                 f"give {plan.flag.split()[0]} for K={spec.k} in 'flags', or drop the flag that unset it")]
+    return []
+
+
 def conflicts(lane: Any) -> list[tuple[str, str, str]]:
     """(field, problem, fix) per lane field a flag contradicts, both values named."""
-    out = []
+    out = draft_conflicts(lane) if lane.engine in ("sglang", "vllm") else []
     for label, (names, declared_of) in _TABLES.get(lane.engine, {}).items():
         declared = declared_of(lane)
         for given in flag_values(list(lane.flags), names):

@@ -162,9 +162,15 @@ def check_model_files(name: str, lane: Lane, inventory: Inventory, base: Path, p
         target = Path(ref.path) if Path(ref.path).is_absolute() else base / ref.path
         if not target.exists():
             continue
+        if target.is_dir() and lane.engine != "llamacpp":  # SGLang and vLLM load Hugging Face folders
+            if not (target / "config.json").is_file():
+                raise ConfigError(path, field, f"{target} is a folder without config.json, not a Hugging Face model folder",
+                                  "point it at the model's folder (config.json, weights, tokenizer)")
+            continue
         if not target.is_file():
             raise ConfigError(path, field, f"{target} is not a regular file (a directory, FIFO or device)",
-                              "point it at the model file itself")
+                              "point it at the model file itself" if lane.engine == "llamacpp" else
+                              "point it at the model file or its Hugging Face folder")
         if lane.engine == "llamacpp":
             try:
                 with target.open("rb") as f:

@@ -13,7 +13,15 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 from tasks.inventory.base import _NAME, _SAFE_FLAG, ConfigError, _RefError, _Strict  # noqa: F401  (re-exported)
-from tasks.inventory.benches import AccuracyPlan, BeyondCap, CapacityPlan, PrefillPlan  # noqa: F401  (re-exported)
+from tasks.inventory.benches import (  # noqa: F401  (re-exported)
+    AcceptancePlan,
+    AccuracyPlan,
+    BenchPlan,
+    BeyondCap,
+    CapacityPlan,
+    DecodePlan,
+    PrefillPlan,
+)
 from tasks.inventory.correctness import (  # noqa: F401  (re-exported)
     Agentic,
     Correctness,
@@ -109,6 +117,16 @@ class RpcPlan(_Strict):
     binary: str | None = None  # rpc-server on the workers; default: the pinned build's
 
 
+def check_env(v: dict[str, str]) -> dict[str, str]:
+    """Environment names and values that can reach a process safely (never a command line)."""
+    for key, value in v.items():
+        if not re.fullmatch(r"[A-Z_][A-Z0-9_]*", key):
+            raise ValueError(f"environment name {key!r} must be upper-case letters, digits and '_'")
+        if not _SAFE_FLAG.fullmatch(value):
+            raise ValueError(f"environment value of {key} has characters not allowed on a command line")
+    return v
+
+
 class NodesPlan(_Strict):
     """One lane across hosts, node rank r on `hosts[r]`: rank 0 is the head (the lane's host,
     which serves HTTP), every other rank runs the engine's worker process on its host (vLLM
@@ -119,6 +137,17 @@ class NodesPlan(_Strict):
     link: str | None = None
     # vLLM --master-port and SGLang's --dist-init-addr port (default 29501); llama.cpp's rpc-server port (50052).
     port: Annotated[int, Field(ge=1024, le=65535)] | None = None
+    # Per node, by host name: environment merged over the lane's `env` for that node's process
+    # (the two ends of a link have their own NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME, VLLM_HOST_IP).
+    env: dict[str, dict[str, str]] = {}
+
+    @model_validator(mode="after")
+    def _node_env(self) -> NodesPlan:
+        for host, env in self.env.items():
+            if host not in self.hosts:
+                raise ValueError(f"nodes.env names host {host!r}, which is not one of nodes.hosts {self.hosts}")
+            check_env(env)
+        return self
 
 
 class FileRef(_Strict):
@@ -135,65 +164,6 @@ class Speculative(_Strict):
 
     method: str = "draft-simple"
     k: Annotated[int, Field(ge=1, le=64)] = 4
-
-
-class DecodePlan(_Strict):
-    concurrency: Annotated[list[Annotated[int, Field(ge=1, le=1024)]], Field(min_length=1)] = [1, 2, 4, 8]
-    max_tokens: Annotated[int, Field(ge=1)] = 64
-    requests_per_stream: Annotated[int, Field(ge=1)] = 2
-    # At least this many measured requests per level, over all repeats: a p95 over fewer than 20
-    # is one request's noise (the regression check reads it "too few samples"). Low levels then
-    # send more requests per stream; a level never sends fewer than requests_per_stream.
-    requests_per_level: Annotated[int, Field(ge=1)] | None = None
-    prompts: str
-    beyond_cap: BeyondCap | None = None  # levels run past the server's cap, labelled "queueing"
-
-    def per_stream(self, concurrency: int, repeats: int) -> int:
-        """Requests each stream sends at `concurrency` in one repeat."""
-        wanted = -(-(self.requests_per_level or 0) // (concurrency * repeats))  # ceiling division
-        return max(self.requests_per_stream, wanted)
-
-    @model_validator(mode="after")
-    def _queue_levels_declared(self) -> DecodePlan:
-        extra = sorted(set(self.beyond_cap.queue) - set(self.concurrency)) if self.beyond_cap else []
-        if extra:
-            raise ValueError(f"beyond_cap.queue names levels {extra} that are not in concurrency; "
-                             "list them under concurrency too")
-        return self
-
-    def queue_levels(self) -> list[int]:
-        return sorted(set(self.beyond_cap.queue)) if self.beyond_cap else []
-
-    def gated_levels(self) -> list[int]:
-        """The levels the capacity gate judges: every level but the declared queueing ones."""
-        queued = set(self.queue_levels())
-        return [c for c in self.concurrency if c not in queued] or [1]
-    # Load shape (tasks/client/shapes.py): closed loop by default; `rates` sweeps open-loop
-    # request rates (req/s) with the largest concurrency level as the in-flight ceiling.
-    stagger_s: Annotated[float, Field(ge=0)] = 0.0
-    rates: list[Annotated[float, Field(gt=0)]] | None = None
-    arrival: Literal["poisson", "constant"] = "poisson"
-    deadline_s: Annotated[float, Field(gt=0)] | None = None  # per request, wall clock
-    ttft_bound_s: Annotated[float, Field(gt=0)] | None = None  # goodput's bounds
-    tpot_bound_s: Annotated[float, Field(gt=0)] | None = None
-
-
-class AcceptancePlan(_Strict):
-    classes: Annotated[dict[str, str], Field(min_length=1)]
-    max_tokens: Annotated[int, Field(ge=1)] = 96
-    prompts_per_class: Annotated[int, Field(ge=1)] = 8
-
-
-class BenchPlan(_Strict):
-    repeats: Annotated[int, Field(ge=1, le=50)] = 3
-    # A decode level whose repeats spread more than this (max - min over median, %) is marked
-    # unstable: noise, not a baseline (tasks/hosts/noise.py says why 50).
-    unstable_spread_pct: Annotated[float, Field(gt=0)] = 50.0
-    decode: DecodePlan
-    acceptance: AcceptancePlan | None = None
-    prefill: PrefillPlan | None = None
-    accuracy: AccuracyPlan | None = None
-    capacity: CapacityPlan | None = None
 
 
 class CounterGate(_Strict):
@@ -303,6 +273,9 @@ class Lane(_Strict):
             raise ValueError("nodes.hosts names a host twice; one node per host")
         if self.engine == "llamacpp" and self.nodes.link is None:
             raise ValueError("a llama.cpp lane across nodes needs nodes.link (rpc-server listens on its end)")
+        if self.engine == "llamacpp" and self.nodes.env:
+            raise ValueError("nodes.env sets the environment of vLLM and SGLang node processes; llama.cpp's "
+                             "rpc-server takes none: remove nodes.env (the server's own environment is 'env')")
         return self
 
     @model_validator(mode="before")
@@ -344,12 +317,7 @@ class Lane(_Strict):
     @field_validator("env")
     @classmethod
     def _env(cls, v: dict[str, str]) -> dict[str, str]:
-        for key, value in v.items():
-            if not re.fullmatch(r"[A-Z_][A-Z0-9_]*", key):
-                raise ValueError(f"environment name {key!r} must be upper-case letters, digits and '_'")
-            if not _SAFE_FLAG.fullmatch(value):
-                raise ValueError(f"environment value of {key} has characters not allowed on a command line")
-        return v
+        return check_env(v)
 
 
 class Inventory(_Strict):

@@ -89,17 +89,34 @@ def _redact_flags(lane: Any, flags: list[str]) -> tuple[list[str], list[str]]:
     return out, values
 
 
+def _node_envs(lane: Any) -> dict[str, dict[str, str]]:
+    nodes = getattr(lane, "nodes", None)
+    return dict(getattr(nodes, "env", None) or {})
+
+
 def secret_values(lane: Any) -> list[str]:
-    values = [v for k, v in (lane.env or {}).items() if is_secret_env(lane, k, v)]
+    envs = [lane.env or {}, *_node_envs(lane).values()]
+    values = [v for env in envs for k, v in env.items() if is_secret_env(lane, k, v)]
     values += _redact_flags(lane, list(lane.flags))[1]
     return [v for v in values if v and v != REDACTED]
 
 
+def redact_env(lane: Any, env: dict[str, str]) -> dict[str, str]:
+    """An environment as it may be written or printed: secret values replaced by REDACTED."""
+    return {k: (REDACTED if is_secret_env(lane, k, v) else v) for k, v in env.items()}
+
+
 def redact(lane: Any) -> Any:
     """The lane as it may be written: secret env and flag values replaced by REDACTED."""
-    env = {k: (REDACTED if is_secret_env(lane, k, v) else v) for k, v in (lane.env or {}).items()}
-    flags, _ = _redact_flags(lane, list(lane.flags))
-    return lane.model_copy(update={"env": env, "flags": flags})
+    update: dict[str, Any] = {"env": redact_env(lane, lane.env or {}), "flags": _redact_flags(lane, list(lane.flags))[0]}
+    if node_envs := _node_envs(lane):
+        update["nodes"] = lane.nodes.model_copy(update={"env": {h: redact_env(lane, e) for h, e in node_envs.items()}})
+    return lane.model_copy(update=update)
+
+
+def redact_argv(lane: Any, argv: list[str]) -> list[str]:
+    """A command line as it may be printed: values of secret flags replaced by REDACTED."""
+    return _redact_flags(lane, argv)[0]
 
 
 def keep(name: str, lane: Any) -> Any:

@@ -28,7 +28,7 @@ import socket
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from tasks.engines.build import REPO
 from tasks.inventory.models import _NAME, AcceptancePlan, BenchPlan, ConfigError, DecodePlan, FileRef, Host, Lane, Speculative
@@ -45,12 +45,23 @@ class _Strict(BaseModel):
 
 
 class DrafterRef(_Strict):
-    """A drafter checkpoint: the file and the revision it was cut from (recorded, never guessed)."""
+    """A drafter checkpoint: the file (or model folder) and the revision it was cut from
+    (recorded, never guessed). `method` gives the arm its own speculative method (default the
+    matrix's); a model-free method (vLLM's `ngram`, prompt lookup) has no `path`."""
 
-    path: str
+    path: str | None = None
     revision: Annotated[str, Field(min_length=1, max_length=80)]
+    method: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,40}$")] | None = None
     bytes: Annotated[int, Field(gt=0)] | None = None
     sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")] | None = None
+
+    @model_validator(mode="after")
+    def _file_or_method(self) -> DrafterRef:
+        if self.path is None and self.method is None:
+            raise ValueError("a drafter needs 'path' (its checkpoint), or 'method' for a model-free one (e.g. ngram)")
+        if self.path is None and (self.bytes is not None or self.sha256 is not None):
+            raise ValueError("bytes and sha256 describe a drafter's file: give 'path' too, or drop them")
+        return self
 
 
 Width = Annotated[int, Field(ge=1, le=64)]
@@ -253,14 +264,14 @@ def arm_lane(m: Matrix, arm: Arm) -> Lane:
     Lane (arm flags go through the same safe-character check as any lane's).
     """
     drafter = m.spec.drafters[arm.drafter]
-    method = m.spec.method or (m.target.speculative.method if m.target.speculative else "draft-simple")
+    method = drafter.method or m.spec.method or (m.target.speculative.method if m.target.speculative else "draft-simple")
     data = m.target.model_dump()
     # An arm's own slot count is its declaration (the lane's would contradict the flag: a config error).
     if m.target.engine == "llamacpp" and (slots := flag_values(list(arm.flags), ("--parallel", "-np"))):
         data["slots"] = int(slots[-1]) if slots[-1].isdigit() else data["slots"]
     data.update(
         drafter=FileRef(path=str(resolve(m.base_dir, drafter.path)), bytes=drafter.bytes, sha256=drafter.sha256,
-                        revision=drafter.revision).model_dump(),
+                        revision=drafter.revision).model_dump() if drafter.path is not None else None,
         speculative=Speculative(method=method, k=arm.k).model_dump(),
         flags=[*m.target.flags, *arm.flags],
         correctness=data.get("correctness") if m.spec.correctness else None,
@@ -290,9 +301,10 @@ def load_matrix(path: str | Path) -> Matrix:
     target = inventory.lanes[spec.target]
     target = target.model_copy(update={"model": target.model.model_copy(
         update={"path": str(resolve(inv_path.parent, target.model.path))})})
-    if spec.method is None and target.speculative is None:
-        raise ConfigError(path, "method", f"target lane {spec.target} declares no speculative method",
-                          "add 'method:' (e.g. draft-simple for llama.cpp)")
+    unmethodical = [n for n, d in spec.drafters.items() if d.method is None]
+    if spec.method is None and target.speculative is None and unmethodical:
+        raise ConfigError(path, "method", f"target lane {spec.target} declares no speculative method for drafter "
+                          f"{unmethodical[0]!r}", "add 'method:' (e.g. draft-simple for llama.cpp), or a method per drafter")
     if spec.baseline not in spec.drafters:
         raise ConfigError(path, "baseline", f"names drafter {spec.baseline!r}, which is not under 'drafters'",
                           f"use one of: {', '.join(spec.drafters)}")

@@ -58,8 +58,9 @@ def curves_png(m: Matrix, rows: list[ArmClassRow], path: Path) -> bool:
     for ax, c in zip(axes[0], classes):
         for r in [r for r in measured if r.prompt_class == c]:
             xs = list(range(1, len(r.per_position) + 1))
+            tree = f", {r.draft_shape}: path >= i" if r.draft_shape.startswith("tree") else ""
             ax.plot(xs, r.per_position, _STYLES[ks.index(r.k) % len(_STYLES)], marker="o", markersize=3,
-                    color=colors[r.drafter], label=f"{r.arm} (AL {r.acceptance_length:.2f})")
+                    color=colors[r.drafter], label=f"{r.arm} (AL {r.acceptance_length:.2f}{tree})")
         ax.set_title(f"{c}: per-position acceptance")
         ax.set_xlabel("draft position")
         ax.set_ylim(0, 1.02)
@@ -297,7 +298,8 @@ def render(run_name: str, manifest: dict, m: Matrix, reg: Registration, earlier:
                    "single-stream tok/s"],
                   [[r.arm, r.prompt_class,
                     _ranged(r.acceptance_length, r.acceptance_length_min, r.acceptance_length_max),
-                    " · ".join(f"{p:.2f}" for p in r.per_position) if r.per_position else "—",
+                    (" · ".join(f"{p:.2f}" for p in r.per_position) + (f" ({r.draft_shape}: accepted path >= i+1)"
+                     if r.draft_shape.startswith("tree") else "")) if r.per_position else "—",
                     _ranged(r.draft_efficiency, r.draft_efficiency_min, r.draft_efficiency_max),
                     _f(r.rejected_per_step), _ranged(r.single_stream_tok_s, r.single_stream_tok_s_min,
                                                      r.single_stream_tok_s_max, 1)]

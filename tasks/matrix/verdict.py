@@ -55,6 +55,7 @@ class ArmClassRow(_Row):
     acceptance_length_min: float | None = None
     acceptance_length_max: float | None = None
     per_position: list[float] | None = None
+    draft_shape: str = "chain"  # a tree's per_position[i] is "accepted path at least i+1 long" (AcceptanceRow)
     verify_steps: float | None = None
     accepted: float | None = None
     draft_tokens: float | None = None
@@ -174,7 +175,8 @@ def collect(run: RunFolder, m: Matrix) -> tuple[list[ArmClassRow], list[SpeedRow
                 row = row.model_copy(update=dict(
                     repeats=int(a.repeats), acceptance_length=float(a.acceptance_length),
                     acceptance_length_min=float(a.acceptance_length_min), acceptance_length_max=float(a.acceptance_length_max),
-                    per_position=curve, verify_steps=float(a.verify_steps), accepted=float(a.accepted), draft_tokens=drafted,
+                    per_position=curve, draft_shape=str(getattr(a, "draft_shape", None) or "chain"),
+                    verify_steps=float(a.verify_steps), accepted=float(a.accepted), draft_tokens=drafted,
                     draft_efficiency=eff[0], draft_efficiency_min=eff[1], draft_efficiency_max=eff[2],
                     rejected_per_step=(drafted - float(a.accepted)) / float(a.verify_steps) if drafted else None,
                     single_stream_tok_s=tps[0], single_stream_tok_s_min=tps[1], single_stream_tok_s_max=tps[2],
@@ -193,7 +195,7 @@ def model_drift(run: RunFolder, m: Matrix) -> list[str]:
     """Arms compare only if they served the same bytes: the target's sha256 must be one value across
     arms (and now, at the end), each drafter's one value across its arms. Preflight records the
     sha256 of every file it checks; a file rewritten mid-matrix (a rebuilt checkpoint) shows here."""
-    from tasks.hosts.files import sha256_of
+    from tasks.hosts.files import model_sha256
 
     seen: dict[str, dict[str, list[str]]] = {}  # label -> sha256 -> arms
     for arm in m.arms:
@@ -208,9 +210,9 @@ def model_drift(run: RunFolder, m: Matrix) -> list[str]:
                 f"sha256 {sha[:12]} for {', '.join(arms)}" for sha, arms in by_sha.items()) + ": those arms are not comparable")
     target = Path(m.target.model.path)
     recorded = list(seen.get("target model", {}))
-    if target.is_file() and len(recorded) == 1 and sha256_of(target) != recorded[0]:
+    if target.exists() and len(recorded) == 1 and model_sha256(target) != recorded[0]:
         out.append(f"target model {target.name} was rewritten after the last arm's preflight (sha256 now "
-                   f"{sha256_of(target)[:12]}, served {recorded[0][:12]})")
+                   f"{model_sha256(target)[:12]}, served {recorded[0][:12]})")
     return out
 
 

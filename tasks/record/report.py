@@ -20,6 +20,7 @@ import pandas as pd
 from tasks.record.markdown import frame
 from tasks.correctness import record as correctness
 from tasks.record import bench_report
+from tasks.record.gpu_report import bandwidth_note, gpu_lines
 from tasks.record.run_folder import RunFolder
 
 _DECODE_COLS = {
@@ -60,18 +61,29 @@ def decode_table(df: pd.DataFrame) -> pd.DataFrame:
             out[label] = df[column] * scale
     if "client_saturated" in df:
         out["client-bound"] = ["yes" if v else "" for v in df.client_saturated]
+    if "bandwidth_share" in df and df.bandwidth_share.notna().any():  # beside the C=1 row (tasks/stages/limits.py)
+        out["bandwidth share"] = ["" if v is None or pd.isna(v) else f"{v:.3g}" for v in df.bandwidth_share]
     return out
 
 
 def acceptance_table(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({
-        "class": df.prompt_class, "K": df.k,
+        "class": df.prompt_class, "K": df.k, **_drafting(df),
         "acceptance length": [f"{m:.2f} [{lo:.2f}, {hi:.2f}]" for m, lo, hi in
                               zip(df.acceptance_length, df.acceptance_length_min, df.acceptance_length_max)],
         "per-position acceptance": [" · ".join(f"{p:.2f}" for p in pp) for pp in df.per_position],
         "verify steps": df.verify_steps.astype(int), "accepted": df.accepted.astype(int),
         **_acceptance_meaning(df),
     })
+
+
+def _drafting(df: pd.DataFrame) -> dict:
+    """Tree-shaped drafting said beside K: there per-position i is "accepted path at least i+1
+    long", not chain position i (rows written before the column existed were chains)."""
+    if "draft_shape" not in df or (df.draft_shape.fillna("chain") == "chain").all():
+        return {}
+    return {"drafting": [f"{s} (per-position: accepted path >= i+1)" if s.startswith("tree") else s
+                         for s in df.draft_shape.fillna("chain")]}
 
 
 def _acceptance_meaning(df: pd.DataFrame) -> dict:
@@ -247,6 +259,7 @@ def render(run: RunFolder) -> str:
         if lane.launch_command:
             out += [f"- launch: `{lane.launch_command}`", f"- boot: {lane.boot_seconds:.1f} s; facts: "
                     + ", ".join(f"{k}={v}" for k, v in lane.boot_facts.items() if v not in (None, {}, "", []))]
+        out += gpu_lines(lane.gpu, lane.boot_facts)
         for gate in lane.gates:
             out.append(f"- gate **{gate['gate']}** ({gate['kind']}): {gate['detail']}")
         for waiver in lane.waivers:
@@ -270,6 +283,8 @@ def render(run: RunFolder) -> str:
             if entry.kind == "decode":
                 out += ["", f"Median of {int(df.repeats.iloc[0])} measured repeats per level, [min, max] in brackets; "
                         "spread = (max - min) / median."]
+                if note := bandwidth_note(lane.bandwidth):
+                    out += ["", note]
         # Capacity plan, prefill ladder, queueing levels, accuracy eval (tasks/record/bench_report.py).
         out += bench_report.section(run, name)
         for entry in [a for a in m.artifacts if a.lane == name and a.kind == "regression" and a.validation == "passed"]:

@@ -98,6 +98,15 @@ class DecodeRow(_Record):
     client_loop_lag_p99_s: float | None = None  # worst wave's event-loop lag p99
     client_cpu: float | None = None  # worst wave's client CPU, in cores
     client_saturated: bool = False  # the client, not the server, may have set these numbers
+    # Chunks whose read also carried a later event (their stamp is an upper bound; their gaps are
+    # left out of the ITL columns): the share of all chunks at this level (docs/metrics.md).
+    coalesced_share: float | None = None
+    # Open loop: requests/s the waves really sent (median over repeats: (sent - 1) / first-to-last
+    # send), and how late each request left after its scheduled time, queueing under the ceiling
+    # apart (send - scheduled - queued: the load generator's own lateness).
+    realized_rate: float | None = None
+    send_late_p50_s: float | None = None
+    send_late_p99_s: float | None = None
 
 
 class AcceptanceRow(_Record):
@@ -112,6 +121,10 @@ class AcceptanceRow(_Record):
     accepted: float
     per_position: list[float]
     source: str
+    # "chain", or the tree the engine drafts ("tree, topk 4", SGLang NGRAM's "tree, BFS breadth up
+    # to 10"): in a tree, per_position[i] is the share of steps whose accepted path is at least
+    # i+1 long, not the acceptance of chain position i (tasks/engines/facts.py DraftPlan).
+    draft_shape: str = "chain"
     # What users think acceptance means (tasks/stages/acceptance.py): tokens per target forward
     # pass over every decode step, acceptance length without draft steps cut by the token
     # budget, a bootstrap interval over prompts, and whether the probe set is big enough.
@@ -124,6 +137,14 @@ class AcceptanceRow(_Record):
     ci_high: float | None = None
     enough_prompts: bool = True
     truncated_share: float = 0.0  # probe requests that ran into the context
+    # The server's own acceptance lines over the same window (vLLM's `SpecDecoding metrics`),
+    # beside the counters: the pooled acceptance length 1 + accepted / verify_steps against the
+    # logged one, and their gap (the acceptance suite allows at most 0.02).
+    acceptance_length_pooled: float | None = None
+    engine_logged_acceptance_length: float | None = None
+    engine_logged_accepted: int | None = None
+    engine_logged_drafted: int | None = None
+    engine_log_gap: float | None = None
 
 
 class LaneStatus(_Record):

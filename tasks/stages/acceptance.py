@@ -9,6 +9,7 @@ nothing else. The engine adapter turns the window into lanebench's one definitio
 from __future__ import annotations
 
 import statistics
+import time
 
 import numpy as np
 from pydantic import BaseModel
@@ -18,9 +19,9 @@ from prefect.cache_policies import NO_CACHE
 
 from tasks.engines import engine_for
 from tasks.stages.gates import scrape_metrics
-from tasks.client.waves import Wave, run_wave
+from tasks.client.load import Wave, run_wave
 from tasks.client.prompts import Prompt
-from tasks.engines.facts import Acceptance
+from tasks.engines.facts import Acceptance, LoggedAcceptance
 from tasks.record.progress import progress
 from tasks.record.rows import AcceptanceRow
 from tasks.stages import live
@@ -44,6 +45,18 @@ class PromptWindow(BaseModel):
     context_cut: bool
 
 
+def overrun(w: PromptWindow) -> float:
+    """Accepted draft tokens the counters claim beyond what the request delivered.
+
+    Each decode step yields one token of its own plus the draft tokens it accepted, so a
+    request's `output_tokens - 1` decoded tokens hold at most `output_tokens - 1 - steps`
+    accepted ones. llama-server never exceeds that (it shortens its last draft to the budget);
+    vLLM drafts K to the end and counts the last step's acceptances even where max_tokens cuts
+    them off (seen on the CPU build: about one token per request at max_tokens 96). Tokens per
+    target pass count only what was delivered."""
+    return max(0.0, w.accepted - max(w.output_tokens - 1 - w.steps, 0))
+
+
 def budget_cut(w: PromptWindow, k: int) -> tuple[float, float]:
     """(steps, accepted) of the draft step cut short by the token budget, (0, 0) when none.
 
@@ -53,6 +66,10 @@ def budget_cut(w: PromptWindow, k: int) -> tuple[float, float]:
     below steps*K is that last draft's missing width; it is removed assuming it accepted all it
     drafted (never flattering what is left). A shortfall of K or more has other causes (a draft
     probability floor): nothing is removed then."""
+    if w.budget_hit and w.steps >= 1 and overrun(w) > 0:
+        # vLLM drafts full width to the end and counts what its last step accepted past
+        # max_tokens: that step is cut too, removed the same conservative way.
+        return 1.0, min(w.accepted, float(k))
     if not w.budget_hit or w.draft_tokens is None or w.steps <= 1:
         return 0.0, 0.0
     deficit = w.steps * k - w.draft_tokens
@@ -79,8 +96,14 @@ def _interval(prompts: list[PromptWindow]) -> tuple[float | None, float | None]:
     return float(res.confidence_interval.low), float(res.confidence_interval.high)
 
 
+def draft_shape(engine_name: str, argv: list[str]) -> str:
+    """How the server drafts for the argv it was started with: "chain" or the tree's width."""
+    plan = engine_for(engine_name).draft_plan(argv)
+    return plan.shape if plan is not None else "chain"
+
+
 def summarize(lane_name: str, prompt_class: str, k: int, windows: list[Acceptance],
-              prompts: list[PromptWindow] | None = None) -> AcceptanceRow:
+              prompts: list[PromptWindow] | None = None, shape: str = "chain") -> AcceptanceRow:
     """Median over repeats; the per-position median keeps the curve non-increasing. With the
     per-prompt windows: tokens per target pass, full-step acceptance, the interval over prompts."""
     lengths = [w.acceptance_length for w in windows]
@@ -99,7 +122,8 @@ def summarize(lane_name: str, prompt_class: str, k: int, windows: list[Acceptanc
         decoded = sum(max(p.output_tokens - 1, 0) for p in prompts)  # the first token comes from prefill
         accepted = sum(p.accepted for p in prompts)
         steps = sum(p.steps for p in prompts)
-        passes = decoded - accepted  # one target pass per token not taken from an accepted draft
+        delivered = accepted - sum(overrun(p) for p in prompts)  # accepted and delivered, not cut by the budget
+        passes = decoded - delivered  # one target pass per token not taken from an accepted draft
         cut = [budget_cut(p, k) for p in prompts]
         cut_steps, cut_accepted = sum(c[0] for c in cut), sum(c[1] for c in cut)
         low, high = _interval(list(by_prompt.values()))
@@ -116,24 +140,51 @@ def summarize(lane_name: str, prompt_class: str, k: int, windows: list[Acceptanc
         acceptance_length=statistics.median(lengths),
         acceptance_length_min=min(lengths), acceptance_length_max=max(lengths),
         verify_steps=sum(w.verify_steps for w in windows), accepted=sum(w.accepted for w in windows),
-        per_position=per_pos, source=windows[0].source, **extra,
+        per_position=per_pos, source=windows[0].source, draft_shape=shape, **extra,
     )
+
+
+def _fence(endpoint: Endpoint, interval_s: float | None) -> int | None:
+    """Wait out one log interval (plus slack), so everything before now has been logged; the
+    log's length then. None: the engine logs no acceptance."""
+    if interval_s is None:
+        return None
+    time.sleep(interval_s * 1.2 + 0.3)
+    return len(endpoint.log())
+
+
+def with_logged(row: AcceptanceRow, logged: LoggedAcceptance | None) -> AcceptanceRow:
+    """The row beside the engine's own lines over its window: both figures and their gap."""
+    pooled = 1.0 + row.accepted / row.verify_steps if row.verify_steps > 0 else None
+    if logged is None:
+        return row.model_copy(update={"acceptance_length_pooled": pooled})
+    gap = abs(pooled - logged.acceptance_length) if pooled is not None else None
+    return row.model_copy(update={
+        "acceptance_length_pooled": pooled, "engine_logged_acceptance_length": logged.acceptance_length,
+        "engine_logged_accepted": logged.accepted, "engine_logged_drafted": logged.drafted, "engine_log_gap": gap})
 
 
 @task(name="acceptance-probe", cache_policy=NO_CACHE)
 def acceptance_probe(endpoint: Endpoint, run_dir: str, k: int, classes: dict[str, list[Prompt]], max_tokens: int,
-                     repeats: int) -> tuple[list[AcceptanceRow], list[str]]:
+                     repeats: int, log_interval_s: float | None = None,
+                     shape: str = "chain") -> tuple[list[AcceptanceRow], list[str]]:
     """Rows per class, and the classes whose windows held no verification step at all.
+    `shape`: how the server drafts (`draft_shape`), carried on every row.
 
     Each request is its own counter window too (scraped between requests, which run one at a
     time), so per-prompt acceptance, budget-cut drafts and tokens per target pass are exact.
-    Before each window the server is checked (tasks/stages/deadlines.py); every record is kept."""
+    Before each window the server is checked (tasks/stages/deadlines.py); every record is kept.
+
+    `log_interval_s`: the server logs its own acceptance this often (Engine.acceptance_log_interval_s).
+    The class's window is then fenced by a wait of one interval on each side, so the lines
+    printed in between cover exactly its requests, and the row carries the engine's figure."""
     engine, lane_name = engine_for(endpoint.engine), endpoint.lane
     scrape = scrape_metrics.fn  # between requests: a plain call, not one task run per request
     keep = live.keeper(run_dir, endpoint)
     rows, silent = [], []
     for prompt_class, prompts in classes.items():
         windows, per_prompt = [], []
+        log_from = _fence(endpoint, log_interval_s)
         for repeat in range(1, repeats + 1):
             live.check(endpoint)
             progress(lane_name, f"acceptance {prompt_class} repeat {repeat}/{repeats}")
@@ -158,7 +209,11 @@ def acceptance_probe(endpoint: Endpoint, run_dir: str, k: int, classes: dict[str
             if window is not None:
                 windows.append(window)
         if windows:
-            rows.append(summarize(lane_name, prompt_class, k, windows, per_prompt))
+            row = summarize(lane_name, prompt_class, k, windows, per_prompt, shape)
+            if log_from is not None:
+                _fence(endpoint, log_interval_s)
+                row = with_logged(row, engine.logged_acceptance(endpoint.log()[log_from:], k))
+            rows.append(row)
         else:
             silent.append(prompt_class)
     return rows, silent

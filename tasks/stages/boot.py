@@ -21,7 +21,7 @@ from tasks.engines import engine_for
 from tasks.engines.facts import BootFacts
 from tasks.hosts.listener import Listeners
 from tasks.hosts.transport import Spawned
-from tasks.stages import live
+from tasks.stages import live, topology
 from tasks.stages.live import Endpoint, Placement, Server
 
 class BootError(RuntimeError):
@@ -82,13 +82,18 @@ def _listening(server: Server, port: int) -> bool | None:
 
 
 def launch_argv(lane: Lane, binary: str, address: str, host: Host) -> list[str]:
-    """The engine's launch command, with the offload the host's `gpus` implies (`gpus: 0` keeps
-    a CUDA build on the CPU). With RPC workers the layers go to them (rpc_flags) instead."""
-    engine = engine_for(lane.engine)
-    argv = engine.launch_command(lane, binary, address)
-    if lane.rpc is None:
-        argv += engine.offload_flags(host.gpus, lane.drafter is not None, lane.flags)
-    return argv
+    """The engine's launch command with the host's offload (tasks/stages/topology.py, which
+    `lanebench plan` prints from too)."""
+    return topology.launch_argv(lane, engine_for(lane.engine), binary, address, host)
+
+
+def process_env(lane: Lane, host: Host, env: dict[str, str] | None) -> dict[str, str]:
+    """The environment a host process of the lane starts with: on a host declared `gpus: 0`,
+    the engine's switch that hides the GPUs; the process's own env (the lane's, with its node's
+    over it: tasks/stages/topology.py) last, so a lane that names CUDA_VISIBLE_DEVICES keeps it,
+    as its own offload flags win."""
+    hidden = engine_for(lane.engine).cpu_only_env() if host.gpus == 0 else {}
+    return {**hidden, **(env or {})}
 
 
 def start(lane_name: str, lane: Lane, binary: str, address: str, log_path: Path,
@@ -99,6 +104,7 @@ def start(lane_name: str, lane: Lane, binary: str, address: str, log_path: Path,
 
     where = placement or Placement()
     argv = launch_argv(lane, binary, address, where.host)
+    env = topology.node_env(lane, lane.host)  # the head is node 0, on the lane's host
     log_path.parent.mkdir(parents=True, exist_ok=True)
     workers: list[Spawned] = []
     mounts = sorted({f"{d}:{d}:ro" for d in {str(Path(f.path).parent) for f in (lane.model, lane.drafter) if f}}
@@ -111,22 +117,22 @@ def start(lane_name: str, lane: Lane, binary: str, address: str, log_path: Path,
                 containers.remove_leftover(worker.transport, worker.host.docker_host, node)
                 workers.append(containers.run_container(
                     worker.transport, worker.host.docker_host, node, worker.image, worker.argv[1:], lane.container,
-                    worker.host.gpus, mounts, lane.env, worker_log, entrypoint=worker.argv[0]))
+                    worker.host.gpus, mounts, worker.env or {}, worker_log, entrypoint=worker.argv[0]))
                 continue
             name = f"{lane_name}-rpc{i}.{lane.port}" if worker.rank is None else f"{lane_name}-node{worker.rank}.{lane.port}"
             worker.transport.stop_leftover(name)
             workers.append(worker.transport.spawn(worker.argv, worker_log, name=name,
-                                                  env=lane.env if worker.rank is not None else None))
+                                                  env=process_env(lane, worker.host, worker.env)))
         if where.image is not None:
             containers.remove_leftover(where.transport, where.host.docker_host, lane_name)
             process: Spawned = containers.run_container(
                 where.transport, where.host.docker_host, lane_name, where.image, argv[1:], lane.container,
-                where.host.gpus, mounts, lane.env, log_path, entrypoint=argv[0])
+                where.host.gpus, mounts, env, log_path, entrypoint=argv[0])
         else:
             # Named by lane and port: a crashed run's server on this port is what would block this boot.
             name = f"{lane_name}.{lane.port}"
             where.transport.stop_leftover(name)
-            process = where.transport.spawn(argv, log_path, name=name, env=lane.env)
+            process = where.transport.spawn(argv, log_path, name=name, env=process_env(lane, where.host, env))
     except BaseException:
         for w in workers:
             w.stop()

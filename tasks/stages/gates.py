@@ -21,7 +21,7 @@ from tasks.client.control import control
 from tasks.stages.live import Endpoint
 from tasks.inventory.models import CapacityGate, CounterGate, Lane
 from tasks.engines import engine_for
-from tasks.client.waves import Wave, run_wave
+from tasks.client.load import Wave, run_wave
 from tasks.client.prompts import Prompt
 from tasks.client.records import RequestRecord
 from tasks.engines.facts import BootFacts, Metrics
@@ -88,8 +88,9 @@ def judge(name: str, kind: str, value: float | None, op: str, threshold: float |
 
 @task(name="counter-gate", cache_policy=NO_CACHE)
 def counter_gate(gate: CounterGate, endpoint: Endpoint, lane: Lane, probe: Prompt,
-                 facts: BootFacts | None = None) -> GateResult:
+                 facts: BootFacts | None = None) -> tuple[GateResult, RequestRecord]:
     """Send a probe request, then read the counter: a metric's increase over the probe, or a log value.
+    Returns the result and the probe's record (its speculation fields feed the draft-width gate).
 
     With the boot facts at hand the counters become one more source: a drafter the log or
     config says loaded whose counter never moved is named in the detail (and in the facts'
@@ -107,8 +108,8 @@ def counter_gate(gate: CounterGate, endpoint: Endpoint, lane: Lane, probe: Promp
     result = judge(gate.name, "counter", value, gate.op, gate.threshold, what)
     result.requests = [InFlight(started_at=sent.started_at, seconds=sent.e2el_s or 0.0)]
     if facts is not None and lane.speculative is not None and gate.metric is not None and "spec" in gate.metric:
-        return cross_check_drafts(result, facts, drafted=bool(value and value > 0))
-    return result
+        return cross_check_drafts(result, facts, drafted=bool(value and value > 0)), sent
+    return result, sent
 
 
 def cross_check_drafts(result: GateResult, facts: BootFacts, drafted: bool) -> GateResult:
@@ -150,5 +151,7 @@ def capacity_gate(gate: CapacityGate, lane: Lane, facts: BootFacts) -> GateResul
     workers = facts.parallel.get("dp_workers", 1)
     shape = f", {workers} data-parallel workers" if workers > 1 else ""
     note = f"; declared beyond_cap queue levels {queued} run as queueing" if queued else ""
+    if line := facts.extra.get("cap_line"):
+        note += f"; the server's own line: {line!r}"
     return judge(gate.name, "capacity", float(cap), ">=", float(wanted),
                  f"running-request cap from {why}{shape} (bench concurrency up to {wanted}{note})")

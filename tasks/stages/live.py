@@ -55,6 +55,7 @@ class Worker:
     rank: int | None = None
     image: str | None = None
     host: Host = field(default_factory=Host)
+    env: dict[str, str] | None = None  # a node's environment (tasks/stages/topology.py node_env); rpc-server: none
 
 
 @dataclass

@@ -17,9 +17,10 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel
 
-from tasks.engines.build import BuildError, llama_cpp_bin_dir, llama_cpp_identity
+from tasks.engines import engine_for
+from tasks.engines.build import BuildError, llama_cpp_bin_dir
 from tasks.inventory.models import FileRef, Host, Inventory, Lane
-from tasks.hosts.files import sha256_of
+from tasks.hosts.files import folder_sha256, sha256_of
 from tasks.hosts.checks import HostCheck, check_host, host_path
 from tasks.hosts.links import LinkCheck, check_link, lane_links
 from tasks.hosts.connect import Reach
@@ -54,15 +55,22 @@ def resolve(base_dir: Path, path: str) -> Path:
 
 
 def _check_file(role: str, ref: FileRef, base_dir: Path) -> ModelFacts | str:
+    """A GGUF file, or a Hugging Face folder (vLLM, SGLang): bytes and sha256 of the folder's
+    files taken together (tasks/hosts/files.py folder_sha256)."""
     path = resolve(base_dir, ref.path)
-    if not path.is_file():
+    what = "folder" if path.is_dir() else "file"
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            return f"{role} folder {path} has no config.json: not a Hugging Face model folder"
+        size, digest = folder_sha256(path)
+    elif path.is_file():
+        size, digest = path.stat().st_size, sha256_of(path)
+    else:
         return f"{role} file {path} is missing"
-    size = path.stat().st_size
     if ref.bytes is not None and size != ref.bytes:
-        return f"{role} file {path} has {size} bytes, the lane declares {ref.bytes}"
-    digest = sha256_of(path)
+        return f"{role} {what} {path} has {size} bytes, the lane declares {ref.bytes}"
     if ref.sha256 is not None and digest != ref.sha256:
-        return f"{role} file {path} has sha256 {digest[:12]}..., the lane declares {ref.sha256[:12]}..."
+        return f"{role} {what} {path} has sha256 {digest[:12]}..., the lane declares {ref.sha256[:12]}..."
     return ModelFacts(role=role, path=str(path), bytes=size, sha256=digest)
 
 
@@ -83,14 +91,13 @@ def _remote_port_free(t: Transport, port: int) -> bool:
 
 
 def _local_binary(lane: Lane) -> tuple[str, dict[str, str]] | str:
-    if lane.binary is None and lane.engine == "llamacpp":
+    """The lane's `binary`, or the engine's own local build (llama.cpp's pinned build, vLLM's
+    CPU environment); a build that cannot be had here is the lane's reason to be skipped."""
+    if lane.binary is None:
         try:
-            bin_dir = llama_cpp_bin_dir()
+            return engine_for(lane.engine).local_build()
         except BuildError as e:
             return str(e)
-        return str(bin_dir / "llama-server"), llama_cpp_identity(bin_dir)
-    if lane.binary is None:
-        return f"lane declares no binary for engine {lane.engine} (set 'binary', or run it from a pinned 'image')"
     found = shutil.which(lane.binary)
     if not found:
         return f"engine binary {lane.binary!r} not found"

@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from tasks.client.records import RequestRecord
 from tasks.engines.base import Engine
 from tasks.engines.facts import BootFacts, Metrics
 from tasks.inventory.models import CapacityGate, CounterGate, Gate, Lane
@@ -66,23 +67,26 @@ def _result(gate: str, passed: bool, value: float | None, op: str, threshold: fl
     return GateResult(gate=gate, kind="counter", passed=passed, value=value, op=op, threshold=threshold, detail=detail)
 
 
-def speculation_gates(lane: Lane, engine: Engine, before: Metrics, after: Metrics, log: str) -> list[GateResult]:
+def speculation_gates(lane: Lane, engine: Engine, before: Metrics, after: Metrics, log: str,
+                      requests: list[RequestRecord] | None = None) -> list[GateResult]:
     """After the counter gate's probe: draft tokens per draft and the server's K against the
-    declared K, and synthetic acceptance in the boot log. Only for lanes with a drafter."""
+    declared K, and synthetic acceptance in the boot log. Only for lanes with a drafter.
+    `requests`: the probe requests of the window (SGLang states its proposed drafts only there)."""
     if lane.drafter is None or engine.draft_counter is None:
         return []
     out: list[GateResult] = []
     declared_k = lane.speculative.k if lane.speculative else None
-    if not waived(lane, "draft-width") and engine.draft_tokens_counter is not None:
-        drafts = after.total(engine.draft_counter) - before.total(engine.draft_counter)
-        tokens = after.total(engine.draft_tokens_counter) - before.total(engine.draft_tokens_counter)
-        effective_k = engine.effective_k(after)
+    window = engine.draft_window(before, after, requests or [])
+    if not waived(lane, "draft-width") and window is not None:
+        drafts, tokens = window
+        effective_k = engine.effective_k(after) or engine.effective_k_of(requests or [])
         per_draft = tokens / drafts if drafts > 0 else None
         if declared_k is not None and effective_k is not None and effective_k != declared_k:
             out.append(_result("draft-width (implied)", False, float(effective_k), "==", float(declared_k),
                                f"declared K (speculative.k) = {declared_k}, but the server drafts up to "
-                               f"{effective_k} tokens (its per-position counter has {effective_k} positions); "
-                               f"fix: find the flag or engine default that sets the width, or declare k: {effective_k}"))
+                               f"{effective_k} tokens per verification step (its own counts: {tokens:g} draft "
+                               f"tokens over {drafts:g} verify steps); fix: find the flag or engine default "
+                               f"that sets the width, or declare k: {effective_k}"))
         elif declared_k is not None and per_draft is not None:
             ok = per_draft <= declared_k + 1e-9
             out.append(_result("draft-width (implied)", ok, per_draft, "<=", float(declared_k),

@@ -10,7 +10,7 @@ The group meets at the head's end of the nodes' link (else the head host's addre
 from __future__ import annotations
 
 from tasks.engines.base import Engine
-from tasks.inventory.models import Inventory, Lane
+from tasks.inventory.models import Host, Inventory, Lane
 
 
 def master_address(lane: Lane, inventory: Inventory) -> str:
@@ -44,6 +44,44 @@ def at_rank(lane: Lane, engine: Engine, rank: int, master: str) -> Lane:
     assert lane.nodes is not None
     flags = [*lane.flags, *engine.node_flags(rank, len(lane.nodes.hosts), master, rendezvous_port(lane))]
     return lane.model_copy(update={"flags": flags})
+
+
+def launch_argv(lane: Lane, engine: Engine, binary: str, address: str, host: Host) -> list[str]:
+    """The engine's launch command, with the offload the host's `gpus` implies (`gpus: 0` keeps
+    a CUDA build on the CPU). With RPC workers the layers go to them (rpc_flags) instead.
+    Boot starts this argv and `lanebench plan` prints it."""
+    argv = engine.launch_command(lane, binary, address)
+    if lane.rpc is None:
+        argv += engine.offload_flags(host.gpus, lane.drafter is not None, lane.flags)
+    return argv
+
+
+def node_argv(lane: Lane, engine: Engine, rank: int, master: str, binary: str, address: str, host: Host) -> list[str]:
+    """Node `rank`'s full argv: its node flags, then the offload its own host implies."""
+    return launch_argv(at_rank(lane, engine, rank, master), engine, binary, address, host)
+
+
+def node_env(lane: Lane, host_name: str) -> dict[str, str]:
+    """The environment of the lane's process on `host_name`: `env`, with `nodes.env[host]` over it."""
+    return {**lane.env, **(lane.nodes.env.get(host_name, {}) if lane.nodes is not None else {})}
+
+
+def node_ports(lane: Lane, engine: Engine, rank: int, argv: list[str]) -> list[tuple[int, str]]:
+    """(port, what listens there) of node `rank`'s process: the head serves HTTP and, across
+    nodes, the rendezvous; the engine adds its own (vLLM's data-parallel RPC port)."""
+    out: list[tuple[int, str]] = [(lane.port, "HTTP")] if rank == 0 else []
+    if rank == 0 and spans_nodes(lane):
+        out.append((rendezvous_port(lane), "rendezvous"))
+    return out + engine.listen_ports(argv, rank, spans_nodes(lane))
+
+
+def working_directory(host: Host, image: str | None, local_cwd: str) -> str:
+    """Where the process starts: transports never change directory (tasks/hosts/transport.py,
+    ssh.py), so a local process starts in lanebench's own, a remote one in its login directory,
+    and a container in its image's WORKDIR."""
+    if image is not None:
+        return "the image's WORKDIR"
+    return local_cwd if host.transport == "local" else f"the login directory of {host.user or 'the ssh user'} (~)"
 
 
 def worker_ranks(lane: Lane) -> list[tuple[int, str]]:

@@ -1,0 +1,88 @@
+"""vLLM against llama.cpp on the same weights and the same machine, in one sitting.
+
+Runs `lanebench nightly` on the llama.cpp rehearsal lane (hosts.yaml) and on the three vLLM
+rehearsal lanes (hosts.vllm.yaml), one after the other, each after the machine has settled
+(1-minute load under --quiet), and prints one markdown table per measure from the run folders:
+boot time, the decode curve (aggregate tok/s, per-user tok/s, TTFT p50 per level, median of the
+lanes' repeats) and acceptance per prompt class (with the engine's own logged figure for vLLM).
+Every row names its lane and the load when it started; a run that started busy is marked busy
+and is not a result.
+
+    uv run python benchmarks/engines_side_by_side.py [--quiet 0.5] [--settle-s 600]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+
+REPO = Path(__file__).resolve().parent.parent
+RUNS = [("llama.cpp", "hosts.yaml"), ("vLLM", "hosts.vllm.yaml")]
+
+
+def settle(quiet: float, limit_s: float) -> float:
+    deadline = time.monotonic() + limit_s
+    while os.getloadavg()[0] >= quiet and time.monotonic() < deadline:
+        time.sleep(10)
+    return os.getloadavg()[0]
+
+
+def nightly(hosts: str) -> tuple[Path, float]:
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "flows.cli", "nightly", "--hosts", hosts], cwd=REPO,
+                       capture_output=True, text=True)
+    last = r.stdout.strip().splitlines()[-1] if r.stdout.strip() else ""
+    if r.returncode != 0 or not last.startswith("run folder: "):
+        raise SystemExit(f"lanebench nightly --hosts {hosts} exited {r.returncode}:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
+    return Path(last.removeprefix("run folder: ")), time.monotonic() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quiet", type=float, default=0.5, help="1-minute load under which a run may start")
+    ap.add_argument("--settle-s", type=float, default=600)
+    args = ap.parse_args()
+    cores = os.cpu_count()
+    print(f"machine: {platform.node()}, {cores} cores, {platform.platform()}; started {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    boots, curves, accs = [], [], []
+    for engine, hosts in RUNS:
+        load = settle(args.quiet, args.settle_s)
+        folder, wall = nightly(hosts)
+        manifest = json.loads((folder / "manifest.json").read_text())
+        busy = " (busy: not a result)" if load >= args.quiet else ""
+        for lane, rec in manifest["lanes"].items():
+            extra = (rec.get("boot_facts") or {}).get("extra", {})
+            boots.append([engine, lane, rec["status"], f"{rec.get('boot_seconds') or 0:.1f}",
+                          f"{extra['init_engine_s']:.1f}" if "init_engine_s" in extra else "",
+                          f"{load:.2f}{busy}", f"{wall:.0f}"])
+            if (folder / lane / "decode.parquet").exists():
+                d = pd.read_parquet(folder / lane / "decode.parquet")
+                for row in d.itertuples():
+                    curves.append([engine, lane, int(row.concurrency), f"{row.aggregate_tok_s:.1f}",
+                                   f"{row.aggregate_spread_pct:.0f}", f"{row.per_user_tok_s:.1f}", f"{1000 * row.ttft_p50_s:.1f}"])
+            if (folder / lane / "acceptance.parquet").exists():
+                a = pd.read_parquet(folder / lane / "acceptance.parquet")
+                for row in a.itertuples():
+                    logged = getattr(row, "engine_logged_acceptance_length", None)
+                    accs.append([engine, lane, row.prompt_class, int(row.k), f"{row.acceptance_length:.2f}",
+                                 " · ".join(f"{p:.2f}" for p in row.per_position),
+                                 "" if logged is None or pd.isna(logged) else f"{logged:.2f}"])
+    table = [("boot", ["engine", "lane", "status", "boot s", "engine init s", "load at start", "nightly wall s"], boots),
+             ("decode curve", ["engine", "lane", "C", "agg tok/s", "spread %", "per-user tok/s", "TTFT p50 ms"], curves),
+             ("acceptance", ["engine", "lane", "class", "K", "acceptance length", "per position", "engine's own log"], accs)]
+    for title, head, rows in table:
+        print(f"\n#### {title}\n\n| " + " | ".join(head) + " |\n|" + "---|" * len(head))
+        for r in rows:
+            print("| " + " | ".join(str(x) for x in r) + " |")
+
+
+if __name__ == "__main__":
+    main()
