@@ -11,7 +11,7 @@ import time
 import pytest
 
 from tasks.client.prompts import Prompt
-from tasks.client.waves import Wave, run_wave
+from tasks.client.load import Wave, run_wave
 from tasks.engines import engine_for
 from tests.conftest import REPO
 
