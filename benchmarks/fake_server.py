@@ -13,11 +13,11 @@ task woke and parsed head and body (the schedule counts from `recv`).
 Markers in the prompt script one request:
   #burst=N        N tokens in one event, then the gap (speculative decoding's bursts: vLLM streams
                   a step's accepted tokens as one event's token_ids)
-  #fault=malformed|error|errorclose|empty|inconsistent|stall|close
+  #fault=malformed|error|errorclose|empty|inconsistent|stall|close|midstall|zerocount
       malformed: a broken JSON event mid-stream; error: llama-server's mid-stream
       `data: {"error": {...}}`; empty: only `data: [DONE]`; inconsistent: final usage claims 10x
       the tokens sent; errorclose: the error event, then the connection drops; stall: pings (`:`) every --ping-s and never finishes; close: the
-      connection drops mid-stream.
+      connection drops mid-stream; midstall: half the tokens, then only pings; zerocount: the final usage claims 0 tokens.
 GET /stats returns {"connections": accepted so far, "requests": served so far}.
 
 `--busy-poll`: the loop polls its sockets with a zero timeout instead of sleeping on them, so
@@ -199,11 +199,19 @@ class Fake:
                 if fault == "close" and sent > n // 2:
                     await writer.drain()
                     return False
+                if fault == "midstall" and sent > n // 2:  # tokens, then only pings: a server stuck mid-stream
+                    while True:
+                        await asyncio.sleep(self.ping)
+                        send([b":\n\n"])
+                        try:
+                            await writer.drain()
+                        except ConnectionError:
+                            return False
                 t_next += self.itl
                 if len(writes) % 64 == 0 or self.itl:
                     await writer.drain()
             else:
-                claimed = sent * 10 if fault == "inconsistent" else sent
+                claimed = sent * 10 if fault == "inconsistent" else 0 if fault == "zerocount" else sent
                 tail = [chunk(sent, finish="length", usage=usage(claimed) if usage_each else None)]
                 if opts.get("include_usage"):
                     tail.append(b"data: " + json.dumps({"id": f"cmpl-{rid}", "choices": [],

@@ -86,6 +86,7 @@ def test_interrupt_tears_down_and_marks_interrupted(tmp_path, llama_bin, how):
     assert verify(folder).returncode == 0, verify(folder).stdout
     assert not (folder / "manifest.json.tmp").exists()
     assert llama_server_pid(port) is None and uvicorn_servers_of(home) == []
+    assert pidfile_pid("rehearsal", port) is None  # no stale pidfile outlives the run (issue 27)
     print(f"\n[reliability] {how}: ended in {took:.1f} s, {_records(folder)} records kept")
 
 

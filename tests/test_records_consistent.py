@@ -14,7 +14,7 @@ from pydantic import BaseModel
 
 from tasks.record.audit import audit
 from tasks.record.history import open_index
-from tasks.record.interrupted import reclaim_dead_runs
+from tasks.record.interrupted import reclaim_dead_runs, refresh_marked
 from tasks.record.run_folder import RunFolder
 from tests.test_history import _run
 
@@ -61,8 +61,7 @@ def test_a_dead_runs_folder_is_marked_interrupted_by_the_next(tmp_path):
     child.wait()
     run.manifest.flow["owner"] = {**run.manifest.flow["owner"], "pid": child.pid, "start": "1"}  # a process gone
     run.save_manifest()
-    with (run.path / "l" / "requests.jsonl").open("a") as f:  # written after the last save, then the process died
-        f.write(_record(1).model_dump_json() + "\n")
+    run.append_jsonl("l", "requests.jsonl", _record(1))  # written after the last save, then the process died
     (run.path / "manifest.json.tmp").write_text("{half")
     assert not audit(run.path).ok
     lines = reclaim_dead_runs(tmp_path, by="next-run")
@@ -73,6 +72,7 @@ def test_a_dead_runs_folder_is_marked_interrupted_by_the_next(tmp_path):
     os.unlink(run.path / "manifest.json.tmp") if (run.path / "manifest.json.tmp").exists() else None
     assert audit(run.path).ok
     assert reclaim_dead_runs(tmp_path, by="again") == []  # marked once
+    assert not (run.path / ".seals").exists() or audit(run.path).extra == []
     live = RunFolder(tmp_path, "nightly", str(uuid.uuid4()), REPO / "hosts.yaml")  # this process: alive
     assert reclaim_dead_runs(tmp_path, by="x") == [] and live.manifest.flow["status"] == "running"
 
@@ -125,3 +125,30 @@ def test_sigterm_inside_an_event_loop_callback_stops_the_run():
                        timeout=120)
     assert r.stdout.strip() == "stopped: Terminated SIGTERM", r.stdout + r.stderr
     assert "Exception in callback" not in r.stderr, r.stderr
+
+
+def test_a_record_edited_after_the_crash_is_not_blessed_by_the_reclaim(tmp_path):
+    """Issue 27: after lanebench died, a record's output_tokens was edited (here its prompt id); the reclaim re-hashed it
+    and verify said 0 changed. Records are sealed as appended: the reclaim names the file, keeps
+    the sealed digest, and verify fails; bytes appended by anyone else are named too."""
+    run = RunFolder(tmp_path, "nightly", str(uuid.uuid4()), REPO / "hosts.yaml")
+    run.lane("l").stage = "decode curve"
+    for i in range(3):
+        run.append_jsonl("l", "requests.jsonl", _record(i))
+    run.append_jsonl("l", "prefill.jsonl", _record(9))
+    child = subprocess.Popen(["true"])
+    child.wait()
+    run.manifest.flow["owner"] = {**run.manifest.flow["owner"], "pid": child.pid, "start": "1"}
+    run.save_manifest()
+    path = run.path / "l" / "requests.jsonl"
+    path.write_text(path.read_text().replace('"prompt_id":"p1"', '"prompt_id":"p7"', 1))
+    assert '"prompt_id":"p7"' in path.read_text()
+    with (run.path / "l" / "prefill.jsonl").open("a") as f:
+        f.write(_record(10).model_dump_json() + "\n")
+    lines = reclaim_dead_runs(tmp_path, by="next-run")
+    assert len(lines) == 1 and "changed after the crash, not re-hashed: l/prefill.jsonl, l/requests.jsonl" in lines[0]
+    result = audit(run.path)
+    assert not result.ok and result.changed == ["l/prefill.jsonl", "l/requests.jsonl"], result
+    assert any("l/requests.jsonl: its records differ" in p for p in result.problems), result.problems
+    refresh_marked(tmp_path, by="next-run")  # the reclaiming run's second look re-blesses nothing either
+    assert audit(run.path).changed == ["l/prefill.jsonl", "l/requests.jsonl"]

@@ -7,6 +7,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -511,3 +512,29 @@ def test_transport_for_builds_the_configured_transport(tmp_path):
     assert t.identity_file == tmp_path / "keys" / "id"
     assert t.known_hosts == Path.home() / "kh"
     assert (t.trust_on_first_use, t.keepalive_s, t.connect_timeout_s) == (True, 5, 3)
+
+
+@pytest.mark.parametrize("where", ["local", "ssh"])
+def test_a_spawn_knows_whether_the_listener_on_its_port_is_its_own(where, shared_sshd, make_ssh, tmp_path):
+    """Boot's impostor check (tasks/hosts/listener.py): the listening socket's owner read from the
+    host's /proc, here or over SSH; a server started through a wrapper is still in the group."""
+    transport = make_ssh(shared_sshd) if where == "ssh" else LocalTransport()
+    port, other = (18648, 18649) if where == "ssh" else (18646, 18645)
+    serve = f"import http.server as h; h.HTTPServer(('127.0.0.1', {{}}), h.BaseHTTPRequestHandler).serve_forever()"
+    spawned = transport.spawn(["sh", "-c", f'{sys.executable} -c "{serve.format(port)}"'], tmp_path / "s.log",
+                              name=f"test-{uuid.uuid4().hex[:8]}")
+    impostor = subprocess.Popen([sys.executable, "-c", serve.format(other)], start_new_session=True)
+    try:
+        end = time.monotonic() + 10
+        while (found := spawned.listeners(port)).sockets == 0 and time.monotonic() < end:
+            time.sleep(0.1)
+        assert found.sockets == 1 and spawned.owns(found), found
+        while (theirs := spawned.listeners(other)).sockets == 0 and time.monotonic() < end:
+            time.sleep(0.1)
+        assert theirs.sockets == 1 and not spawned.owns(theirs) and theirs.owners[0].pid == impostor.pid, theirs
+        assert "python" in theirs.describe()
+        assert spawned.listeners(18644).sockets == 0  # nothing listens there
+    finally:
+        impostor.kill()
+        impostor.wait()
+        spawned.stop(grace_s=1.0)

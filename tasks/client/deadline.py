@@ -20,3 +20,27 @@ def floor_tok_s() -> float:
 
 def request_deadline_s(max_tokens: int) -> float:
     return TTFT_ALLOWANCE_S + max_tokens / floor_tok_s()
+
+
+STALL_FACTOR = 20.0  # a gap this many times the lane's warm steady ITL p99 is a stall, not a slow token
+STALL_FLOOR_S = 10.0  # never below this: a loaded host or a GC pause is not a stall
+
+
+def stall_factor() -> float:
+    return max(2.0, float(os.environ.get("LANEBENCH_STALL_FACTOR", str(STALL_FACTOR))))
+
+
+def stall_floor_s() -> float:
+    return max(0.5, float(os.environ.get("LANEBENCH_STALL_FLOOR_S", str(STALL_FLOOR_S))))
+
+
+def stall_bounds(gaps: list[float], ttfts: list[float]) -> tuple[float, float, float, float] | None:
+    """(stall_s, first_token_stall_s, itl_p99_s, ttft_p99_s) from a lane's warm steady waves: the
+    gaps between its chunks and its TTFTs. A server that stops mid-curve for a minute passed
+    before (issue 27: with no declared `deadline_s` the derived 94 s never fired). None: no gaps."""
+    if not gaps:
+        return None
+    itl = sorted(gaps)[min(len(gaps) - 1, int(0.99 * len(gaps)))]
+    ttft = sorted(ttfts)[min(len(ttfts) - 1, int(0.99 * len(ttfts)))] if ttfts else itl
+    factor, floor = stall_factor(), stall_floor_s()
+    return max(floor, factor * itl), max(floor, factor * ttft), itl, ttft

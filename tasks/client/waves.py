@@ -62,6 +62,11 @@ class Wave:
     arrival: str = "poisson"
     deadline_s: float | None = None  # per request, wall clock; None: derived from max_tokens (client/deadline.py)
     seed: int = 0
+    # Stall bounds from the lane's own warm steady state (tasks/client/deadline.py `stall_bounds`):
+    # no token for `stall_s` mid-stream, or none for `first_token_stall_s` after the send, ends
+    # the request as a stall (None: only the wall deadline bounds it).
+    stall_s: float | None = None
+    first_token_stall_s: float | None = None
     workers: int = 1  # processes the wave's load is spread over (tasks/client/workers.py)
 
     def __post_init__(self) -> None:
@@ -73,6 +78,24 @@ class Wave:
         return LoadShape(kind="open" if self.rate else "closed", concurrency=self.concurrency,
                          requests=self.concurrency * self.requests_per_stream, stagger_s=self.stagger_s,
                          rate=self.rate, arrival=self.arrival, seed=self.seed)  # type: ignore[arg-type]
+
+
+STALL_POLL_S = 0.25  # how often a guarded request looks at its last token
+
+
+class Stalled(Exception):
+    """No token for longer than the lane's stall bound: the request is cut and recorded as a stall."""
+
+    def __init__(self, since: float, gap: float, bound: float, chunks: int, sent_s: float) -> None:
+        super().__init__(since, gap)
+        self.since, self.gap, self.bound, self.chunks, self.sent_s = since, gap, bound, chunks, sent_s
+
+    def words(self) -> str:
+        """The stall and its span on the wave's clock (from..to, seconds from the wave's start)."""
+        start = self.sent_s + self.since
+        after = f"after {self.chunks} token chunks" if self.chunks else "before the first token"
+        return (f"stall: no token for {self.gap:.1f} s {after} (span {start:.2f}-{start + self.gap:.2f} s of the "
+                f"wave; bound {self.bound:.1f} s from the lane's warm steady state)")
 
 
 @dataclass
@@ -106,7 +129,7 @@ class _Client:
         self.engine, self.wave = engine, wave
         self.pool = http.Pool(self.host, self.port, wave.concurrency)
         self.t0 = time.perf_counter()
-        self.late = False  # a request ran past its wall deadline: send no more
+        self.late = False  # a request ran past its wall deadline or stalled: send no more
 
     async def _exchange(self, payload: bytes, sink: Callable[[float, bytes], None],
                         sent: Callable[[float], None]) -> tuple[http.Response, float, float | None, bool]:
@@ -133,6 +156,28 @@ class _Client:
                 self.pool.release(conn, keep)
         raise AssertionError("unreachable")
 
+    async def _guarded(self, exchange, acc: Assembler):  # type: ignore[no-untyped-def]
+        """The exchange, cut when no token came for the wave's stall bound (a stopped or stuck
+        server: a read timeout never fires, llama-server pings every 30 s)."""
+        wave = self.wave
+        task = asyncio.ensure_future(exchange)
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=STALL_POLL_S)
+                if done:
+                    return task.result()
+                if not acc.t_send:
+                    continue
+                arrivals = acc.out.arrivals
+                since = arrivals[-1] if arrivals else 0.0
+                gap = time.perf_counter() - acc.t_send - since
+                bound = wave.stall_s if arrivals else (wave.first_token_stall_s or wave.stall_s)
+                if bound is not None and gap > bound:
+                    raise Stalled(since, gap, bound, len(arrivals), acc.t_send - self.t0)
+        finally:
+            if not task.done():
+                task.cancel()
+
     async def request(self, prompt: Prompt, stream: int | None, scheduled: float | None,
                       queued: float = 0.0) -> RequestRecord:
         wave, engine = self.wave, self.engine
@@ -154,9 +199,13 @@ class _Client:
 
         try:
             async with asyncio.timeout(wave.deadline_s):
-                resp, t_send, connect_s, reused = await self._exchange(payload, sink, sent)
+                exchange = self._exchange(payload, sink, sent)
+                resp, t_send, connect_s, reused = await (self._guarded(exchange, acc) if wave.stall_s else exchange)
         except TimeoutError:
             error = f"deadline: no complete response within {wave.deadline_s:g} s (wall clock)"
+            self.late = True
+        except Stalled as e:
+            error = e.words()
             self.late = True
         except (OSError, http.HTTPError, asyncio.IncompleteReadError) as e:
             error = f"{type(e).__name__}: {e}"
@@ -172,6 +221,8 @@ class _Client:
                 acc.feed(et, raw, shared)
             out = acc.finish()
             error = out.error
+            if error is None and out.output_tokens == 0 and out.arrivals:  # never `ok` with 0 tokens (issue 27)
+                error = f"no token count: the stream carried {len(out.arrivals)} token-bearing chunks and ended counting 0"
             t_end = resp.pieces[-1][0] if resp.pieces else t_end
         ok = error is None and out is not None
         final = out.final if out else None

@@ -32,6 +32,7 @@ from pydantic import BaseModel
 
 from tasks.inventory.models import _SAFE_FLAG, ContainerSettings
 from tasks.hosts.transport import CommandResult, CommandTimeout, Spawned, Transport
+from tasks.hosts.listener import Listeners, listeners
 
 PINNED = re.compile(r"^(?P<repo>[a-z0-9._/:-]+)@(?P<digest>sha256:[0-9a-f]{64})$")
 _LANE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
@@ -202,6 +203,13 @@ class ContainerHandle(Spawned):
             return None
         self._exit_code = int(code)
         return self._exit_code
+
+    def listeners(self, port: int) -> Listeners | None:
+        """Asked inside the container (host network: the host's sockets, the container's processes)."""
+        return listeners(self.transport, port, prefix=_docker_argv(self.docker_host, "exec", self.container_id))
+
+    def owns(self, found: Listeners) -> bool:
+        return bool(found.owners)  # only the container's own processes are visible from inside it
 
     def stop(self, grace_s: float = 10.0) -> None:
         """`docker stop -t grace`, then `docker rm -f`, then the log streamer; idempotent."""

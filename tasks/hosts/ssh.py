@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING
 
 import paramiko
 
+from tasks.hosts.listener import Listeners, listeners
 from tasks.hosts.transport import (
     PIDFILE_DIR,
     CommandResult,
@@ -213,6 +214,9 @@ class SSHSpawned(Spawned):
             return None
         self._exit = 255  # gone while we were cut off: its own exit code is lost (255 as ssh says)
         return self._exit
+
+    def listeners(self, port: int) -> Listeners | None:
+        return listeners(self._transport, port)
 
     def stop(self, grace_s: float = 10.0) -> None:
         if self._stopped:

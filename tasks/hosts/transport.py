@@ -40,7 +40,7 @@ from typing import IO, TYPE_CHECKING
 from pydantic import BaseModel
 
 if TYPE_CHECKING:
-    pass
+    from tasks.hosts.listener import Listeners
 
 OutputCallback = Callable[[str], None]
 
@@ -85,6 +85,16 @@ class Spawned(ABC):
     @abstractmethod
     def stop(self, grace_s: float = 10.0) -> None:
         """SIGTERM the process group, SIGKILL after `grace_s`; idempotent."""
+
+    def listeners(self, port: int) -> Listeners | None:
+        """Who listens on `port` where this process runs (tasks/hosts/listener.py); None: this
+        kind of spawn cannot be asked."""
+        return None
+
+    def owns(self, found: Listeners) -> bool:
+        """Whether a listener's owners include this process's group (the pid a spawn reports is
+        its process group: a server started through a wrapper is in it)."""
+        return any(o.pgid == self.pid for o in found.owners)
 
 
 class Transport(ABC):
@@ -163,11 +173,26 @@ def _killpg(pgid: int, sig: int = signal.SIGKILL) -> None:
         pass
 
 
+_PIDFILES: dict[int, Path] = {}  # a spawned group's pidfile, removed with it at exit
+
+
+def _unrecord(pgid: int) -> None:
+    """Remove the group's pidfile while it still names this group (a newer spawn may own the name)."""
+    pidfile = _PIDFILES.pop(pgid, None)
+    try:
+        if pidfile is not None and pidfile.read_text().strip() == str(pgid):
+            pidfile.unlink()
+    except OSError:
+        pass
+
+
 @atexit.register
 def _kill_live() -> None:
-    """Teardown on every path: a crashed or interrupted run leaves no local process group behind."""
+    """Teardown on every path: a crashed or interrupted run leaves no local process group behind,
+    nor a pidfile naming one (a stale pidfile outlived a Ctrl-C'd run: issue 27)."""
     for pgid in list(_LIVE):
         _killpg(pgid)
+        _unrecord(pgid)
 
 
 def _pump(stream: IO[bytes], sink: StreamText) -> None:
@@ -220,6 +245,11 @@ class LocalSpawned(Spawned):
     def poll(self) -> int | None:
         return self.proc.poll()
 
+    def listeners(self, port: int) -> Listeners | None:
+        from tasks.hosts.listener import listeners
+
+        return listeners(LocalTransport(), port)
+
     def stop(self, grace_s: float = 10.0) -> None:
         if self.proc.poll() is None:
             _killpg(self.pid, signal.SIGTERM)
@@ -231,6 +261,7 @@ class LocalSpawned(Spawned):
                 self.proc.wait(timeout=10)
         _killpg(self.pid)  # children that outlived the leader
         _LIVE.pop(self.pid, None)
+        _PIDFILES.pop(self.pid, None)
         if self.pidfile.exists() and self.pidfile.read_text().strip() == str(self.pid):
             self.pidfile.unlink(missing_ok=True)
 
@@ -287,6 +318,7 @@ class LocalTransport(Transport):
         _LIVE[proc.pid] = proc
         pidfile.parent.mkdir(parents=True, exist_ok=True)
         pidfile.write_text(f"{proc.pid}\n")
+        _PIDFILES[proc.pid] = pidfile
         return LocalSpawned(proc, argv, pidfile)
 
     def stop_leftover(self, name: str, grace_s: float = 5.0) -> bool:

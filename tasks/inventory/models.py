@@ -235,6 +235,9 @@ class Lane(_Strict):
     # Env names and flags whose values are secrets (redacted wherever lanebench writes;
     # names like *_TOKEN, *_KEY, --api-key are secret without being listed): tasks/inventory/secrets.py
     secrets: list[Annotated[str, Field(pattern=r"^(--?[A-Za-z0-9][A-Za-z0-9-]*|[A-Z_][A-Z0-9_]*)$")]] = []
+    # The allow-list: flags and env names whose values are kept in clear although they look like
+    # credentials (a token prefix, a long high-entropy string): tasks/inventory/secrets.py
+    not_secrets: list[Annotated[str, Field(pattern=r"^(--?[A-Za-z0-9][A-Za-z0-9-]*|[A-Z_][A-Z0-9_]*)$")]] = []
     boot_timeout_s: Annotated[float, Field(gt=0)] = 180.0
     bench: BenchPlan
     gates: list[Gate] = []

@@ -11,11 +11,21 @@ it back (`reveal`) to start the server: only that process gets the values.
 
 from __future__ import annotations
 
+import math
 import re
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 REDACTED = "REDACTED"
+# Values that look like credentials whatever their flag or variable is called (issue 27: an
+# `--alias sk-...` reached the manifest, report.md and Prefect's database): known token prefixes,
+# and long high-entropy strings. A lane keeps a value in clear by naming its flag or variable in
+# `not_secrets` (the allow-list).
+_TOKEN_PREFIX = re.compile(r"^(sk-|sk_|hf_|ghp_|gho_|ghs_|ghu_|github_pat_|glpat-|xox[abprs]-|AKIA|ASIA|eyJ)"
+                           r"[A-Za-z0-9_\-.=+/]{8,}$")
+_LONG_TOKEN = re.compile(r"^[A-Za-z0-9_\-+=]{32,}$")  # no '/', '.' or ':': paths, hosts and URLs are not tokens
+_HEX_DIGEST = re.compile(r"^(sha256:)?[0-9a-f]{40}$|^(sha256:)?[0-9a-f]{64}$")  # digests are identities, not secrets
 _ENV_NAME = re.compile(r"(^|_)(TOKEN|KEY|SECRET|PASSWORD|PASSWD)$")
 _FLAG_NAME = re.compile(r"^--(api-key|password|[a-z0-9-]*-(token|key|secret|password))$")
 
@@ -27,8 +37,28 @@ def _declared(lane: Any) -> set[str]:
     return set(getattr(lane, "secrets", None) or [])
 
 
-def is_secret_env(lane: Any, key: str) -> bool:
-    return key in _declared(lane) or bool(_ENV_NAME.search(key))
+def _allowed(lane: Any) -> set[str]:
+    return set(getattr(lane, "not_secrets", None) or [])
+
+
+def _entropy(value: str) -> float:
+    counts = Counter(value)
+    return -sum(n / len(value) * math.log2(n / len(value)) for n in counts.values())
+
+
+def looks_secret(value: str) -> bool:
+    """A credential by its shape: a known token prefix, or 32+ token characters of high entropy
+    mixing letters and digits (a hex digest is an identity and is kept; hyphenated words are not)."""
+    if _TOKEN_PREFIX.match(value):
+        return True
+    return (bool(_LONG_TOKEN.match(value)) and not _HEX_DIGEST.match(value) and _entropy(value) >= 3.5
+            and any(c.isdigit() for c in value) and any(c.isalpha() for c in value))
+
+
+def is_secret_env(lane: Any, key: str, value: str = "") -> bool:
+    if key in _allowed(lane) and key not in _declared(lane):
+        return False
+    return key in _declared(lane) or bool(_ENV_NAME.search(key)) or looks_secret(value)
 
 
 def is_secret_flag(lane: Any, flag: str) -> bool:
@@ -38,19 +68,24 @@ def is_secret_flag(lane: Any, flag: str) -> bool:
 def _redact_flags(lane: Any, flags: list[str]) -> tuple[list[str], list[str]]:
     out, values = [], []
     hide_next = False
+    previous = ""
     for flag in flags:
-        if hide_next:
+        shaped = looks_secret(flag) and previous not in _allowed(lane)
+        if hide_next or shaped:
             out.append(REDACTED)
             values.append(flag)
-            hide_next = False
+            hide_next, previous = False, flag
             continue
         name, eq, value = flag.partition("=")
-        if eq and is_secret_flag(lane, name):
+        if eq and name.startswith("-") and (is_secret_flag(lane, name) or
+                                            (looks_secret(value) and name not in _allowed(lane))):
             out.append(f"{name}={REDACTED}")
             values.append(value)
+            previous = flag
             continue
         hide_next = is_secret_flag(lane, flag)
         out.append(flag)
+        previous = flag
     return out, values
 
 
@@ -61,14 +96,14 @@ def _node_envs(lane: Any) -> dict[str, dict[str, str]]:
 
 def secret_values(lane: Any) -> list[str]:
     envs = [lane.env or {}, *_node_envs(lane).values()]
-    values = [v for env in envs for k, v in env.items() if is_secret_env(lane, k)]
+    values = [v for env in envs for k, v in env.items() if is_secret_env(lane, k, v)]
     values += _redact_flags(lane, list(lane.flags))[1]
     return [v for v in values if v and v != REDACTED]
 
 
 def redact_env(lane: Any, env: dict[str, str]) -> dict[str, str]:
     """An environment as it may be written or printed: secret values replaced by REDACTED."""
-    return {k: (REDACTED if is_secret_env(lane, k) else v) for k, v in env.items()}
+    return {k: (REDACTED if is_secret_env(lane, k, v) else v) for k, v in env.items()}
 
 
 def redact(lane: Any) -> Any:

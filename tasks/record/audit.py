@@ -1,39 +1,112 @@
-"""Audit a run folder against its manifest: every file's sha256, nothing missing, nothing extra."""
+"""Audit a run folder against its manifest: every file's sha256, nothing missing, nothing extra.
+
+Never raises on what it finds: a truncated manifest, one without `artifacts`, a listed path that
+leaves the folder or is a symlink, a raw record changed after its run died (named by the reclaim,
+tasks/record/interrupted.py), a manifest whose digest differs from the signed history index
+(tasks/record/ledger.py): each is one line in `problems`, and the audit fails.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 from pydantic import BaseModel
 
-# Files the manifest cannot list by hash: itself.
-_UNLISTED = {"manifest.json", ".reserve"}  # the reserve: freed space for a last manifest (tasks/record/run_folder.py)
+from tasks.record.confined import Outside, confined
+
+# Files the manifest cannot list by hash: itself; the reserve (freed space for a last manifest,
+# tasks/record/run_folder.py); the seals of a run that died (per-append digests, checked by reclaim).
+_UNLISTED = {"manifest.json", ".reserve"}
+_UNLISTED_DIRS = (".seals/",)
 
 
 class Audit(BaseModel):
     run: str
-    checked: int
+    checked: int = 0
     missing: list[str] = []
     changed: list[str] = []
     extra: list[str] = []
+    problems: list[str] = []  # one line each: what makes the folder untrustworthy beyond a file's hash
+    ledger: str = ""  # the manifest against its signed ledger entry (tasks/record/ledger.py)
 
     @property
     def ok(self) -> bool:
-        return not (self.missing or self.changed or self.extra)
+        return not (self.missing or self.changed or self.extra or self.problems)
+
+
+def _sha256(path: Path) -> str:
+    with path.open("rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def _present(run_dir: Path, result: Audit) -> set[str]:
+    """Every file under the folder, symlinks named as problems and never followed."""
+    found: set[str] = set()
+    for top, dirs, files in os.walk(run_dir, followlinks=False):
+        for name in [*dirs, *files]:
+            path = Path(top) / name
+            rel = str(path.relative_to(run_dir))
+            if path.is_symlink():
+                result.problems.append(f"symlink: {rel} -> {os.readlink(path)} (not followed)")
+            elif name in files:
+                found.add(rel)
+    return found
 
 
 def audit(run_dir: Path) -> Audit:
-    manifest = json.loads((run_dir / "manifest.json").read_text())
-    listed = {a["path"]: a["sha256"] for a in manifest["artifacts"]}
-    result = Audit(run=str(run_dir), checked=len(listed))
+    result = Audit(run=str(run_dir))
+    mpath = run_dir / "manifest.json"
+    if mpath.is_symlink():
+        result.problems.append("manifest.json: a symlink, not followed")
+        return result
+    try:
+        manifest = json.loads(mpath.read_text())
+    except ValueError as e:
+        result.problems.append(f"manifest.json: not valid JSON ({getattr(e, 'msg', e)} at line "
+                               f"{getattr(e, 'lineno', '?')}): truncated or edited; nothing in the folder can be checked")
+        return result
+    except OSError as e:
+        result.problems.append(f"manifest.json: cannot be read ({e.strerror})")
+        return result
+    if not isinstance(manifest, dict):
+        result.problems.append("manifest.json: not a JSON object")
+        return result
+    artifacts = manifest.get("artifacts")
+    if not isinstance(artifacts, list):
+        result.problems.append("manifest.json: no 'artifacts' list: the files it should list cannot be checked")
+        artifacts = []
+    listed: dict[str, str] = {}
+    for i, a in enumerate(artifacts):
+        if not isinstance(a, dict) or not isinstance(a.get("path"), str) or not isinstance(a.get("sha256"), str):
+            result.problems.append(f"manifest.json: artifacts[{i}] has no 'path' and 'sha256'")
+            continue
+        listed[a["path"]] = a["sha256"]
+    result.checked = len(listed)
     for rel, digest in sorted(listed.items()):
-        path = run_dir / rel
-        if not path.is_file():
-            result.missing.append(rel)
-        elif hashlib.sha256(path.read_bytes()).hexdigest() != digest:
-            result.changed.append(rel)
-    present = {str(p.relative_to(run_dir)) for p in run_dir.rglob("*") if p.is_file()}
-    result.extra = sorted(present - set(listed) - _UNLISTED)
+        try:
+            path = confined(run_dir, rel)
+        except Outside as e:
+            result.problems.append(f"listed path {e}")
+            continue
+        try:
+            if not path.is_file():
+                result.missing.append(rel)
+            elif _sha256(path) != digest:
+                result.changed.append(rel)
+        except OSError as e:
+            result.problems.append(f"{rel}: cannot be read ({e.strerror})")
+    flow = manifest.get("flow") if isinstance(manifest.get("flow"), dict) else {}
+    for line in flow.get("changed_after_crash") or []:
+        result.problems.append(f"changed after the run died (found by its reclaim): {line}")
+    from tasks.record import ledger
+
+    state, why = ledger.check(run_dir)
+    result.ledger = f"{state}: {why}"
+    if state == "unverified":
+        result.problems.append(f"signed ledger: {why}")
+    present = _present(run_dir, result)
+    result.extra = sorted(p for p in present - set(listed) - _UNLISTED if not p.startswith(_UNLISTED_DIRS))
     return result

@@ -27,6 +27,7 @@ from typing import Any
 
 import pandas as pd
 
+from tasks.record.confined import Outside, confined, inside
 from tasks.record.kinds import ADDED_COLUMNS, KINDS, METRICS, MetricDef, history_kinds, metric_def  # noqa: F401  (re-exported for queries)
 
 INDEX_FILE = ".history.duckdb"
@@ -72,8 +73,11 @@ def scan(root: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     for manifest_path in sorted(Path(root).glob("*/manifest.json")):
         folder = manifest_path.parent
         try:
+            inside(Path(root), manifest_path)  # a symlinked run folder is not read (tasks/record/confined.py)
             m = json.loads(manifest_path.read_text())
         except (OSError, ValueError):
+            continue
+        if not isinstance(m, dict):
             continue
         flow, lb = m.get("flow", {}), m.get("lanebench", {})
         runs.append({
@@ -82,20 +86,27 @@ def scan(root: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
             "finished_at": flow.get("finished_at"), "git_sha": lb.get("git_sha"), "dirty": bool(lb.get("dirty")),
             "inventory_sha256": (m.get("inventory") or {}).get("sha256"),
             "hostname": (m.get("host") or {}).get("hostname"),
+            "status": flow.get("status") or "running", "interrupted_by": flow.get("interrupted_by"),
         })
         lanes += _lane_rows(folder.name, m)
-        for a in m.get("artifacts", []):
+        for a in m.get("artifacts") or []:
+            if not isinstance(a, dict) or not isinstance(a.get("path"), str):
+                continue
+            try:
+                path, outside = str(confined(folder, a["path"]).resolve()), None
+            except Outside as e:
+                path, outside = "", str(e)
             artifacts.append({"run": folder.name, "lane": a.get("lane"), "kind": a.get("kind"),
-                              "path": str((folder / a["path"]).resolve()), "rel": a["path"],
-                              "sha256": a.get("sha256"), "rows": a.get("rows"), "validation": a.get("validation")})
+                              "path": path, "rel": a["path"], "sha256": a.get("sha256"), "rows": a.get("rows"),
+                              "validation": a.get("validation"), "outside": outside})
     runs_df = pd.DataFrame(runs, columns=["run", "path", "flow", "flow_run_id", "started_at", "finished_at", "git_sha",
-                                          "dirty", "inventory_sha256", "hostname"])
+                                          "dirty", "inventory_sha256", "hostname", "status", "interrupted_by"])
     for col in ("started_at", "finished_at"):
         runs_df[col] = pd.to_datetime(runs_df[col], utc=True, format="ISO8601")
     lane_cols = ["run", "lane", "status", "reason", "stage", "host", "engine", "image", "model_path", "model_sha256",
                  "drafter_path", "drafter_sha256", "engine_source", "engine_sha256", "launch_command", "config",
                  "config_sha256"]
-    art_cols = ["run", "lane", "kind", "path", "rel", "sha256", "rows", "validation"]
+    art_cols = ["run", "lane", "kind", "path", "rel", "sha256", "rows", "validation", "outside"]
     return runs_df, pd.DataFrame(lanes, columns=lane_cols), pd.DataFrame(artifacts, columns=art_cols)
 
 
@@ -150,6 +161,9 @@ def refuse_tampered(artifacts: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame
     refused = []
     keep = []
     for i, a in artifacts.iterrows():
+        if isinstance(a.outside, str) and a.outside:  # never opened
+            refused.append({"run": a.run, "path": a.rel, "reason": a.outside})
+            continue
         if a.kind in {k.name for k in history_kinds()} and a.validation == "passed":
             try:
                 ok = _file_sha256(a.path) == a.sha256
@@ -204,17 +218,39 @@ _PROVENANCE = ["git_sha", "dirty", "image", "model_sha256", "drafter_sha256", "e
 def metric_history(con: Any, lane: str, metric: str, last: int = 20, flow: str | None = None) -> pd.DataFrame:
     """A metric of a lane over its last `last` runs, oldest first, with what produced each number."""
     cols = ", ".join(["run", "started_at", "flow", "value", "lo", "hi", "passed", "regressed", *_PROVENANCE])
-    return con.execute(f"""SELECT {cols} FROM (
+    df = con.execute(f"""SELECT {cols} FROM (
             SELECT * FROM metrics WHERE lane = ? AND metric = ? AND (? IS NULL OR flow = ?)
             ORDER BY started_at DESC LIMIT ?) ORDER BY started_at""", [lane, metric, flow, flow, last]).df()
+    paths = dict(con.execute("SELECT run, path FROM runs").fetchall())
+    df["check"] = [_check(paths.get(run), value, df.loc[df.run != run, "value"])
+                   for run, value in zip(df.run, df.value)]
+    return df
+
+
+def _check(path: str | None, value: float, others: pd.Series) -> str:
+    """A value served from history, judged: its manifest against the signed ledger
+    (tasks/record/ledger.py), then against the lane's own recorded range (issue 27: a forged
+    1154 tok/s was served beside 533-814 without remark)."""
+    from tasks.record import ledger
+
+    state, _ = ledger.check(Path(path)) if path else ("absent", "")
+    notes = [] if state == "verified" else [f"unverified ({'not in the signed ledger' if state == 'absent' else 'rewritten after its run'})"]
+    others = others.dropna()
+    if len(others) >= 2 and not (others.min() <= value <= others.max()):
+        notes.append(f"outlier: outside the lane's recorded range {others.min():.4g}-{others.max():.4g}")
+    return "; ".join(notes) or "ok"
 
 
 def list_runs(con: Any, flow: str | None = None, last: int = 20) -> pd.DataFrame:
     return con.execute("""SELECT * FROM (
-            SELECT r.run, r.flow, r.started_at, r.finished_at, r.git_sha, r.dirty,
+            SELECT r.run, r.flow, r.started_at, r.finished_at,
+                   CASE WHEN r.status = 'interrupted' THEN 'interrupted (' || COALESCE(r.interrupted_by, '?') || ')'
+                        ELSE r.status END AS status,
+                   r.git_sha, r.dirty,
                    count(l.lane) AS lanes, count(l.lane) FILTER (WHERE l.status = 'passed') AS passed,
                    count(l.lane) FILTER (WHERE l.status = 'failed') AS failed,
                    count(l.lane) FILTER (WHERE l.status = 'skipped') AS skipped,
+                   count(l.lane) FILTER (WHERE l.status = 'interrupted') AS interrupted,
                    (SELECT count(*) FROM regression g WHERE g.run = r.run AND g.verdict = 'regression') AS regressions
             FROM runs r LEFT JOIN lanes l ON l.run = r.run
             WHERE ? IS NULL OR r.flow = ?

@@ -18,7 +18,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from tasks.record.confined import Outside, inside
+
 LIVE_GLOBS = ("*/*.jsonl", "*/*.log")
+SEALS = ".seals"  # per-append digests of raw record files (tasks/record/run_folder.py)
 
 
 def _boot_id() -> str:
@@ -170,18 +173,85 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _list_live_files(folder: Path, m: dict) -> None:
+def _last_seal(folder: Path, rel: str) -> tuple[int, str] | None:
+    """The last whole `bytes digest` line of a raw file's seal (a torn last line is ignored)."""
+    try:
+        text = (folder / SEALS / f"{rel}.seal").read_text()
+    except OSError:
+        return None
+    last = None
+    for line in text.split("\n")[:-1]:
+        parts = line.split()
+        if len(parts) == 2 and parts[0].isdigit() and len(parts[1]) == 64:
+            last = (int(parts[0]), parts[1])
+    return last
+
+
+def _prefix_sha256(path: Path, size: int) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        h.update(f.read(size))
+    return h.hexdigest()
+
+
+def _seal_problem(path: Path, size: int, digest: str) -> str | None:
+    """How a raw file differs from what lanebench appended to it (None: byte for byte the same)."""
+    actual = path.stat().st_size
+    if actual < size:
+        return f"cut to {actual} of the {size} bytes lanebench wrote"
+    if _prefix_sha256(path, size) != digest:
+        return "its records differ from what lanebench wrote"
+    if actual > size:
+        return f"{actual - size} bytes were added after the last record lanebench wrote"
+    return None
+
+
+def _list_live_files(folder: Path, m: dict) -> list[str]:
+    """List and hash what a dead run left. Logs (its server wrote on) are hashed as found; a raw
+    record file only as its seal says lanebench wrote it: one that differs keeps the sealed digest
+    (so `verify` fails on it) and is named in `flow.changed_after_crash`. Returns those names."""
     listed = {a["path"]: a for a in m.get("artifacts", [])}
+    changed: dict[str, str] = dict(item.split(": ", 1) for item in (m.get("flow") or {}).get("changed_after_crash", []))
     for pattern in LIVE_GLOBS:  # what it wrote after its last save
         for path in sorted(folder.glob(pattern)):
             rel = str(path.relative_to(folder))
+            try:
+                inside(folder, path)
+            except Outside:
+                changed[rel] = "a symlink (or under one), not a file lanebench wrote: not followed"
+                continue
             entry = listed.get(rel) or {"path": rel, "kind": "boot-log" if rel.endswith(".log") else "raw",
                                         "lane": rel.split("/", 1)[0], "rows": None, "validation": "not-validated",
                                         "failed_expectations": []}
-            entry["sha256"] = _sha256(path)
+            if rel.endswith(".jsonl"):
+                seal = _last_seal(folder, rel)
+                if seal is None:
+                    if rel not in listed:  # nothing says lanebench wrote it: left unlisted, verify names it
+                        changed[rel] = "no seal: not written by lanebench"
+                    continue  # listed without a seal: its listed digest stands
+                problem = _seal_problem(path, *seal)
+                entry["sha256"] = seal[1]
+                if problem:
+                    changed[rel] = problem
+            else:
+                entry["sha256"] = _sha256(path)
             if rel not in listed:
                 m.setdefault("artifacts", []).append(entry)
+                listed[rel] = entry
     m["artifacts"] = [a for a in m.get("artifacts", []) if (folder / a["path"]).is_file()]
+    if changed:
+        m.setdefault("flow", {})["changed_after_crash"] = [f"{rel}: {why}" for rel, why in sorted(changed.items())]
+    return sorted(changed)
+
+
+def _sign(folder: Path) -> None:
+    """The reclaimed manifest enters the signed ledger, as a finished one does (tasks/record/ledger.py)."""
+    from tasks.record import ledger
+
+    try:
+        ledger.record(folder)
+    except (OSError, ValueError):
+        pass
 
 
 def _write(folder: Path, m: dict) -> None:
@@ -195,12 +265,14 @@ def refresh_marked(root: Path, by: str) -> None:
     lane that reclaimed it stopped it."""
     for manifest_path in sorted(Path(root).glob("*/manifest.json")):
         try:
+            inside(Path(root), manifest_path)
             m = json.loads(manifest_path.read_text())
-        except (OSError, ValueError):
+        except (OSError, ValueError):  # Outside is a ValueError: a symlinked folder is never rewritten
             continue
         if (m.get("flow") or {}).get("interrupted_by") == by and (m.get("flow") or {}).get("marked_at"):
             _list_live_files(manifest_path.parent, m)
             _write(manifest_path.parent, m)
+            _sign(manifest_path.parent)
 
 
 def reclaim_dead_runs(root: Path, by: str) -> list[str]:
@@ -209,8 +281,15 @@ def reclaim_dead_runs(root: Path, by: str) -> list[str]:
     for manifest_path in sorted(Path(root).glob("*/manifest.json")):
         folder = manifest_path.parent
         try:
+            inside(Path(root), manifest_path)
+        except Outside as e:  # not even read: what it points at is not the artifacts folder's
+            lines.append(f"run {folder.name}: not reclaimed: {e}")
+            continue
+        try:
             m = json.loads(manifest_path.read_text())
         except (OSError, ValueError):
+            continue
+        if not isinstance(m, dict):
             continue
         flow = m.get("flow") or {}
         if flow.get("finished_at") or flow.get("status") not in (None, "running"):
@@ -220,11 +299,13 @@ def reclaim_dead_runs(root: Path, by: str) -> list[str]:
         pid = (flow.get("owner") or {}).get("pid")
         why = f"interrupted: lanebench (pid {pid}) died before the run finished; marked by {by}"
         lanes = mark_lanes(m.get("lanes") or {}, why)
-        _list_live_files(folder, m)
+        changed = _list_live_files(folder, m)
         flow.update(status="interrupted", interrupted_by=by, marked_at=datetime.now(UTC).isoformat())
         m["flow"] = flow
         _write(folder, m)
         (folder / ".reserve").unlink(missing_ok=True)
+        _sign(folder)
         lines.append(f"run {folder.name}: marked interrupted (lanebench pid {pid} died"
-                     + (f"; lanes {', '.join(lanes)} did not finish" if lanes else "") + ")")
+                     + (f"; lanes {', '.join(lanes)} did not finish" if lanes else "") + ")"
+                     + (f"; changed after the crash, not re-hashed: {', '.join(changed)}" if changed else ""))
     return lines

@@ -6,8 +6,14 @@ as they arrive, so an interrupted run keeps everything measured up to that point
 that fails its expectations is written under `quarantine/` and never counts as a result.
 
 Consistent at every moment: raw records (`<lane>/*.jsonl`) and logs (`<lane>/*.log`) enter the
-manifest as soon as they exist and their hashes are refreshed on every save (and after every
-appended record), so `lanebench verify` passes on a failed or interrupted run. A write that
+manifest as soon as they exist and their hashes are refreshed on every save, so `lanebench
+verify` passes on a failed or interrupted run.
+
+Sealed as written: a raw record file is hashed incrementally as lanebench appends to it, and
+the manifest lists that running digest, never the bytes on disk, so nothing it did not write is
+blessed. Each append also adds `bytes digest` to the file's seal (`.seals/<lane>/<name>.seal`),
+so a run that dies is reclaimed against what it wrote: a record edited after the crash is named,
+not re-hashed (tasks/record/interrupted.py; issue 27: an `output_tokens` 64 -> 71 was laundered). A write that
 fails (disk full) frees a reserve kept beside the manifest, so the manifest can still be
 written once more, consistent with what is on disk; the lane ends with one line
 (`RunFolderWriteError`) and no `manifest.json.tmp` is left.
@@ -16,6 +22,7 @@ written once more, consistent with what is on disk; the lane ends with one line
 from __future__ import annotations
 
 import errno
+import hashlib
 import shutil
 import json
 import os
@@ -162,6 +169,7 @@ def host_facts() -> dict[str, Any]:
 
 
 RESERVE = ".reserve"  # freed when a write fails, so the manifest can still be written
+SEALS = ".seals"  # per-append digests of raw record files: what reclaim checks a dead run against
 RESERVE_BYTES = 4 << 20
 LIVE_GLOBS = ("*/*.jsonl", "*/*.log")  # raw records and logs: listed as soon as they exist
 
@@ -188,6 +196,7 @@ class RunFolder:
         self.path = root / f"{now:%Y%m%dT%H%M%SZ}_{flow_name}_{flow_run_id[:8]}"
         self.path.mkdir(parents=True, exist_ok=False)
         self._lock = threading.RLock()
+        self._seals: dict[str, hashlib._Hash] = {}  # raw file -> running sha256 of what we appended
         self.write_error: str | None = None
         from tasks.record.interrupted import owner
 
@@ -240,9 +249,22 @@ class RunFolder:
         line = record.model_dump_json() + "\n"
         with self._lock:
             size = path.stat().st_size if path.exists() else 0
+            data = line.encode()
+            seal = self._seals.get(rel)
+            if seal is None:
+                seal = hashlib.sha256()
+                if size:  # a file this process did not start (never, in a run): sealed as found
+                    seal.update(path.read_bytes())
+            sealed = seal.copy()
+            sealed.update(data)
             try:
-                with path.open("a") as f:
-                    f.write(line)
+                with path.open("ab") as f:
+                    f.write(data)
+                seal_path = self.path / SEALS / f"{rel}.seal"
+                seal_path.parent.mkdir(parents=True, exist_ok=True)
+                with seal_path.open("a") as f:
+                    f.write(f"{size + len(data)} {sealed.hexdigest()}\n")
+                self._seals[rel] = sealed
             except OSError as e:
                 try:
                     os.truncate(path, size)
@@ -258,13 +280,18 @@ class RunFolder:
         path = self.path / rel
         if not path.is_file():
             return
-        digest = file_sha256(path)
+        digest = self._digest(rel)
         for entry in self.manifest.artifacts:
             if entry.path == rel:
                 entry.sha256 = digest
                 return
         kind = kind or ("boot-log" if rel.endswith(".log") else "raw")
         self.manifest.artifacts.append(ArtifactEntry(path=rel, kind=kind, lane=rel.split("/", 1)[0], sha256=digest))
+
+    def _digest(self, rel: str) -> str:
+        """A raw record file's digest is what this process appended; anything else as on disk."""
+        seal = self._seals.get(rel)
+        return seal.hexdigest() if seal is not None else file_sha256(self.path / rel)
 
     def _write_manifest(self) -> None:
         """Lanes of different hosts run in threads and update their own records while another
@@ -308,6 +335,8 @@ class RunFolder:
                     self._refresh(str(path.relative_to(self.path)))
             try:
                 self._write_manifest()
+                if self.manifest.flow.finished_at:
+                    self._sign()
                 return
             except OSError as e:
                 error = e
@@ -320,7 +349,7 @@ class RunFolder:
                 self._failed_write("manifest.json", error)
 
     def register(self, lane: str, rel: str, kind: str, rows: int | None = None) -> ArtifactEntry:
-        entry = ArtifactEntry(path=rel, kind=kind, lane=lane, sha256=file_sha256(self.path / rel), rows=rows)
+        entry = ArtifactEntry(path=rel, kind=kind, lane=lane, sha256=self._digest(rel), rows=rows)
         with self._lock:
             self.manifest.artifacts = [a for a in self.manifest.artifacts if a.path != rel] + [entry]
             self.save_manifest()
@@ -390,3 +419,18 @@ class RunFolder:
             self.manifest.flow["status"] = status
         (self.path / RESERVE).unlink(missing_ok=True)
         self.save_manifest()
+        shutil.rmtree(self.path / SEALS, ignore_errors=True)  # the manifest holds every final digest
+
+    def _sign(self) -> None:
+        """A finished run's manifest, as saved, enters the signed ledger outside the folder
+        (tasks/record/ledger.py); a save after the finish (the report registered) signs again."""
+        from tasks.record import ledger
+
+        try:
+            ledger.record(self.path)
+        except (OSError, ValueError) as e:
+            if not getattr(self, "_ledger_warned", False):
+                from tasks.record.progress import progress
+
+                progress("run", f"signed ledger not written ({e}): `verify` cannot prove this folder later")
+                self._ledger_warned = True

@@ -7,6 +7,7 @@ behind a bench that asked for 16.
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from tasks.client.control import control
 from tasks.inventory.models import Host, Lane
 from tasks.engines import engine_for
 from tasks.engines.facts import BootFacts
+from tasks.hosts.listener import Listeners
 from tasks.hosts.transport import Spawned
 from tasks.stages import live, topology
 from tasks.stages.live import Endpoint, Placement, Server
@@ -33,6 +35,50 @@ class NodeLost(RuntimeError):
 def _log_tail(path: Path, lines: int = 15) -> str:
     text = path.read_text(errors="replace") if path.exists() else ""
     return "\n".join(text.splitlines()[-lines:])
+
+
+_ERROR_LINE = re.compile(r"error|couldn't|could not|cannot|can't|failed|unable|abort|fatal", re.IGNORECASE)
+
+
+def server_words(path: Path) -> str:
+    """The server's first error line of its last 8 (else its last line): the cause, quoted in one
+    line (llama-server says `couldn't bind HTTP server socket`, then `exiting due to HTTP server error`)."""
+    lines = [ln.strip() for ln in _log_tail(path, 200).splitlines() if ln.strip()][-8:]
+    said = next((ln for ln in lines if _ERROR_LINE.search(ln)), lines[-1] if lines else "(log empty)")
+    return said[:300]
+
+
+def _held_by_other(server: Server, port: int) -> Listeners | None:
+    found = server.process.listeners(port)
+    return found if found is not None and found.sockets and not server.process.owns(found) else None
+
+
+def _exited(server: Server, code: int, port: int) -> BootError:
+    """The server exited while booting: its own words, and who holds its port if another does."""
+    said = server_words(server.log_path)
+    if (other := _held_by_other(server, port)) is not None:
+        return BootError(f"impostor on the lane's port: {other.describe()}; the lane's server exited with "
+                         f"code {code}: {said!r}. Nothing was sent to it; free port {port} and run again")
+    return BootError(f"server exited with code {code} while booting: {said!r}; "
+                     f"last log lines:\n{_log_tail(server.log_path)}")
+
+
+def _listening(server: Server, port: int) -> bool | None:
+    """Whether the lane's own server listens on `port` (None: its spawn cannot be asked). Another
+    process on the port fails the boot before any request reaches it, with our server's own words
+    when it exits over it (llama-server: `couldn't bind HTTP server socket`)."""
+    found = server.process.listeners(port)
+    if found is None:
+        return None
+    if found.sockets == 0 or server.process.owns(found):
+        return found.sockets > 0
+    end = time.monotonic() + 5.0  # a server that lost the port exits at once: let it say so
+    while (code := server.process.poll()) is None and time.monotonic() < end:
+        time.sleep(0.2)
+    if code is not None:
+        raise _exited(server, code, port)
+    raise BootError(f"impostor on the lane's port: {found.describe()}; the lane's server (pid "
+                    f"{server.process.pid}) does not hold it. Nothing was sent to it; free port {port} and run again")
 
 
 def launch_argv(lane: Lane, binary: str, address: str, host: Host) -> list[str]:
@@ -104,10 +150,14 @@ def wait_healthy(server: Server, lane: Lane, deadline_s: float) -> float:
     last = "no answer yet"
     while time.monotonic() - t0 < deadline_s:
         if (code := server.process.poll()) is not None:
-            raise BootError(f"server exited with code {code} while booting; "
-                            f"last log lines:\n{_log_tail(server.log_path)}")
+            raise _exited(server, code, lane.port)
         if dead := server.dead_workers():  # the group cannot form without every node
             raise BootError(f"{'; '.join(dead)} while the lane was booting")
+        if _listening(server, lane.port) is False:  # not listening yet: nothing to ask
+            last = f"nothing listens on port {lane.port} yet"
+            time.sleep(delay)
+            delay = min(delay * 1.5, 2.0)
+            continue
         try:
             r = control().get(server.base_url + engine.health_path, timeout=5.0)
             if engine.healthy(r.status_code, r.text):

@@ -26,7 +26,7 @@ import time
 import httpx
 
 from tasks.client.control import control
-from tasks.client.deadline import TTFT_ALLOWANCE_S, floor_tok_s, request_deadline_s  # noqa: F401  (re-exported)
+from tasks.client.deadline import TTFT_ALLOWANCE_S, floor_tok_s, request_deadline_s, stall_bounds  # noqa: F401
 from tasks.hosts.transport import TransportError
 
 HEALTH_TIMEOUT_S = 5.0
@@ -41,20 +41,55 @@ class ServerDied(RuntimeError):
 
 
 class Late:
-    """The lane's requests that ran past their wall deadline, noted as the records arrive (`keep`
-    of tasks/stages/live.py: every judged record a task keeps passes here first)."""
+    """The lane's requests that ran past their wall deadline or stalled, noted as the records
+    arrive (`keep` of tasks/stages/live.py: every judged record a task keeps passes here first).
+    Holds the lane's stall bounds once its warmup has measured its steady state."""
 
     def __init__(self) -> None:
         self.count, self.deadline_s = 0, 0.0
+        self.stalls: list[str] = []
+        self.stall_s: float | None = None
+        self.first_token_stall_s: float | None = None
+        self.basis = ""  # how the bounds were derived, in words
+        self.server_errors: dict[int, int] = {}  # HTTP 5xx status -> requests that got it
+        self.first_server_error = ""
+
+    def set_stall_bounds(self, gaps: list[float], ttfts: list[float]) -> str | None:
+        """Bounds from the warm steady waves (tasks/client/deadline.py); returns them in words."""
+        bounds = stall_bounds(gaps, ttfts)
+        if bounds is None:
+            return None
+        self.stall_s, self.first_token_stall_s, itl, ttft = bounds
+        self.basis = (f"stall bound {self.stall_s:.1f} s mid-stream, {self.first_token_stall_s:.1f} s to the first "
+                      f"token (warm steady ITL p99 {itl * 1000:.0f} ms, TTFT p99 {ttft * 1000:.0f} ms)")
+        return self.basis
 
     def note(self, record) -> None:  # type: ignore[no-untyped-def]
         if record.error and record.error.startswith("deadline:"):
             self.count += 1
             self.deadline_s = record.deadline_s or 0.0
+        elif record.error and record.error.startswith("stall:"):
+            self.stalls.append(record.error.removeprefix("stall: "))
+        if record.http_status is not None and record.http_status >= 500:  # the server's own failure
+            self.server_errors[record.http_status] = self.server_errors.get(record.http_status, 0) + 1
+            self.first_server_error = self.first_server_error or (record.error or "")[:200]
+
+    @property
+    def any(self) -> bool:
+        return bool(self.count or self.stalls or self.server_errors)
 
     def words(self) -> str:
-        many = f"{self.count} requests" if self.count > 1 else "a request"
-        return f"{many} ran past the {self.deadline_s:g} s wall deadline"
+        parts = []
+        if self.server_errors:
+            statuses = ", ".join(f"{n} x HTTP {code}" for code, n in sorted(self.server_errors.items()))
+            parts.append(f"the server failed requests ({statuses}; first: {self.first_server_error!r})")
+        if self.stalls:
+            many = f"{len(self.stalls)} requests stalled, the first" if len(self.stalls) > 1 else "a request stalled"
+            parts.append(f"{many}: {self.stalls[0]}")
+        if self.count:
+            many = f"{self.count} requests" if self.count > 1 else "a request"
+            parts.append(f"{many} ran past the {self.deadline_s:g} s wall deadline")
+        return "; ".join(parts)
 
 
 def check_alive(server, engine_health_path: str = "/health", late: Late | None = None) -> None:  # type: ignore[no-untyped-def]
@@ -63,10 +98,12 @@ def check_alive(server, engine_health_path: str = "/health", late: Late | None =
     try:
         _check_alive(server, engine_health_path)
     except ServerDied as e:
-        if late is not None and late.count:
+        if late is not None and late.any:
             raise ServerDied(f"{late.words()}; {e}") from None
         raise
-    if late is not None and late.count:
+    if late is not None and late.any:
+        if not (late.count or late.stalls):  # only HTTP 5xx: the server answers, and fails requests
+            raise ServerDied(f"{late.words()}; its later waves are not sent")
         raise ServerDied(f"{late.words()}, though the server answers its health: hung (a worker or its link "
                          "gone), or too slow for that deadline")
 

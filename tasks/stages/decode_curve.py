@@ -132,6 +132,7 @@ def measure(endpoint: Endpoint, plan: DecodePlan, repeats: int, prompts: list[Pr
     """The curve itself, records and the moment before each wave handed to the caller (the decode
     curve's task, the queueing levels)."""
     engine, lane_name = engine_for(endpoint.engine), endpoint.lane
+    late = live.handles(lane_name).late if live.served(lane_name) else None
     rows = []
     for concurrency, rate in levels(plan):
         waves, noise = [], []
@@ -139,7 +140,8 @@ def measure(endpoint: Endpoint, plan: DecodePlan, repeats: int, prompts: list[Pr
             wave = Wave(lane=lane_name, stage="decode", repeat=repeat, concurrency=concurrency,
                         requests_per_stream=plan.per_stream(concurrency, repeats), max_tokens=plan.max_tokens,
                         stagger_s=plan.stagger_s, rate=rate, arrival=plan.arrival, deadline_s=plan.deadline_s,
-                        seed=repeat, workers=plan.workers)
+                        seed=repeat, workers=plan.workers, stall_s=late.stall_s if late else None,
+                        first_token_stall_s=late.first_token_stall_s if late and rate is None else None)
             on_wave(f"decode curve {wave.shape.describe()} repeat {repeat}/{repeats}")
             before = host_noise.sample()
             waves.append(run_wave(endpoint.base_url, engine, wave, prompts, on_record))

@@ -18,6 +18,7 @@ from tasks.engines import engine_for
 from tasks.client.load import Wave, run_wave
 from tasks.client.prompts import Prompt
 from tasks.client.records import RequestRecord
+from tasks.record.progress import progress
 from tasks.record.rows import WarmupRow
 from tasks.stages import live
 from tasks.stages.live import Endpoint
@@ -35,6 +36,8 @@ def warmup(endpoint: Endpoint, run_dir: str, shapes: list[tuple[int, str, int]],
     engine, lane_name = engine_for(endpoint.engine), endpoint.lane
     keep = live.keeper(run_dir, endpoint)
     rows = []
+    gaps: list[float] = []
+    ttfts: list[float] = []
     for concurrency, size_class, max_tokens in shapes:
         waves = []
         for _ in ("first-hit", "steady"):
@@ -42,6 +45,10 @@ def warmup(endpoint: Endpoint, run_dir: str, shapes: list[tuple[int, str, int]],
                         requests_per_stream=1, max_tokens=max_tokens)
             waves.append(run_wave(endpoint.base_url, engine, wave, prompts[size_class], keep).records)
         first, steady = waves
+        for r in steady:
+            if r.ok:
+                gaps += [b - a for a, b in zip(r.chunk_arrivals_s, r.chunk_arrivals_s[1:])]
+                ttfts += [r.ttft_s] if r.ttft_s is not None else []
         rows.append(WarmupRow(
             lane=lane_name, concurrency=concurrency, size_class=size_class,
             first_hit_ttft_s=_median(first, "ttft_s"), first_hit_e2el_s=_median(first, "e2el_s"),
@@ -50,4 +57,7 @@ def warmup(endpoint: Endpoint, run_dir: str, shapes: list[tuple[int, str, int]],
             # A first hit faster than steady is the host's noise, never a negative cost.
             noise=_median(first, "e2el_s") < _median(steady, "e2el_s"),
         ))
+    # The lane's own steady state bounds its later requests' stalls (tasks/stages/deadlines.py).
+    if live.served(lane_name) and (words := live.handles(lane_name).late.set_stall_bounds(gaps, ttfts)):
+        progress(lane_name, words)
     return rows

@@ -1,0 +1,80 @@
+"""Who listens on a lane's port: the server lanebench started, or an impostor.
+
+A field report (issue 27): another process took the lane's port between preflight and boot;
+llama-server logged `couldn't bind HTTP server socket` and exited, and lanebench measured the
+impostor that answered. So boot asks the host, before each health request, which process owns
+the listening socket: the socket's inode from /proc/net/tcp{,6}, then the process whose fd links
+to `socket:[inode]`. The same small `sh` script runs here, over SSH, or inside the lane's
+container (host network: the host's sockets, the container's processes), so every transport
+answers alike. A socket held by another user's process shows its inode with no owner we can
+see: never ours either, since the server runs as us.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+
+from tasks.hosts.transport import Transport
+
+# $1 = port. Prints "inode N" per listening socket on the port, then "pid PID PGID COMM" per owner
+# whose fds we can read. Fields of /proc/PID/stat after "(comm) ": state ppid pgrp.
+LISTENER_SCRIPT = r'''
+for c in awk find sed cut sort; do command -v "$c" >/dev/null 2>&1 || { echo "no $c" >&2; exit 3; }; done
+p=$(printf ':%04X' "$1")
+for i in $(awk -v p="$p" '$4 == "0A" && substr($2, length($2) - 4) == p { print $10 }' /proc/net/tcp /proc/net/tcp6 2>/dev/null | sort -u); do
+  echo "inode $i"
+  for fd in $(find /proc/[0-9]*/fd -lname "socket:\[$i\]" 2>/dev/null); do
+    pid=${fd#/proc/}; pid=${pid%%/*}
+    g=$(sed 's/.*) //' "/proc/$pid/stat" 2>/dev/null | cut -d' ' -f3)
+    echo "pid $pid ${g:-0} $(cat "/proc/$pid/comm" 2>/dev/null)"
+  done
+done
+exit 0
+'''
+
+
+class Owner(BaseModel):
+    pid: int
+    pgid: int
+    comm: str
+
+
+class Listeners(BaseModel):
+    """The listening sockets on one port and the owners we can see."""
+
+    port: int
+    sockets: int = 0
+    owners: list[Owner] = []
+
+    def describe(self) -> str:
+        if not self.owners:
+            return f"port {self.port} is held by a process lanebench cannot see (another user's)"
+        who = ", ".join(f"pid {o.pid} ({o.comm})" for o in self.owners)
+        return f"port {self.port} is held by {who}"
+
+
+def script_argv(port: int) -> list[str]:
+    if not 0 < port < 65536:
+        raise ValueError(f"port {port} is not a TCP port")
+    return ["sh", "-c", LISTENER_SCRIPT, "sh", str(port)]
+
+
+def parse(port: int, text: str) -> Listeners:
+    found = Listeners(port=port)
+    for line in text.splitlines():
+        parts = line.split(maxsplit=3)
+        if parts[:1] == ["inode"]:
+            found.sockets += 1
+        elif parts[:1] == ["pid"] and len(parts) >= 3 and parts[1].isdigit() and parts[2].isdigit():
+            found.owners.append(Owner(pid=int(parts[1]), pgid=int(parts[2]), comm=parts[3] if len(parts) > 3 else "?"))
+    return found
+
+
+def listeners(transport: Transport, port: int, prefix: list[str] | None = None) -> Listeners | None:
+    """Ask the host (or, with `prefix` such as `docker exec NAME`, a container) who listens on `port`.
+    None when it cannot be asked there (no `sh`, `awk` or `find` in an image): boot then goes by
+    health alone, as before, rather than never booting."""
+    r = transport.run([*(prefix or []), *script_argv(port)], deadline_s=30.0, idempotent=True)
+    if r.exit_code != 0:
+        return None
+    return parse(port, r.stdout)
