@@ -12,9 +12,16 @@ see: never ours either, since the server runs as us.
 
 from __future__ import annotations
 
+from typing import Any, Protocol
+
 from pydantic import BaseModel
 
-from tasks.hosts.transport import Transport
+
+class Runs(Protocol):
+    """What this module needs of a transport (tasks/hosts/transport.py, which calls it back:
+    a structural type keeps the two modules from importing each other)."""
+
+    def run(self, argv: list[str], *, deadline_s: float = ..., idempotent: bool = ...) -> Any: ...
 
 # $1 = port. Prints "inode N" per listening socket on the port, then "pid PID PGID COMM" per owner
 # whose fds we can read. Fields of /proc/PID/stat after "(comm) ": state ppid pgrp.
@@ -70,7 +77,7 @@ def parse(port: int, text: str) -> Listeners:
     return found
 
 
-def listeners(transport: Transport, port: int, prefix: list[str] | None = None) -> Listeners | None:
+def listeners(transport: Runs, port: int, prefix: list[str] | None = None) -> Listeners | None:
     """Ask the host (or, with `prefix` such as `docker exec NAME`, a container) who listens on `port`.
     None when it cannot be asked there (no `sh`, `awk` or `find` in an image): boot then goes by
     health alone, as before, rather than never booting."""

@@ -1,5 +1,8 @@
 """The run folder: the auditable record of one run.
 
+Long because it is the run folder's one writer: appends and their seals, tables, validation,
+the finish and the signed ledger all change the manifest under its one lock.
+
 `artifacts/<UTC time>_<flow>_<short id>/` holds the manifest, each lane's raw JSONL and
 boot log, tables as Parquet, GX validation results and report.md. Raw records are appended
 as they arrive, so an interrupted run keeps everything measured up to that point. A table
@@ -26,9 +29,6 @@ import hashlib
 import shutil
 import json
 import os
-import platform
-import socket
-import subprocess
 import threading
 import time
 from datetime import UTC, datetime
@@ -38,8 +38,8 @@ from typing import Any, Literal
 import pandas as pd
 from pydantic import BaseModel, ConfigDict
 
-from tasks.engines.build import REPO
 from tasks.hosts.files import file_sha256
+from tasks.record.provenance import git_identity, host_facts
 from tasks.record.expectations import validate
 
 
@@ -138,34 +138,6 @@ class Manifest(BaseModel):
     inventory: dict[str, Any]
     lanes: dict[str, LaneRecord] = {}
     artifacts: list[ArtifactEntry] = []
-
-
-def git_identity() -> dict[str, Any]:
-    def git(*args: str) -> str:
-        r = subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True)
-        return r.stdout.strip() if r.returncode == 0 else ""
-
-    sha = git("rev-parse", "HEAD")
-    if not sha and (carried := REPO / ".lanebench-git.json").is_file():
-        # A copy without .git (the GPU bundle, scripts/gpu-run.sh): the commit it was made from.
-        known = json.loads(carried.read_text())
-        return {"git_sha": str(known.get("git_sha") or "unknown"), "dirty": bool(known.get("dirty")),
-                "git_from": ".lanebench-git.json"}
-    return {"git_sha": sha or "unknown", "dirty": bool(git("status", "--porcelain"))}
-
-
-def host_facts() -> dict[str, Any]:
-    cpu = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return {"hostname": socket.gethostname(), "platform": platform.platform(), "machine": platform.machine(),
-            "cpu": cpu, "cores": os.cpu_count(), "memory_gib": round(mem, 1), "python": platform.python_version()}
 
 
 RESERVE = ".reserve"  # freed when a write fails, so the manifest can still be written
