@@ -18,7 +18,7 @@ import pytest
 from conftest import llama_server_pid
 from tasks.client.prompts import Prompt
 from tasks.client.stream import Assembler
-from tasks.client.waves import Wave, run_wave
+from tasks.client.load import Wave, run_wave
 from tasks.engines import engine_for
 from tasks.inventory.models import Lane
 
