@@ -51,10 +51,13 @@ def waived(lane: Lane, gate: str) -> bool:
 
 
 def implied_gates(lane: Lane, engine: Engine) -> list[Gate]:
-    """The lane's declared gates plus the ones it implies (unless waived or already declared)."""
+    """The lane's declared gates plus the ones it implies (unless waived, or a declared gate on the
+    same counter is at least as strict). Declared gates only add: a declared gate on the draft
+    counter with a weaker condition (`>= 0` passes when nothing drafted) keeps the implied one."""
     gates: list[Gate] = list(lane.gates)
-    counters = {g.metric for g in gates if isinstance(g, CounterGate)}
-    if (lane.drafter is not None and engine.draft_counter is not None and engine.draft_counter not in counters
+    covered = any(isinstance(g, CounterGate) and g.metric == engine.draft_counter and g.implies(">", 0)
+                  for g in gates)
+    if (lane.drafter is not None and engine.draft_counter is not None and not covered
             and not waived(lane, "counter")):
         gates.append(CounterGate(kind="counter", name="drafts-happen (implied)", metric=engine.draft_counter,
                                  op=">", threshold=0))
