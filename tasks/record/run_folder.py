@@ -79,6 +79,7 @@ class LaneRecord(BaseModel):
     timeline: list[StageMark] = []  # every stage entered, in order; "done" when teardown ended
     gpu: dict[str, Any] = {}  # GPU hosts: nvidia-smi facts "before" boot and "after" teardown
     capacity: dict[str, Any] = {}  # the capacity plan's check before the curve (tasks/stages/capacity.py)
+    fingerprint: dict[str, str] = {}  # what can move a number (tasks/record/fingerprint.py): comparisons hold it equal
 
 
 class FlowRecord(BaseModel):
