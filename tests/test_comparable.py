@@ -51,3 +51,44 @@ def test_speculation_that_wins_and_a_lone_speculative_lane_are_both_said(tmp_pat
     assert "- speculation wins at C=1: spec 30.0 tok/s against 20.0 tok/s for plain (plain, same target) (+50%)" in text
     assert "no verdict on speculation for lone: no plain lane of the same target" in text
     assert "- verdict: **passed**" in text
+
+
+def test_a_kl_reference_with_a_quantized_kv_cache_is_flagged():
+    """The seeds' Q8_0 candidate failed (0.0254 mean |Δlogp|) against a reference served with a q8_0
+    KV cache and called "f16, exact"; against a true f16 reference it read 0.0018."""
+    from tasks.kl.suspicious import kl_flags, quantized_kv_cache
+
+    assert quantized_kv_cache(["--cache-type-k", "q8_0"]) == "--cache-type-k q8_0"
+    assert quantized_kv_cache(["-ctv=q4_0"]) == "-ctv q4_0" and quantized_kv_cache(["--kv-cache-dtype", "fp8"])
+    assert quantized_kv_cache(["--cache-type-k", "f16", "-ctv", "bf16"]) is None
+    lanes = {"ref": {"path": "target-f16.gguf", "sha256": "a" * 64, "context": 512, "flags": ["-ctk", "q8_0"]},
+             "cand": {"path": "target-q8_0.gguf", "sha256": "b" * 64, "context": 512, "flags": []}}
+    flags = kl_flags("ref", lanes)
+    assert len(flags) == 1 and "quantized KV cache (-ctk q8_0)" in flags[0] and "fix:" in flags[0]
+    lanes["ref"]["flags"] = []
+    assert kl_flags("ref", lanes) == []  # the candidate's own cache type is the variable under test
+
+
+def test_decode_rows_state_their_sample_size_and_ttft_dominated_rows_are_flagged():
+    """Repeats 1 published "spread 0.0 %"; max_tokens 4 published 604 tok/s per user."""
+    import pandas as pd
+
+    from tasks.inventory.models import Lane
+    from tasks.record.report import decode_table
+    from tasks.stages.safety import noise_findings
+    from conftest import shipped_inventory
+
+    rows = [DecodeRow(lane="l", concurrency=c, repeats=1, aggregate_tok_s=600.0, aggregate_tok_s_min=600.0,
+                      aggregate_tok_s_max=600.0, aggregate_spread_pct=0.0, per_user_tok_s=604.0, ttft_p50_s=0.2,
+                      ttft_p95_s=0.3, itl_p50_s=0.002, requests=n, failed_requests=0, ttft_share_p50=share)
+            for c, n, share in ((1, 4, 0.8), (2, 24, 0.3))]
+    table = decode_table(pd.DataFrame([r.model_dump() for r in rows]))
+    assert list(table["spread %"]) == ["n/a (1 repeat)"] * 2
+    assert list(table["TTFT p95 s"]) == ["0.3 (n=4, TOO FEW)", "0.3"]
+    assert list(table["TTFT share"]) == ["80% TTFT-DOMINATED", "30%"]
+    lane = Lane.model_validate(shipped_inventory()["lanes"]["rehearsal"])
+    found = {f.check: f for f in noise_findings(lane, rows, [])}
+    assert set(found) == {"one repeat", "ttft dominates"}
+    assert "C=1 (80% of e2el)" in found["ttft dominates"].message and "C=2" not in found["ttft dominates"].message
+    steady = [r.model_copy(update={"repeats": 3, "ttft_share_p50": 0.1}) for r in rows]
+    assert noise_findings(lane, steady, []) == []

@@ -23,6 +23,7 @@ from tasks.record import bench_report
 from tasks.record.speculation import speculation_verdicts
 from tasks.record.run_folder import RunFolder
 
+MIN_P95_REQUESTS = 20  # a p95 over fewer requests is nearly their maximum: marked, never a headline
 _DECODE_COLS = {
     "concurrency": "C", "aggregate_tok_s": "agg tok/s", "aggregate_spread_pct": "spread %",
     "per_user_tok_s": "per-user tok/s", "ttft_p50_s": "TTFT p50 s", "ttft_p95_s": "TTFT p95 s",
@@ -49,6 +50,13 @@ def decode_table(df: pd.DataFrame) -> pd.DataFrame:
             "/".join("-" if v is None or pd.isna(v) else f"{v:.3g}" for v in (lo, b, st))
             for lo, b, st in zip(df.load_1m_before, df.busy_pct, df.steal_pct)]
         out["context-cut %"] = [f"{100 * v:.0f}" for v in df.context_truncated_share]
+    # Enough to say anything: one repeat has no spread, a p95 under 20 requests is near their maximum.
+    out["spread %"] = [f"n/a ({r} repeat)" if r < 2 else s for r, s in zip(df.repeats, out["spread %"])]
+    out["TTFT p95 s"] = [f"{_cell(v)} (n={n}, TOO FEW)" if n < MIN_P95_REQUESTS else _cell(v)
+                         for v, n in zip(df.ttft_p95_s, df.requests)]
+    if "ttft_share_p50" in df:
+        out["TTFT share"] = ["-" if v is None or pd.isna(v) else
+                             f"{100 * v:.0f}% TTFT-DOMINATED" if v > 0.5 else f"{100 * v:.0f}%" for v in df.ttft_share_p50]
     out["agg tok/s"] = [f"{m:.1f} [{lo:.1f}, {hi:.1f}]" for m, lo, hi in
                         zip(df.aggregate_tok_s, df.aggregate_tok_s_min, df.aggregate_tok_s_max)]
     if "regime" in df:  # a level past the server's cap is a queue: labelled, never read as a speed
