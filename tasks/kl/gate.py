@@ -245,10 +245,11 @@ class Gate:
         short = [f"{r.lane} {int(r.positions)}/{int(r.positions_expected)} positions scored"
                  for r in summary_df.itertuples() if int(r.positions) < int(r.positions_expected)] \
             if {"positions", "positions_expected"} <= set(summary_df.columns) else []
-        headline = verdict + (f" (ONLY {'; '.join(short)})" if short else "") + \
+        suffix = (f" (ONLY {'; '.join(short)})" if short else "") + \
             (f", FLAGGED: {'; '.join(f.split(':')[0] for f in flags)}" if flags else "")
-        self.run.manifest.flow["kl_headline"] = headline
-        report = render(self.title, self._facts(), summary_df, pairs_df, headline, reasons, plot)
+        self.run.manifest.flow["kl_headline"] = verdict + suffix
+        report = render(self.title, self._facts(), summary_df, pairs_df, verdict, reasons, plot)
+        report = report.replace(f"**{verdict}**", f"**{verdict}**{suffix}", 1)
         report += "".join(f"\n- **FLAG** {f}" for f in flags) + ("\n" if flags else "")
         (self.run.path / "report.md").write_text(report)
         self.run.register("", "report.md", "report")
