@@ -92,3 +92,18 @@ def test_decode_rows_state_their_sample_size_and_ttft_dominated_rows_are_flagged
     assert "C=1 (80% of e2el)" in found["ttft dominates"].message and "C=2" not in found["ttft dominates"].message
     steady = [r.model_copy(update={"repeats": 3, "ttft_share_p50": 0.1}) for r in rows]
     assert noise_findings(lane, steady, []) == []
+
+
+def test_a_matrix_arm_may_differ_from_no_speculation_only_in_speculation():
+    from tasks.record.fingerprint import beyond_speculation, describe_differences
+
+    plain = {"model.sha256": "a" * 64, "drafter.sha256": "none", "launch": "llama-server -m x", "server.max_running_requests": "8",
+             "bench.decode.max_tokens": "64", "host.cores": "2"}
+    arm = plain | {"drafter.sha256": "d" * 64, "launch": "llama-server -m x -md d --spec-type draft-simple",
+                   "server.speculative_type": "'draft-simple'", "server.draft_model": "'sha256:dd'",
+                   "bench.acceptance.max_tokens": "96"}
+    assert beyond_speculation(arm, plain) == []  # speculation is the variable under test
+    other = arm | {"model.sha256": "b" * 64, "server.max_running_requests": "4"}
+    diffs = beyond_speculation(other, plain)
+    assert [d[0] for d in diffs] == ["model.sha256", "server.max_running_requests"]
+    assert describe_differences(diffs) == f"model.sha256: {'a' * 16}... -> {'b' * 16}...; server.max_running_requests: 8 -> 4"

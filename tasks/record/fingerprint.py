@@ -113,6 +113,16 @@ def differences(current: dict[str, str], other: dict[str, str]) -> list[tuple[st
     return [(k, other.get(k), current.get(k)) for k in keys if current.get(k) != other.get(k)]
 
 
+# What speculation itself changes between an arm and the same target without a drafter.
+_SPECULATION_FIELDS = re.compile(r"^(drafter\.|launch$|bench\.acceptance|server\.(speculative_type|draft_model|num_spec_tokens|"
+                                 r"speculative|kv_max_concurrency|kv_cache_tokens))")
+
+
+def beyond_speculation(arm: dict[str, str], plain: dict[str, str]) -> list[tuple[str, str | None, str | None]]:
+    """Differences between a speculative arm and the no-speculation arm other than speculation's own."""
+    return [d for d in differences(arm, plain) if not _SPECULATION_FIELDS.match(d[0])]
+
+
 def describe_differences(diffs: list[tuple[str, str | None, str | None]], limit: int = 4) -> str:
     """`model.sha256: 'aaaa…' -> 'bbbb…'; ...` (long values cut to 16 characters)."""
     def cut(v: str | None) -> str:
@@ -122,4 +132,4 @@ def describe_differences(diffs: list[tuple[str, str | None, str | None]], limit:
     return text + (f" (and {len(diffs) - limit} more)" if len(diffs) > limit else "")
 
 
-__all__ = ["describe_differences", "differences", "fingerprint"]
+__all__ = ["beyond_speculation", "describe_differences", "differences", "fingerprint"]
