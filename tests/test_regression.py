@@ -225,7 +225,7 @@ def test_a_replaced_model_file_refuses_the_comparison_and_baselines_hold_the_fin
     c = compare_lane(open_index(tmp_path), swapped.path.name, "rehearsal", RegressionPolicy())
     assert {r.verdict for r in c.rows if r.metric.startswith("tok_s")} == {"not comparable"}
     assert "model.sha256: aaaaaaaaaaaaaaaa... -> bbbbbbbbbbbbbbbb..." in c.refused, c.refused
-    assert not c.regressions
+    assert not c.regressions and c.config_changes == []  # the lane config is the same: only the bytes changed
     _, entry = swapped.write_table("rehearsal", "regression", c.rows)  # GX: a refused table is a valid table
     assert entry.validation == "passed", entry.failed_expectations
     # The same change of tok/s with only the night changed (same bytes, same engine) is judged.

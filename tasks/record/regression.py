@@ -252,7 +252,8 @@ def compare_lane(con: Any, run: str, lane: str, policy: RegressionPolicy) -> Lan
                                   ci_high_pct=j.high_pct,
                                   verdict=verdict(d.better, j.change_pct, j.low_pct, j.high_pct, min_effect)))
     changes: list[str] = []
-    prev = con.execute("SELECT config FROM lanes WHERE run = ? AND lane = ?", [newest_baseline, lane]).fetchone()
+    prev = con.execute("SELECT config FROM lanes WHERE run = ? AND lane = ?",
+                       [newest_baseline or refused_against, lane]).fetchone()  # refused: what changed, too
     if prev and config:
         changes = config_changes(config, prev[0])
     refused = ""
