@@ -11,7 +11,8 @@ protocol's data_received, as the event loop read the socket), and `recv`, after 
 task woke and parsed head and body (the schedule counts from `recv`).
 
 Markers in the prompt script one request:
-  #burst=N        N token events in one write, then the gap (speculative decoding's bursts)
+  #burst=N        N tokens in one event, then the gap (speculative decoding's bursts: vLLM streams
+                  a step's accepted tokens as one event's token_ids)
   #fault=malformed|error|errorclose|empty|inconsistent|stall|close
       malformed: a broken JSON event mid-stream; error: llama-server's mid-stream
       `data: {"error": {...}}`; empty: only `data: [DONE]`; inconsistent: final usage claims 10x
@@ -137,8 +138,10 @@ class Fake:
         else:
             head = b'data: {"id":"cmpl-%d","object":"text_completion","created":0,"model":"fake","choices":[{"index":0,"text":" tok","token_ids":[' % rid
 
-        def token(i: int) -> bytes:
-            mid = head if chat else head + b"%d],\"finish_reason\":null}]" % i
+        def token(i: int, k: int = 1) -> bytes:
+            """The event carrying tokens i-k+1 .. i."""
+            ids = b",".join(b"%d" % j for j in range(i - k + 1, i + 1))
+            mid = head if chat else head + b"%s],\"finish_reason\":null}]" % ids
             if usage_each:
                 return mid + b',"usage":{"prompt_tokens":8,"completion_tokens":%d,"total_tokens":%d}}\n\n' % (i, 8 + i)
             return mid + b"}\n\n"
@@ -179,10 +182,8 @@ class Fake:
                 if self.ttft or self.itl:
                     await asyncio.sleep(max(0.0, t_next - time.perf_counter()))
                 k = min(burst, n - sent)
-                events = []
-                for _ in range(k):
-                    sent += 1
-                    events.append(token(sent))
+                sent += k
+                events = [token(sent, k)]
                 if fault == "malformed" and sent > n // 2:
                     events.append(b'data: {"choices": [{"text": "tok"\n\n')
                     fault = "done"

@@ -5,7 +5,8 @@ read to its end on kept-alive connections. Prints streamed events/s, the client'
 second and the connections the server accepted.
 
 Runs under any Python that has httpx and aiohttp (the benchmark uses aiperf's throwaway venv,
-which has both); the lean reader is loaded from its file, standard library only:
+which has both; `--layers` picks fewer); the lean reader is imported from the checkout
+(tasks/client/http.py and stamped.py: standard library only):
   /tmp/lb-peers/aiperf/bin/python benchmarks/http_layers.py --url http://127.0.0.1:18531 --levels 1,16,64
 """
 
@@ -13,27 +14,23 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
+import importlib
 import json
 import sys
 import time
 import urllib.request
 from pathlib import Path
 
-_spec = importlib.util.spec_from_file_location(
-    "lean_http", Path(__file__).resolve().parents[1] / "tasks/client/http.py")
-lean = importlib.util.module_from_spec(_spec)
-sys.modules["lean_http"] = lean  # dataclasses look their module up there
-_spec.loader.exec_module(lean)
+# The checkout's own package (a peer's venv does not have lanebench installed); since b6c58bb
+# http.py imports its socket reader from tasks.client.stamped, so loading http.py alone broke.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tasks.client import http as lean  # noqa: E402
 
 BODY = {"model": "fake", "prompt": "benchmark prompt", "stream": True}
 
 
-import aiohttp  # noqa: E402  (imported before any timing: an import is not a layer's cost)
-import httpx  # noqa: E402
-
-
 async def _httpx(url: str, c: int, n: int, tokens: int) -> int:
+    httpx = sys.modules["httpx"]
     body = {**BODY, "max_tokens": tokens}
     events = 0
     limits = httpx.Limits(max_connections=c, max_keepalive_connections=c)
@@ -51,6 +48,7 @@ async def _httpx(url: str, c: int, n: int, tokens: int) -> int:
 
 
 async def _aiohttp(url: str, c: int, n: int, tokens: int) -> int:
+    aiohttp = sys.modules["aiohttp"]
     body = {**BODY, "max_tokens": tokens}
     events = 0
     async with aiohttp.ClientSession(base_url=url, connector=aiohttp.TCPConnector(limit=c)) as session:
@@ -90,16 +88,26 @@ def _connections(url: str) -> int:
         return json.load(r)["connections"]
 
 
-def main() -> None:
+def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--url", required=True)
     p.add_argument("--levels", default="1,16,64")
     p.add_argument("--requests", type=int, default=4, help="per stream")
     p.add_argument("--tokens", type=int, default=512)
+    p.add_argument("--layers", default="httpx,aiohttp,lean", help="comma list of httpx, aiohttp, lean")
     args = p.parse_args()
+    every = {"httpx": ("httpx", _httpx), "aiohttp": ("aiohttp", _aiohttp), "lean": ("lean asyncio", _lean)}
+    chosen = args.layers.split(",")
+    if unknown := [x for x in chosen if x not in every]:
+        print(f"http_layers.py: --layers: unknown layer {unknown[0]!r}; choose from {', '.join(every)}",
+              file=sys.stderr)
+        return 2
+    for name in chosen:
+        if name != "lean":
+            importlib.import_module(name)  # before any timing: an import is not a layer's cost
     rows = []
     for c in [int(x) for x in args.levels.split(",")]:
-        for name, fn in (("httpx", _httpx), ("aiohttp", _aiohttp), ("lean asyncio", _lean)):
+        for name, fn in (every[x] for x in chosen):
             before = _connections(args.url)
             cpu0, t0 = time.process_time(), time.perf_counter()
             events = asyncio.run(fn(args.url, c, args.requests, args.tokens))
@@ -108,7 +116,8 @@ def main() -> None:
                          "CPU us/event": round(1e6 * cpu / max(events, 1), 1),
                          "connections": _connections(args.url) - before - 1})
             print(json.dumps(rows[-1]), flush=True)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -38,19 +38,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from peers import PEERS, run_peer, venv  # noqa: E402
 from tasks.client.prompts import Prompt  # noqa: E402
-from tasks.client.waves import Wave, run_wave  # noqa: E402
+from tasks.client.load import Wave, run_wave  # noqa: E402
+from tasks.client.workers import run_spread  # noqa: E402
 from tasks.engines import engine_for  # noqa: E402
 
 PORT = 18531
 
 
 class FakeServer:
-    def __init__(self, cpu: int, log: Path, *flags: str):
+    def __init__(self, cpu: int, log: Path, *flags: str, port: int = PORT):
         self.log = log
-        self.proc = subprocess.Popen([sys.executable, str(ROOT / "benchmarks/fake_server.py"), "--port", str(PORT),
+        self.proc = subprocess.Popen([sys.executable, str(ROOT / "benchmarks/fake_server.py"), "--port", str(port),
                                       "--cpu", str(cpu), "--log", str(log), *flags], stdout=subprocess.PIPE, text=True)
-        assert "listening" in self.proc.stdout.readline()
-        self.url = f"http://127.0.0.1:{PORT}"
+        if "listening" not in self.proc.stdout.readline():
+            raise SystemExit(f"load_generator.py: the fake server did not start on port {port} (--port picks another)")
+        self.url = f"http://127.0.0.1:{port}"
 
     def stats(self) -> dict:
         with urllib.request.urlopen(f"{self.url}/stats") as r:
@@ -69,26 +71,34 @@ def _pct(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) if values else float("nan")
 
 
-def lanebench(url: str, concurrency: int, requests: int, tokens: int) -> dict:
-    """One closed-loop wave with lanebench's client, in this (pinned) process."""
+def lanebench(url: str, concurrency: int, requests: int, tokens: int, workers: int = 1,
+              cpus: list[int] | None = None) -> dict:
+    """One closed-loop wave with lanebench's client, in this (pinned) process, or over `workers`
+    processes pinned round-robin to `cpus`."""
     wave = Wave(lane="bench", stage="decode", repeat=1, concurrency=concurrency,
-                requests_per_stream=max(1, requests // concurrency), max_tokens=tokens)
+                requests_per_stream=max(1, requests // concurrency), max_tokens=tokens, workers=workers)
     prompts = [Prompt(id="p", prompt_class="bench", text="benchmark prompt")]
-    cpu0 = time.process_time()
-    result = run_wave(url, engine_for("vllm"), wave, prompts)
-    return {"cpu_s": time.process_time() - cpu0, "wall_s": result.wall_s,
+    if workers > 1:
+        result = run_spread(url, engine_for("vllm"), wave, prompts, cpus=cpus)
+    else:
+        result = run_wave(url, engine_for("vllm"), wave, prompts)
+    # the wave's own CPU in every client process (a worker's interpreter start-up is not in it)
+    return {"cpu_s": result.client_cpu_s, "wall_s": result.wall_s,
             "ok": sum(r.ok for r in result.records), "n": len(result.records),
             "tokens": sum(r.output_tokens for r in result.records if r.ok),
             "ttft": [(r.nonce, r.ttft_s) for r in result.records if r.ok],
-            "chunks": {r.nonce: (r.chunk_arrivals_s, r.chunk_tokens) for r in result.records if r.ok}}
+            "chunks": {r.nonce: (r.chunk_arrivals_s, r.chunk_tokens, r.chunk_coalesced) for r in result.records if r.ok}}
 
 
 def timed_row(client: str, got: dict, entries: list[dict], concurrency: int, itl_ms: float) -> dict:
     """Error = the client's interval minus the server's for the same request: TTFT against
     (first write - the request's last byte reaching the server process), ITL gap by gap against
     the server's write gaps. `parsed`: TTFT error against the older reference, the server's stamp
-    after its handler woke and parsed the request (it adds the server's own wake-up and parsing)."""
+    after its handler woke and parsed the request (it adds the server's own wake-up and parsing).
+    A gap that touches a coalesced chunk (its read also carried a later event: its stamp is that
+    event's arrival, an upper bound for its own) is left out of the ITL error and counted apart."""
     ttft_err, itl_err, parsed = [], [], []
+    chunks = coalesced = 0
 
     def err(ttft: float, e: dict) -> float:
         parsed.append(ttft - (e["writes"][0] - e["recv"]))
@@ -99,10 +109,12 @@ def timed_row(client: str, got: dict, entries: list[dict], concurrency: int, itl
             (e,) = [e for e in entries if nonce in e["prompt"]]
             ttft_err.append(err(ttft, e))
             # A chunk starts at the write of its first token (the fake server writes one token per write).
-            arrivals, tokens = got["chunks"][nonce]
+            arrivals, tokens, shared = got["chunks"][nonce]
             first = np.cumsum([0, *tokens[:-1]])
             sent = [e["writes"][i] for i in first]
-            itl_err += [(a1 - a0) - (w1 - w0) for a0, a1, w0, w1 in zip(arrivals, arrivals[1:], sent, sent[1:])]
+            chunks, coalesced = chunks + len(shared), coalesced + sum(shared)
+            itl_err += [(arrivals[i + 1] - arrivals[i]) - (sent[i + 1] - sent[i]) for i in range(len(arrivals) - 1)
+                        if not (shared[i] or shared[i + 1])]
     elif "ttft_by_id" in got:
         by_id = {e["id"]: e for e in entries}
         ttft_err = [err(t, by_id[i]) for i, t in got["ttft_by_id"].items() if i in by_id]
@@ -114,7 +126,8 @@ def timed_row(client: str, got: dict, entries: list[dict], concurrency: int, itl
             "TTFT err p50 ms": _pct(ttft_err, 50) * 1e3, "TTFT err p99 ms": _pct(ttft_err, 99) * 1e3,
             "vs parsed p50 ms": _pct(parsed, 50) * 1e3, "vs parsed p99 ms": _pct(parsed, 99) * 1e3,
             "ITL err p50 ms": _pct(itl_err, 50) * 1e3 if itl_err else float("nan"),
-            "ITL |err| p99 ms": _pct(np.abs(itl_err).tolist(), 99) * 1e3 if itl_err else float("nan")}
+            "ITL |err| p99 ms": _pct(np.abs(itl_err).tolist(), 99) * 1e3 if itl_err else float("nan"),
+            "coalesced %": 100.0 * coalesced / chunks if chunks else float("nan")}
 
 
 def raw_row(client: str, got: dict, entries: list[dict], concurrency: int, conns: int) -> dict:
@@ -135,10 +148,11 @@ def table(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
-def one(client: str, server: FakeServer, concurrency: int, requests: int, tokens: int, work: Path) -> dict:
+def one(client: str, server: FakeServer, concurrency: int, requests: int, tokens: int, work: Path,
+        workers: int = 1, cpus: list[int] | None = None) -> dict:
     server.log.write_text("")
     if client.startswith("lanebench"):
-        return lanebench(server.url, concurrency, requests, tokens)
+        return lanebench(server.url, concurrency, requests, tokens, workers, cpus)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     got = run_peer(client, server.url, concurrency, requests, tokens, work)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -146,21 +160,28 @@ def one(client: str, server: FakeServer, concurrency: int, requests: int, tokens
     return got
 
 
-def main() -> None:
+def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="small scale: C in 1,16; few requests")
+    p.add_argument("--smoke", action="store_true", help="tiny scale, seconds: proves every part runs (CI)")
     p.add_argument("--peers", default="guidellm,aiperf", help="comma list, or 'none'")
+    p.add_argument("--port", type=int, default=PORT, help="the fake server's port (loopback)")
     p.add_argument("--server-cpu", type=int, default=0)
     p.add_argument("--client-cpu", type=int, default=1)
+    p.add_argument("--workers", default="1",
+                   help="raw part: comma list of lanebench worker-process counts to run (e.g. 1,2,4,8,16)")
+    p.add_argument("--client-cpus", default=None,
+                   help="cores the workers are pinned to, round-robin (default: --client-cpu only)")
     p.add_argument("--ttft-ms", type=float, default=20.0)
     p.add_argument("--itl-ms", type=float, default=1.0)
     p.add_argument("--server-sleeps", action="store_true",
                    help="timed part: the fake server sleeps between writes (before 2026-12-01 15:30 UTC)")
     args = p.parse_args()
-    levels_timed = [1, 4, 16]
-    levels_raw = [1, 16, 64, 256] if not args.quick else [1, 16]
-    per_level = 8 if args.quick else 32  # requests per concurrency level (x C for C > 8)
-    tokens_timed, tokens_raw = (64, 256) if args.quick else (128, 1024)
+    levels_timed = [1, 4] if args.smoke else [1, 4, 16]
+    levels_raw = [1, 4] if args.smoke else [1, 16] if args.quick else [1, 16, 64, 256]
+    per_level = 2 if args.smoke else 8 if args.quick else 32  # requests per concurrency level (x C for C > 8)
+    tokens_timed, tokens_raw = (16, 32) if args.smoke else (64, 256) if args.quick else (128, 1024)
+    errors: list[str] = []  # any of these: the run exits 1 after printing what it has
     peers = [] if args.peers == "none" else args.peers.split(",")
     clients = ["lanebench", *[c for c in peers if c in PEERS]]
     work = Path(tempfile.mkdtemp(prefix="lb-loadgen-"))
@@ -174,7 +195,7 @@ def main() -> None:
     timed, raw, layers = [], [], []
     # The reference polls instead of sleeping: its own wake-up is not the clients' error.
     server = FakeServer(args.server_cpu, log, "--ttft-ms", str(args.ttft_ms), "--itl-ms", str(args.itl_ms),
-                        *([] if args.server_sleeps else ["--busy-poll"]))
+                        *([] if args.server_sleeps else ["--busy-poll"]), port=args.port)
     os.sched_setaffinity(0, {args.client_cpu})  # after the server started: it pinned itself
     try:
         for c in levels_timed:
@@ -185,12 +206,15 @@ def main() -> None:
                 print(timed[-1], flush=True)
     finally:
         server.stop()
-    server = FakeServer(args.server_cpu, log, "--zero-delay")
+    server = FakeServer(args.server_cpu, log, "--zero-delay", port=args.port)
     try:
+        counts = [int(x) for x in args.workers.split(",")]
+        cpus = [int(x) for x in args.client_cpus.split(",")] if args.client_cpus else [args.client_cpu]
+        raw_clients = [(f"lanebench x{w}" if w > 1 else "lanebench", w) for w in counts] + [(c, 1) for c in clients[1:]]
         for c in levels_raw:
-            for client in clients:
+            for client, w in raw_clients:
                 before = server.stats()["connections"]
-                got = one(client, server, c, per_level * max(1, c // 8), tokens_raw, work)
+                got = one(client, server, c, per_level * max(1, c // 8), tokens_raw, work, w, cpus)
                 entries = server.entries()
                 conns = server.stats()["connections"] - before - 1  # -1: the /stats call itself
                 raw.append(raw_row(client, got, entries, c, conns))
@@ -201,7 +225,9 @@ def main() -> None:
                                   "--url", server.url, "--levels", ",".join(map(str, levels_raw)),
                                   "--tokens", str(tokens_raw)], capture_output=True, text=True, timeout=900)
             layers = [json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]
-            print(res.stderr[-2000:] if res.returncode else "", flush=True)
+            if res.returncode:
+                print(res.stderr[-2000:], flush=True)
+                errors.append(f"benchmarks/http_layers.py exited {res.returncode}")
     finally:
         server.stop()
     with open("/proc/loadavg") as f:
@@ -214,7 +240,12 @@ def main() -> None:
         print("\n## HTTP layers (same zero-delay streams, same work per read)\n")
         print(table(layers))
     print(f"\nload at end {' '.join(load_end)}")
+    errors += [f"{r['client']} C={r['C']}: {r['requests ok']} requests ok" for r in timed + raw
+               if r["requests ok"].split("/")[0] != r["requests ok"].split("/")[1]]
+    for e in errors:
+        print(f"error: {e}", file=sys.stderr)
+    return 1 if errors else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

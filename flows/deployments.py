@@ -91,13 +91,18 @@ def wait_healthy(api_url: str, proc: subprocess.Popen | None, timeout_s: float, 
 
 @contextmanager
 def server(host: str, port: int, home: Path | None, timeout_s: float = 180,
-           extra_env: dict[str, str] | None = None) -> Iterator[str]:
-    """`prefect server start` on host:port (SQLite under PREFECT_HOME); yields its API URL; stopped on exit."""
+           extra_env: dict[str, str] | None = None, database: str | None = None) -> Iterator[str]:
+    """`prefect server start` on host:port (SQLite under PREFECT_HOME, or `database`, flows/database.py);
+    yields its API URL; stopped on exit."""
+    from flows.database import server_env
     from tasks.hosts.lock import FILE_LEASES, LEASE_STORAGE_ENV
 
     api_url = f"http://{host}:{port}/api"
-    env = prefect_env(api_url, home, extra_env)
+    env = prefect_env(api_url, home, (extra_env or {}) | server_env(database))
     env.pop("PREFECT_API_URL")  # the server serves the API; it is no client of one
+    # The UI's calls go here (Prefect's default is port 4200 whatever --port says); a server on
+    # 0.0.0.0 is reached by its name: set PREFECT_UI_API_URL to it.
+    env.setdefault("PREFECT_UI_API_URL", api_url)
     # Leases on disk: a restarted server still knows who holds a host (tasks/host_lock.py).
     env.setdefault(LEASE_STORAGE_ENV, FILE_LEASES)
     log = (home or Path(env.get("PREFECT_HOME", Path.home() / ".prefect"))) / "server.log"
@@ -137,22 +142,39 @@ def _schedules(spec: dict) -> list:
     return out
 
 
-def deploy(env: dict[str, str], prefect_file: Path = PREFECT_FILE, pool: str = POOL,
-           say=print) -> list[str]:
-    """Create the process pool if missing and deploy every loadable deployment of `prefect_file`,
-    through Prefect's Python API against the server `env` names."""
+def ensure_pool(env: dict[str, str], pool: str = POOL, queues: list[str] | None = None) -> None:
+    """The process work pool and its `queues` (a site's or host group's) on the server `env` names,
+    created when missing; existing ones are left as they are."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import WorkPoolCreate
     from prefect.exceptions import ObjectAlreadyExists
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    names = []
     with temporary_settings({PREFECT_API_URL: env["PREFECT_API_URL"]}):
         with get_client(sync_client=True) as client:
             try:
                 client.create_work_pool(WorkPoolCreate(name=pool, type="process"))
             except ObjectAlreadyExists:
                 pass
+            for queue in queues or []:
+                try:
+                    client.create_work_queue(name=queue, work_pool_name=pool)
+                except ObjectAlreadyExists:
+                    pass
+
+
+def deploy(env: dict[str, str], prefect_file: Path = PREFECT_FILE, pool: str = POOL,
+           say=print, queues: list[str] | None = None) -> list[str]:
+    """Create the process pool and its `queues` (a site's or host group's) if missing and deploy
+    every loadable deployment of `prefect_file`, through Prefect's Python API against the server `env` names."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate
+    from prefect.exceptions import ObjectAlreadyExists
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    names = []
+    ensure_pool(env, pool, queues)
+    with temporary_settings({PREFECT_API_URL: env["PREFECT_API_URL"]}):
         for spec in deployments(prefect_file):
             flow, why = _loaded(spec["entrypoint"])
             if flow is None:
@@ -169,13 +191,15 @@ def deploy(env: dict[str, str], prefect_file: Path = PREFECT_FILE, pool: str = P
     return names
 
 
-def worker(env: dict[str, str], pool: str, log: Path) -> subprocess.Popen:
-    """A process worker on `pool`: each flow run becomes a process in this checkout, with this environment."""
-    return _spawn(["worker", "start", "--pool", pool, "--type", "process"], env, log)
+def worker(env: dict[str, str], pool: str, log: Path, queues: list[str] | None = None) -> subprocess.Popen:
+    """A process worker on `pool` (only `queues` of it, when given: a site's or host group's runs):
+    each flow run becomes a process in this checkout, with this environment."""
+    picks = [arg for q in queues or [] for arg in ("--work-queue", q)]
+    return _spawn(["worker", "start", "--pool", pool, "--type", "process", *picks], env, log)
 
 
 def serve(host: str, port: int, home: Path | None, prefect_file: Path, pool: str, api_url: str | None,
-          start_worker: bool = True, say=print) -> int:
+          start_worker: bool = True, say=print, database: str | None = None, queues: list[str] | None = None) -> int:
     """Run the stack until SIGINT/SIGTERM, or until the server or worker dies (exit 1)."""
     stopping = {"signal": None}
 
@@ -188,9 +212,9 @@ def serve(host: str, port: int, home: Path | None, prefect_file: Path, pool: str
 
     def run(url: str) -> int:
         env = prefect_env(url, home)
-        names = deploy(env, prefect_file, pool, say)
+        names = deploy(env, prefect_file, pool, say, queues)
         say(f"deployed to {url}: {', '.join(names) or '(none)'} on work pool {pool}")
-        proc = worker(env, pool, logs / "worker.log") if start_worker else None
+        proc = worker(env, pool, logs / "worker.log", queues) if start_worker else None
         say(f"{'worker running' if proc else 'no worker started'}; logs in {logs}; Ctrl-C stops")
         misses, last_check = 0, time.monotonic()
         try:
@@ -215,6 +239,6 @@ def serve(host: str, port: int, home: Path | None, prefect_file: Path, pool: str
     if api_url:
         wait_healthy(api_url, None, 30)
         return run(api_url)
-    with server(host, port, home) as url:
+    with server(host, port, home, database=database) as url:
         say(f"prefect server at {url.removesuffix('/api')}")
         return run(url)

@@ -53,7 +53,15 @@ def cmd_history(args: argparse.Namespace) -> int:
     from flows.cli import _bad_input
     from tasks.record import history
 
-    root = Path(args.artifacts)
+    from tasks.record.store import Store, StoreError, is_url
+
+    if is_url(args.artifacts):  # a team's store: its published run folders, mirrored and checked here
+        try:
+            root = Store(args.artifacts).sync(on_refused=lambda line: print(f"history: {line}", file=sys.stderr))
+        except StoreError as e:
+            return _bad_input(str(e))
+    else:
+        root = Path(args.artifacts)
     if not root.is_dir():
         return _bad_input(f"--artifacts {root}: no such folder. Fix: pass the folder that holds the run folders")
     what = args.what or "runs"
@@ -92,16 +100,51 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from flows.cli import _quiet_prefect
     from flows.deployments import serve
 
+    from flows.cli import _bad_input
+    from flows.database import DatabaseUrlError, connection_url
+
+    if args.database:
+        if args.api_url:
+            return _bad_input("--database with --api-url: the running server already has its database. "
+                              "Fix: drop one of them")
+        try:
+            connection_url(args.database)
+        except DatabaseUrlError as e:
+            return _bad_input(str(e))
     _quiet_prefect()  # serve starts a real server of its own
     return serve(args.host, args.port, Path(args.home) if args.home else None, Path(args.prefect_file), args.pool,
-                 args.api_url, start_worker=not args.no_worker)
+                 args.api_url, start_worker=not args.no_worker, database=args.database,
+                 queues=args.work_queue or None)
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    """A worker on another machine: the pool and its queues made if missing, then Prefect's own
+    `prefect worker start` in this process's place (its signals, its logs)."""
+    import os
+
+    from flows.cli import _bad_input, _quiet_prefect
+
+    api = args.api_url or os.environ.get("PREFECT_API_URL")
+    if not api:
+        return _bad_input("worker: no server. Fix: --api-url http://SERVER:4200/api (or PREFECT_API_URL)")
+    _quiet_prefect()
+    from flows.deployments import ensure_pool, prefect_env, wait_healthy
+    from tasks.engines.build import REPO
+
+    env = prefect_env(api)
+    wait_healthy(api, None, 60)
+    ensure_pool(env, args.pool, args.work_queue)
+    argv = [sys.executable, "-m", "prefect", "worker", "start", "--pool", args.pool, "--type", "process",
+            *[a for q in args.work_queue or [] for a in ("--work-queue", q)], *(["--name", args.name] if args.name else [])]
+    os.chdir(REPO)
+    os.execve(sys.executable, argv, env)
 
 
 def register_cli(subparsers: Any) -> None:
     from tasks.engines.build import REPO
 
     p = subparsers.add_parser("history", help="query the run history (DuckDB over every run folder)")
-    p.add_argument("--artifacts", default=str(REPO / "artifacts"), help="folder that holds the run folders")
+    p.add_argument("--artifacts", default=str(REPO / "artifacts"), help="folder that holds the run folders, or a store URL (sftp://host/path)")
     p.add_argument("--csv", action="store_true", help="CSV on stdout instead of a table")
     p.add_argument("--last", type=int, default=20, help="at most this many runs (default 20)")
     p.add_argument("--flow", default=None, help="only runs of this flow (nightly, matrix, kl)")
@@ -136,4 +179,14 @@ def register_cli(subparsers: Any) -> None:
     p.add_argument("--prefect-file", default=str(REPO / "prefect.yaml"))
     p.add_argument("--pool", default="lanebench", help="process work pool (created when missing)")
     p.add_argument("--no-worker", action="store_true", help="deploy only; run a worker elsewhere")
+    p.add_argument("--database", default=None, help="postgresql://USER[:PW]@HOST[:PORT]/DB for a team's server "
+                   "(default: SQLite under --home); docs/nightly.md, 'A team's set-up'")
+    p.add_argument("--work-queue", action="append", help="the worker takes only this queue of the pool (repeatable)")
     p.set_defaults(func=cmd_serve)
+
+    p = subparsers.add_parser("worker", help="a process worker for a team's server, on this machine (a site's queues)")
+    p.add_argument("--api-url", default=None, help="the team's server (default: PREFECT_API_URL)")
+    p.add_argument("--pool", default="lanebench", help="process work pool (created when missing)")
+    p.add_argument("--work-queue", action="append", help="take only this queue (repeatable; created when missing)")
+    p.add_argument("--name", default=None, help="the worker's name in the UI (default: Prefect's)")
+    p.set_defaults(func=cmd_worker)

@@ -34,7 +34,15 @@ from tasks.record.run_folder import RunFolder
 @flow(name="kl", flow_run_name="kl-{kl_file}")
 def kl_gate(kl_file: str, artifacts_root: str = "artifacts", prompt_count: int | None = None) -> State:
     """One KL run of `kl_file` into a new run folder under `artifacts_root`; `prompt_count`
-    scores only the first N prompts (a quick check, said in the report's title)."""
+    scores only the first N prompts (a quick check, said in the report's title). A store URL as
+    `artifacts_root` gets the run folder published (tasks/record/store.py)."""
+    from tasks.record.store import in_store
+
+    return in_store(artifacts_root, "kl", str(flow_run.get_id()),
+                    lambda root: _kl_gate(kl_file, root, prompt_count))
+
+
+def _kl_gate(kl_file: str, artifacts_root: str, prompt_count: int | None) -> State:
     path = Path(kl_file).resolve()
     spec = load_kl_file(path)
     lanes = resolve_lanes(spec, path)

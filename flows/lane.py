@@ -145,6 +145,8 @@ def lane_flow(lane_name: str, lane: Lane, host: Host, base_dir: Path, run_dir: s
             live.check(endpoint)  # the last wave's requests past their deadline end the lane here, not in a table
             model_bytes = next((m["bytes"] for m in record.models if m["role"] == "model"), None)
             rows = with_bandwidth_share(rows, model_bytes, host.memory_gbps)
+            if model_bytes and host.memory_gbps:
+                record.bandwidth = {"model_bytes": model_bytes, "memory_gbps": host.memory_gbps}
             queue_rows = []
             if past_cap:
                 stage("queueing levels")

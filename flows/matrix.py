@@ -64,7 +64,14 @@ def _run_name() -> str:
 
 @flow(name="matrix", flow_run_name=_run_name)
 def matrix(matrix_file: str, artifacts_root: str = "artifacts") -> State:
-    """One run of `matrix_file` into a new `*_matrix_*` run folder under `artifacts_root`."""
+    """One run of `matrix_file` into a new `*_matrix_*` run folder under `artifacts_root` (a folder,
+    or a store URL the run folder is published to: tasks/record/store.py)."""
+    from tasks.record.store import in_store
+
+    return in_store(artifacts_root, "matrix", str(flow_run.get_id()), lambda root: _matrix(matrix_file, root))
+
+
+def _matrix(matrix_file: str, artifacts_root: str) -> State:
     logger = get_run_logger()
     path = _in_repo(matrix_file)
     m = load_matrix(path)  # a ConfigError fails the flow with its one line

@@ -140,6 +140,15 @@ def _against_baseline(run: RunFolder, artifacts_root: str, policy: RegressionPol
 @flow(name="nightly", on_failure=[on_failure], on_crashed=[on_failure])
 def nightly(hosts: str = "hosts.yaml", lanes: list[str] | None = None, artifacts_root: str = "artifacts",
             regression: RegressionPolicy | None = None) -> State:
+    """Every lane of `hosts` (or `lanes`), then each against its baseline window; `artifacts_root`
+    is a folder or a store URL (tasks/record/store.py: the run folder is published there)."""
+    from tasks.record.store import in_store
+
+    return in_store(artifacts_root, "nightly", str(flow_run.get_id()),
+                    lambda root: _nightly(hosts, lanes, root, regression))
+
+
+def _nightly(hosts: str, lanes: list[str] | None, artifacts_root: str, regression: RegressionPolicy | None) -> State:
     logger = get_run_logger()
     policy = regression or RegressionPolicy.model_validate_json(os.environ.get(POLICY_ENV) or "{}")
     inventory_path = Path(hosts).resolve()

@@ -24,9 +24,14 @@ mkdir -p "$BUNDLE"
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 
-# 1. The code.
+# 1. The code, and the commit it is (no .git travels: run_folder.git_identity reads
+#    .lanebench-git.json instead, so every manifest made there names the commit).
+printf '{"git_sha": "%s", "dirty": %s}\n' "$(git -C "$repo" rev-parse HEAD)" \
+  "$([ -z "$(git -C "$repo" status --porcelain)" ] && echo false || echo true)" > "$tmp/.lanebench-git.json"
 git -C "$repo" ls-files -co --exclude-standard -z | grep -zv '^testbed/models/.*\.gguf$' \
-  | tar -C "$repo" --null -T - -czf "$BUNDLE/code.tar.gz"
+  | tar -C "$repo" --null -T - -cf "$tmp/code.tar"
+tar -C "$tmp" -rf "$tmp/code.tar" .lanebench-git.json
+gzip -9c "$tmp/code.tar" > "$BUNDLE/code.tar.gz"
 
 # 2. The pinned llama.cpp tree, cut from the pinned sdist (downloaded and checked if missing).
 sdist="$CACHE/sdist/llama_cpp_python-0.3.36.tar.gz"
@@ -38,18 +43,25 @@ if [ "$(cat "$BUNDLE/llama-src.tree" 2>/dev/null)" != "$tree_hash" ]; then
   echo "$tree_hash" > "$BUNDLE/llama-src.tree"
 fi
 
-# 3. The Python dependencies the machine's image lacks (its numpy, pandas, pyarrow, scipy and
-#    matplotlib serve; KINDS.md lists the image's packages). xz: wheels are zip-deflated, and
-#    ~74 MB of wheels fit the call only as one xz stream (~48 MiB).
+# 3. The Python dependencies the machine's image lacks (KINDS.md lists the image's packages:
+#    those below serve as they are there, at the image's versions). xz: wheels are zip-deflated
+#    and compress as one stream. The bundle must stay under 48 MiB (checked at the end).
+IMAGE_HAS='numpy|pandas|pyarrow|scipy|matplotlib|pillow|fonttools|contourpy|kiwisolver|pywin32|cycler|pyparsing|narwhals'
+IMAGE_HAS+='|pygments|markdown-it-py|mdurl|rich|regex|jinja2|markupsafe|pyyaml|requests|urllib3|certifi|idna'
+IMAGE_HAS+='|charset-normalizer|httpx|httpcore|h11|anyio|click|typer|shellingham|python-dateutil|six|tqdm'
+IMAGE_HAS+='|cloudpickle|fsspec|packaging|pluggy|prometheus-client|typing-extensions|attrs|humanize|markdown'
 if [ ! -f "$BUNDLE/site.tar.xz" ] || [ "${REBUILD_SITE:-0}" = 1 ]; then
   (cd "$repo" && uv export --frozen --no-dev --no-hashes --no-emit-project) | grep -v '^ *#' | grep -v '^ ' \
-    | sed 's/ ;.*//' | grep -vE '^(numpy|pandas|pyarrow|scipy|matplotlib|pillow|fonttools|contourpy|kiwisolver|pywin32|cycler|pyparsing|narwhals)==' \
+    | sed 's/ ;.*//' | grep -vE "^($IMAGE_HAS)==" \
     > "$tmp/reqs.txt"
   plats=(); for p in manylinux_2_28 manylinux_2_27 manylinux_2_24 manylinux_2_17 manylinux2014 manylinux1 manylinux_2_31 manylinux_2_34 manylinux_2_5; do plats+=(--platform "${p}_x86_64"); done
   python3 -m pip download -qq --no-deps --only-binary=:all: --python-version 3.12 --implementation cp --abi cp312 \
     "${plats[@]}" --platform any -d "$tmp/wheels" -r "$tmp/reqs.txt"
   uv pip install -q --target "$tmp/gpusite" --python-version 3.12 --python-platform x86_64-manylinux_2_28 \
     --no-deps --no-index --no-compile "$tmp"/wheels/*.whl
+  # Prefect's Apprise notification blocks (8 MB) are imported only when one sends through
+  # Apprise, which no GPU run does; without them the bundle fits under 48 MiB.
+  rm -rf "$tmp"/gpusite/apprise "$tmp"/gpusite/apprise-*.dist-info
   tar -C "$tmp" -cJf "$BUNDLE/site.tar.xz" gpusite
 fi
 gguf="gguf==$(cd "$repo" && uv export --frozen --only-dev --no-hashes | sed -n 's/^gguf==\([^ ]*\).*/\1/p')"
@@ -58,4 +70,7 @@ python3 -m pip download -qq --no-deps --only-binary=:all: -d "$BUNDLE" "$gguf"
 
 cp "$here/gpu-remote.sh" "$BUNDLE/gpu-remote.sh"
 du -sh "$BUNDLE"/*
+total=$(du -cb "$BUNDLE"/* | tail -1 | cut -f1)
+echo "bundle: $((total / 1048576)) MiB"
+[ "$total" -lt $((48 * 1048576)) ] || { echo "the bundle is over 48 MiB: trim site.tar.xz (IMAGE_HAS)" >&2; exit 1; }
 echo "carry: .gpu-bundle    command: bash .gpu-bundle/gpu-remote.sh all"

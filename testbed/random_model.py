@@ -22,18 +22,39 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 TESTBED_TARGET = HERE / "models" / "target-f16.gguf"
 # A Llama-1B-like body: width 2048, head size 128 (CUDA flash attention has kernels for it),
-# SwiGLU width 5632; the layer count sets the size (~51 M parameters per layer).
+# SwiGLU width 5632; the layer count sets the size (~51 M parameters per layer). `--width 4096`
+# is a Llama-8B-like body (32 heads of 128, SwiGLU 14336, ~243 M parameters per layer): at 32
+# layers its ~16 GB F16 step is bound by memory, not by kernel launches.
 N_EMBD, N_HEAD, N_FF, N_CTX = 2048, 16, 5632, 4096
 PER_LAYER = 4 * N_EMBD * N_EMBD + 3 * N_EMBD * N_FF + 2 * N_EMBD
+BODIES = {2048: (16, 5632), 4096: (32, 14336)}  # width -> heads, SwiGLU width
 
 
-def layers_for(params: float) -> int:
-    return max(1, round(params / PER_LAYER))
+def per_layer(width: int = N_EMBD) -> int:
+    ff = BODIES[width][1]
+    return 4 * width * width + 3 * width * ff + 2 * width
 
 
-def write_random_gguf(path: Path, params: float, seed: int = 0, like: Path = TESTBED_TARGET) -> int:
-    """Write the model; returns its parameter count."""
+def layers_for(params: float, width: int = N_EMBD) -> int:
+    return max(1, round(params / per_layer(width)))
+
+
+def write_random_gguf(path: Path, params: float, seed: int = 0, like: Path = TESTBED_TARGET, width: int = N_EMBD,
+                      layers: int | None = None, residual_scale: float = 1.0) -> int:
+    """Write the model; returns its parameter count.
+
+    Each tensor is a window of one seeded pool at an offset drawn from (seed, tensor name), so a
+    model with fewer `layers` and the same seed and width has the SAME embedding, output and
+    first layers: the target's own layers as its drafter. `residual_scale` scales what each layer
+    adds to the residual stream (attn_output, ffn_down): small, and every depth predicts nearly
+    the token the embedding alone predicts, so such a drafter is accepted almost always; the
+    bytes read per step, what the GPU is measured on, are the same at any scale.
+    """
+    import zlib
+
     import gguf
+
+    n_embd, (n_head, n_ff) = width, BODIES[width]
 
     src = gguf.GGUFReader(str(like))
 
@@ -41,17 +62,17 @@ def write_random_gguf(path: Path, params: float, seed: int = 0, like: Path = TES
         return src.fields[key].contents()
 
     tokens = field("tokenizer.ggml.tokens")
-    n_vocab, n_layer = len(tokens), layers_for(params)
+    n_vocab, n_layer = len(tokens), layers if layers else layers_for(params, width)
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_name(f"lanebench-random-{n_layer}l")
-    w.add_description(f"random weights, {n_layer} layers of width {N_EMBD}: a bandwidth test, not a language model")
+    w.add_description(f"random weights, {n_layer} layers of width {n_embd}: a bandwidth test, not a language model")
     w.add_context_length(N_CTX)
-    w.add_embedding_length(N_EMBD)
+    w.add_embedding_length(n_embd)
     w.add_block_count(n_layer)
-    w.add_feed_forward_length(N_FF)
-    w.add_head_count(N_HEAD)
-    w.add_head_count_kv(N_HEAD)
-    w.add_rope_dimension_count(N_EMBD // N_HEAD)
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_head)
+    w.add_rope_dimension_count(n_embd // n_head)
     w.add_rope_freq_base(10000.0)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_vocab_size(n_vocab)
@@ -74,31 +95,34 @@ def write_random_gguf(path: Path, params: float, seed: int = 0, like: Path = TES
     # One pool of N(0, 0.02) values, each tensor a window of it at a random offset: drawing
     # billions of normals would take minutes, and the GPU reads these bytes the same either way.
     rng = np.random.default_rng(seed)
-    pool = (rng.standard_normal(N_EMBD * N_FF + (1 << 20), dtype=np.float32) * 0.02).astype(np.float16)
+    pool = (rng.standard_normal(n_embd * n_ff + (1 << 20), dtype=np.float32) * 0.02).astype(np.float16)
+    scaled = pool if residual_scale == 1.0 else (pool.astype(np.float32) * residual_scale).astype(np.float16)
     count = 0
 
-    def matrix(name: str, rows: int, cols: int) -> None:
+    def matrix(name: str, rows: int, cols: int, src: np.ndarray = pool) -> None:
         nonlocal count
-        start = int(rng.integers(0, pool.size - rows * cols + 1))
-        w.add_tensor(name, pool[start:start + rows * cols].reshape(rows, cols))
+        at = np.random.default_rng([seed, zlib.crc32(name.encode())])
+        start = int(at.integers(0, src.size - rows * cols + 1))
+        w.add_tensor(name, src[start:start + rows * cols].reshape(rows, cols))
         count += rows * cols
 
     def norm(name: str) -> None:
         nonlocal count
-        w.add_tensor(name, np.ones(N_EMBD, dtype=np.float32))
-        count += N_EMBD
+        w.add_tensor(name, np.ones(n_embd, dtype=np.float32))
+        count += n_embd
 
-    matrix("token_embd.weight", n_vocab, N_EMBD)
+    matrix("token_embd.weight", n_vocab, n_embd)
     for i in range(n_layer):
         norm(f"blk.{i}.attn_norm.weight")
-        for n in ("attn_q", "attn_k", "attn_v", "attn_output"):
-            matrix(f"blk.{i}.{n}.weight", N_EMBD, N_EMBD)
+        for n in ("attn_q", "attn_k", "attn_v"):
+            matrix(f"blk.{i}.{n}.weight", n_embd, n_embd)
+        matrix(f"blk.{i}.attn_output.weight", n_embd, n_embd, scaled)
         norm(f"blk.{i}.ffn_norm.weight")
-        matrix(f"blk.{i}.ffn_gate.weight", N_FF, N_EMBD)
-        matrix(f"blk.{i}.ffn_up.weight", N_FF, N_EMBD)
-        matrix(f"blk.{i}.ffn_down.weight", N_EMBD, N_FF)
+        matrix(f"blk.{i}.ffn_gate.weight", n_ff, n_embd)
+        matrix(f"blk.{i}.ffn_up.weight", n_ff, n_embd)
+        matrix(f"blk.{i}.ffn_down.weight", n_embd, n_ff, scaled)
     norm("output_norm.weight")
-    matrix("output.weight", n_vocab, N_EMBD)
+    matrix("output.weight", n_vocab, n_embd)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -111,9 +135,17 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--params", type=float, default=1.5e9, help="about how many parameters (default 1.5e9)")
     ap.add_argument("--out", type=Path, required=True, help="the GGUF file to write")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--width", type=int, default=N_EMBD, choices=sorted(BODIES),
+                    help="2048 (Llama-1B-like, default) or 4096 (Llama-8B-like)")
+    ap.add_argument("--layers", type=int, default=None,
+                    help="this many layers, whatever --params says (a drafter: the target's first layers)")
+    ap.add_argument("--residual-scale", type=float, default=1.0,
+                    help="scale of what each layer adds to the residual stream (small: a shallow drafter agrees)")
     args = ap.parse_args(argv)
-    n = write_random_gguf(args.out, args.params, args.seed)
-    print(f"{args.out}: {args.out.stat().st_size} bytes, {n:,} params, {layers_for(args.params)} layers")
+    n = write_random_gguf(args.out, args.params, args.seed, width=args.width, layers=args.layers,
+                          residual_scale=args.residual_scale)
+    print(f"{args.out}: {args.out.stat().st_size} bytes, {n:,} params, "
+          f"{args.layers or layers_for(args.params, args.width)} layers of width {args.width}")
 
 
 if __name__ == "__main__":

@@ -92,6 +92,8 @@ CASES = {
                                "lanes.rehearsal.bench.decode.concurrency", "at least one"),
     "requests per level of zero": (_mutate("lanes.rehearsal.bench.decode.requests_per_level", 0),
                                    "lanes.rehearsal.bench.decode.requests_per_level", "greater than or equal to 1"),
+    "zero client workers": (_mutate("lanes.rehearsal.bench.decode.workers", 0),
+                            "lanes.rehearsal.bench.decode.workers", "greater than or equal to 1"),
     "missing prompt file": (_mutate("lanes.rehearsal.bench.acceptance.classes.prose", "nope/prose.jsonl"),
                             "lanes.rehearsal.bench.acceptance.classes.prose", "JSONL"),
     "bad host address": (_mutate("hosts.localhost.address", "127.0.0.1; reboot"), "hosts.localhost.address",

@@ -22,7 +22,7 @@ import pytest
 from conftest import REPO, shipped_inventory
 from tasks.client.metrics import steady_window
 from tasks.client.prompts import Prompt
-from tasks.client.waves import Wave, run_wave
+from tasks.client.load import Wave, run_wave
 from tasks.engines import engine_for
 from tasks.inventory.models import DecodePlan, Inventory
 from tasks.record.expectations import validate
@@ -250,6 +250,10 @@ def test_a_rate_sweep_validates_one_row_per_rate(fake):
     assert [r.load_shape for r in rows] == ["open poisson 20 req/s, ceiling 2", "open poisson 40 req/s, ceiling 2"]
     df = pd.DataFrame([r.model_dump() for r in rows])
     assert validate("decode", df).success
+    # what the waves really sent (a 3-request Poisson draw is far from its rate) and how late
+    for row in rows:
+        assert row.realized_rate > 0 and row.realized_rate != row.request_rate
+        assert -0.001 <= row.send_late_p50_s <= row.send_late_p99_s < 0.5  # (busy box)
     v = validate("decode", pd.concat([df, df.iloc[[0]]], ignore_index=True))
     assert any("expect_compound_columns_to_be_unique(lane, request_rate)" in line for line in v.failed), v.failed
 
@@ -284,3 +288,148 @@ def test_bytes_read_late_keep_the_time_they_arrived():
     assert read - written > 0.08
     # (-50 µs: the kernel's wall-clock stamp moved onto perf_counter, two clock reads apart)
     assert -5e-5 <= stamped - written < 0.005, (stamped - written, read - written)
+
+
+def _event(ids: list[int], finish: str | None = None) -> bytes:
+    choice = {"index": 0, "text": " tok" * len(ids), "token_ids": ids, "finish_reason": finish}
+    return b"data: " + json.dumps({"id": "c", "object": "text_completion", "choices": [choice]}).encode() + b"\n\n"
+
+
+def test_two_events_in_one_read_each_get_an_honest_stamp():
+    """Two token events written 40 ms apart while the client's loop is busy reach it in one read.
+    Linux merges the two segments in the receive queue and keeps the later one's stamp, so no
+    read size separates them (docs/metrics.md): the later event's stamp must be its own, and the
+    earlier one's chunk must say that its stamp is only an upper bound (coalesced), and stay out
+    of ITL. A third event read alone keeps its own stamp."""
+    import asyncio
+    import socket
+    import threading
+
+    from tasks.client import metrics, waves
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    host, port = listener.getsockname()
+    times: dict[str, float] = {}
+    head_sent = threading.Event()
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            buf = b""
+            while b"\r\n\r\n" not in buf:
+                buf += conn.recv(65536)
+            head, _, body = buf.partition(b"\r\n\r\n")
+            length = int([h for h in head.split(b"\r\n") if h.lower().startswith(b"content-length")][0].split(b":")[1])
+            while len(body) < length:
+                body += conn.recv(65536)
+            times["recv"] = time.perf_counter()
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+            head_sent.set()
+
+            def send(name: str, data: bytes, after: float) -> None:
+                time.sleep(after)
+                times[name] = time.perf_counter()
+                conn.sendall(b"%x\r\n%s\r\n" % (len(data), data))
+
+            send("e1", _event([1]), 0.03)
+            send("e2", _event([2]), 0.04)  # 40 ms later: both wait in the receive queue
+            send("e3", _event([3]), 0.20)  # the loop is free again: read alone
+            send("end", _event([], "length") + b"data: [DONE]\n\n", 0.10)
+            conn.sendall(b"0\r\n\r\n")
+            conn.recv(1)  # until the client closes
+
+    async def busy_loop() -> None:
+        """The client's event loop doing other work (other streams, parsing) for 150 ms."""
+        while not head_sent.is_set():
+            await asyncio.sleep(0.001)
+        time.sleep(0.15)
+
+    async def scenario() -> waves.WaveResult:
+        result, _ = await asyncio.gather(
+            waves._run_wave(f"http://{host}:{port}", VLLM, _wave(1, 1, max_tokens=3), _prompts("x"), None), busy_loop())
+        return result
+
+    server = threading.Thread(target=serve, daemon=True)
+    server.start()
+    with listener:
+        result = asyncio.run(scenario())
+    server.join(5)
+    (r,) = result.records
+    assert r.ok, r.error
+    # One read carried e1 and e2: one chunk, two tokens, stamped when e2 arrived (e2's own time,
+    # e1's upper bound) and marked coalesced; e3 came alone and its stamp is its own.
+    assert r.chunk_tokens == [2, 1]
+    assert r.chunk_coalesced == [True, False]
+    # The send on the server's clock: its receipt, later by loopback and the server thread's
+    # wake-up (ms on a busy box), so the absolute checks allow that much; the gap between the
+    # two exact stamps needs no send time and is checked tighter.
+    sent = times["recv"]
+    first, third = (sent + a for a in r.chunk_arrivals_s)
+    assert -0.0005 < first - times["e2"] < 0.015, first - times["e2"]  # e2's own arrival, not the read's (+80 ms)
+    assert first - times["e1"] > 0.035  # an upper bound for e1, and the record says so
+    assert -0.0005 < third - times["e3"] < 0.015, third - times["e3"]
+    assert abs((third - first) - (times["e3"] - times["e2"])) < 0.005
+    assert metrics.pooled_itl([r]) == []  # the only gap touches the coalesced chunk
+    assert metrics.coalesced_share([r]) == 0.5
+
+
+def test_the_kernel_keeps_one_stamp_for_segments_queued_before_a_read():
+    """Why a shared read cannot be split by reading less (tasks/client/http.py EventSplitter):
+    two segments that wait in a TCP receive queue are merged there and keep the later one's
+    SO_TIMESTAMPNS stamp, so even a read of the first segment's bytes alone gets the second's
+    time. If a kernel ever keeps them apart, this fails and small reads become worth having."""
+    import socket
+    import struct
+
+    from tasks.client import stamped
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    with listener, socket.create_connection(listener.getsockname()) as client:
+        peer, _ = listener.accept()
+        with peer:
+            client.setsockopt(socket.SOL_SOCKET, stamped._SO_TIMESTAMPNS, 1)
+            writes = []
+            for _ in range(2):
+                writes.append(time.time())
+                peer.sendall(b"x" * 200)
+                time.sleep(0.04)
+            stamps = []
+            for _ in range(2):
+                _, anc, _, _ = client.recvmsg(200, stamped._ANC_SIZE)  # exactly one segment's bytes
+                (sec, nsec), = [struct.unpack("qq", d[:16]) for lvl, kind, d in anc if kind == stamped._SCM_TIMESTAMPNS]
+                stamps.append(sec + nsec * 1e-9)
+    assert all(abs(s - writes[1]) < 0.005 for s in stamps), [s - writes[0] for s in stamps]
+
+
+def test_a_wave_spread_over_workers_keeps_its_shape_and_one_clock(fake):
+    """Two worker processes carry one closed wave and one open one: the records are the ones a
+    single process writes (every stream, connections = concurrency, a valid decode row), and the
+    open-loop requests leave at their scheduled times on the parent's clock (a worker that kept
+    its own clock would be off by its start-up, a second or more)."""
+    url, log = fake
+    seen = []
+    closed = run_wave(url, VLLM, _wave(4, 3, max_tokens=8, workers=2), _prompts("w"), seen.append)
+    assert len(closed.records) == 12 and all(r.ok for r in closed.records), [r.error for r in closed.records]
+    assert sorted(seen, key=lambda r: r.nonce) == sorted(closed.records, key=lambda r: r.nonce)  # live, as they end
+    assert sorted({r.stream for r in closed.records}) == [0, 1, 2, 3]
+    assert all(sum(r.stream == i for r in closed.records) == 3 for i in range(4))
+    assert closed.connections_opened == 4 and closed.shape == "closed c=4"
+    row = summarize("l", 4, [closed])
+    assert row.unforced_reconnects == 0 and row.steady_window_s > 0
+    assert validate("decode", pd.DataFrame([row.model_dump()])).success
+    assert validate("requests", pd.DataFrame([r.model_dump() for r in closed.records])).success
+
+    opened = run_wave(url, VLLM, _wave(4, 4, max_tokens=4, rate=50.0, arrival="constant", workers=2), _prompts("o"))
+    assert len(opened.records) == 16 and all(r.ok for r in opened.records)
+    assert [r.scheduled_s for r in opened.records] == pytest.approx([i / 50 for i in range(16)])
+    late = [r.sent_s - r.scheduled_s - r.queued_s for r in opened.records]
+    assert all(-0.001 <= x < 0.5 for x in late), late  # (busy box)
+    # One clock: the server saw the requests of both workers as far apart as their sends say.
+    time.sleep(0.2)  # the server logs a request after its last write
+    recv = {r.nonce: [json.loads(x)["recv"] for x in log.read_text().splitlines() if r.nonce in x][0]
+            for r in opened.records}
+    first = opened.records[0]
+    skew = [abs((recv[r.nonce] - recv[first.nonce]) - (r.sent_s - first.sent_s)) for r in opened.records]
+    assert statistics.median(skew) < 0.01, skew
+    rate = summarize("l", 4, [opened], request_rate=50.0)
+    assert rate.realized_rate == pytest.approx(50.0, rel=0.2)

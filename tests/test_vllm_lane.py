@@ -60,8 +60,11 @@ def vllm_lane(name: str = "vllm-draft", **changes) -> dict:
 
 
 def inventory(tmp_path: Path, name: str, lane: dict) -> Path:
+    """The lane alone, on a host of its own name: this machine, but its host lock is not the one
+    every other suite's `localhost` lanes queue on when suites share a box."""
     data = yaml.safe_load((REPO / "hosts.vllm.yaml").read_text())
-    data["lanes"] = {name: lane}
+    data["hosts"] = {"vllm-box": data["hosts"]["localhost"]}
+    data["lanes"] = {name: {**lane, "host": "vllm-box"}}
     return write_inventory(tmp_path, data)
 
 

@@ -26,12 +26,27 @@ DEFAULT_HOSTS = REPO / "hosts.yaml"
 # (flows/nightly.py, kl.py, matrix.py, tools.py) are Prefect flows defined at module level,
 # imported only once a command has checked its input and launched the API server.
 _SUBCOMMANDS: list[str] = ["flows.cli.kl", "flows.cli.matrix", "flows.history", "flows.cli.tools", "flows.lab",
+                           "flows.cli.launch",
                            "flows.plan"]
 
 
 def _bad_input(message: str) -> int:
     print(f"lanebench: error: {message}", file=sys.stderr)
     return 2
+
+
+def artifacts_arg(value: str, resolve: bool = False) -> tuple[str, Path]:
+    """--artifacts as the flow's parameter and the local folder the run folder appears in: a store
+    URL (tasks/record/store.py) is passed on as it is and written in the store's local mirror."""
+    from tasks.record.store import Store, StoreError, is_url
+
+    if is_url(value):
+        try:
+            return value, Store(value).local_root
+        except StoreError as e:
+            raise SystemExit(_bad_input(str(e))) from None
+    path = Path(value).resolve() if resolve else Path(value)
+    return str(path), path
 
 
 def _quiet_prefect() -> None:
@@ -108,9 +123,10 @@ def cmd_nightly(args: argparse.Namespace) -> int:
         warm()  # GX and matplotlib load now, while the API server boots
         return nightly
 
-    hosts, artifacts = Path(args.hosts), Path(args.artifacts)
+    hosts = Path(args.hosts)
+    root, artifacts = artifacts_arg(args.artifacts)
     state, folder = run_flow("nightly", build, artifacts, launched=launched, hosts=str(hosts.resolve()),
-                             lanes=args.lane, artifacts_root=str(artifacts))
+                             lanes=args.lane, artifacts_root=root)
     from tasks.record.progress import closing_verdict
 
     return closing_verdict(state, folder, "nightly")
@@ -152,7 +168,10 @@ def _capped_by_config(inventory, names: list[str]) -> str | None:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     from tasks.record.audit import audit
+    from tasks.record.store import is_url
 
+    if is_url(args.run):
+        return _verify_in_store(args.run)
     run = Path(args.run)
     if not (run / "manifest.json").is_file():
         return _bad_input(f"{run}: no manifest.json there. Fix: pass a run folder, e.g. artifacts/<time>_nightly_<id>")
@@ -165,16 +184,42 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 0 if result.ok else 1
 
 
+def _verify_in_store(address: str) -> int:
+    """`verify sftp://host/root/RUN`: the run folder as the store holds it, downloaded as it is
+    (no check on the way) and audited against its manifest like a local one."""
+    import tempfile
+
+    from tasks.record.audit import audit
+    from tasks.record.store import Store, StoreError
+
+    root, _, name = address.rstrip("/").rpartition("/")
+    try:
+        store = Store(root)
+        if name not in store.published():
+            return _bad_input(f"{address}: no such run folder in the store. Fix: lanebench history --artifacts {root}")
+        with tempfile.TemporaryDirectory(prefix="lanebench-verify-") as tmp:
+            result = audit(store.download(name, Path(tmp)))
+    except StoreError as e:
+        return _bad_input(str(e))
+    for kind in ("missing", "changed", "extra"):
+        for rel in getattr(result, kind):
+            print(f"{kind}: {rel}")
+    print(f"{'ok' if result.ok else 'FAILED'}: {result.checked} files listed in the manifest, "
+          f"{len(result.missing)} missing, {len(result.changed)} changed, {len(result.extra)} extra ({address})")
+    return 0 if result.ok else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="lanebench", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("nightly", help="run every lane (or the named ones) through the lane flow")
     p.add_argument("--hosts", default=str(DEFAULT_HOSTS), help="inventory file (default: the shipped hosts.yaml)")
     p.add_argument("--lane", action="append", help="run only this lane (repeatable)")
-    p.add_argument("--artifacts", default=str(REPO / "artifacts"), help="folder that receives the run folder")
+    p.add_argument("--artifacts", default=str(REPO / "artifacts"),
+                   help="folder that receives the run folder, or a store URL (sftp://host/path) it is published to")
     p.set_defaults(func=cmd_nightly)
     p = sub.add_parser("verify", help="check every file of a run folder against the sha256 in its manifest")
-    p.add_argument("run", help="the run folder")
+    p.add_argument("run", help="the run folder (a path, or its address in a store: sftp://host/root/RUN)")
     p.set_defaults(func=cmd_verify)
     for module in _SUBCOMMANDS:
         import_module(module).register_cli(sub)

@@ -26,14 +26,16 @@ def cmd_matrix(args: argparse.Namespace) -> int:
     except ConfigError as e:
         return _bad_input(str(e))
 
-    artifacts = Path(args.artifacts).resolve()
+    from flows.cli import artifacts_arg
+
+    root, artifacts = artifacts_arg(args.artifacts, resolve=True)
+
     def build() -> Any:
         from flows.matrix import matrix
 
         return matrix
 
-    state, folder = run_flow("matrix", build, artifacts, matrix_file=str(path.resolve()),
-                             artifacts_root=str(artifacts))
+    state, folder = run_flow("matrix", build, artifacts, matrix_file=str(path.resolve()), artifacts_root=root)
     if (code := interrupted_exit(state, folder, "matrix")) is not None:
         return code
     from tasks.record.progress import closing, say

@@ -203,12 +203,18 @@ async def read_response(conn: Connection, sink: Callable[[float, bytes], None] |
 
 class EventSplitter:
     """Server-sent events (blank-line separated) as the chunks arrive, each event with the stamp
-    of the chunk that carried its first byte."""
+    of the chunk that carried its first byte, and whether that stamp is its own.
+
+    A read's kernel stamp is the arrival of the last bytes it returned (Linux: segments queued
+    before a read are merged in the receive queue, the merged one keeping the later stamp, so
+    smaller reads do not separate them: docs/metrics.md). An event whose first chunk also carried
+    bytes of a later event shared a read: its stamp is an upper bound (`shared`), exact only
+    for the last event the read returned."""
 
     def __init__(self) -> None:
         self.buf, self.t_first = b"", 0.0
 
-    def feed(self, t: float, data: bytes) -> list[tuple[float, bytes]]:
+    def feed(self, t: float, data: bytes) -> list[tuple[float, bytes, bool]]:
         if not self.buf:
             self.t_first = t
         self.buf += data.replace(b"\r\n", b"\n")
@@ -216,11 +222,12 @@ class EventSplitter:
         while (i := self.buf.find(b"\n\n")) >= 0:
             raw, self.buf = self.buf[:i], self.buf[i + 2:]
             if raw.strip():
-                events.append((self.t_first, raw))
+                # bytes after it that came in the read its first byte came in: it shared that read
+                events.append((self.t_first, raw, self.t_first == t and bool(self.buf.strip())))
             self.t_first = t  # what is left began in this chunk
         return events
 
-    def close(self) -> list[tuple[float, bytes]]:
+    def close(self) -> list[tuple[float, bytes, bool]]:
         """An event the stream ended without its blank line."""
         raw, self.buf = self.buf, b""
-        return [(self.t_first, raw)] if raw.strip() else []
+        return [(self.t_first, raw, False)] if raw.strip() else []

@@ -25,14 +25,27 @@ def percentiles(values: list[float]) -> dict[int, float | None]:
     return {q: float(v) for q, v in zip(PERCENTILES, got)}
 
 
+def exact_gaps(r: RequestRecord) -> list[float]:
+    """A request's gaps between consecutive chunks whose stamps are their own: a gap that touches
+    a coalesced chunk (its read also carried a later event, so its stamp is the read's last
+    bytes') spans events the client could not tell apart, and is left out."""
+    a, c = r.chunk_arrivals_s, r.chunk_coalesced or [False] * len(r.chunk_arrivals_s)
+    return [a[i + 1] - a[i] for i in range(len(a) - 1) if not (c[i] or c[i + 1])]
+
+
 def pooled_itl(records: list[RequestRecord]) -> list[float]:
-    """Every gap between consecutive chunks of every completed request."""
+    """Every exactly stamped gap between consecutive chunks of every completed request."""
     gaps: list[float] = []
     for r in records:
         if r.ok:
-            a = r.chunk_arrivals_s
-            gaps.extend(b - x for x, b in zip(a, a[1:]))
+            gaps.extend(exact_gaps(r))
     return gaps
+
+
+def coalesced_share(records: list[RequestRecord]) -> float | None:
+    """Of the completed requests' chunks, the share that shared a read with a later event."""
+    chunks = sum(len(r.chunk_coalesced) for r in records if r.ok)
+    return sum(sum(r.chunk_coalesced) for r in records if r.ok) / chunks if chunks else None
 
 
 @dataclass

@@ -19,6 +19,10 @@ class StreamEvent(_Record):
 
     text: str = ""
     tokens: int = 0  # tokens this chunk carries, when the engine says; else 0
+    # The engine's own running count of generated tokens at this event (llama.cpp's
+    # `tokens_predicted`); when set, the event's tokens are its step from the previous count,
+    # which also counts tokens whose bytes the server withheld (an incomplete UTF-8 sequence).
+    tokens_total: int | None = None
     done: bool = False
     completion_tokens: int | None = None  # final count, when the engine reports it
     prompt_tokens: int | None = None
@@ -82,7 +86,10 @@ class RequestRecord(_Record):
     queued_s: float = 0.0  # waiting for a connection under the concurrency ceiling
     connect_s: float | None = None  # TCP connect time; None when the request reused a connection
     reused_connection: bool = False
-    chunk_arrivals_s: list[float] = []  # each chunk's first byte, from send
+    chunk_arrivals_s: list[float] = []  # each chunk's first byte, from send (its read's kernel stamp)
     chunk_tokens: list[int] = []  # tokens each chunk carried (a speculative burst shows as > 1)
+    # per chunk: its read also carried a later event, so its stamp is that read's last bytes'
+    # arrival, an upper bound for this chunk (docs/metrics.md, "Coalesced reads")
+    chunk_coalesced: list[bool] = []
     events: int = 0  # server-sent events received, pings and the final event included
     deadline_s: float | None = None  # the wall deadline this request ran under

@@ -18,7 +18,10 @@ from tasks.client.records import StreamEvent
 from tasks.engines.base import Engine
 
 # Final usage claiming more than this many times the tokens the chunks carried (plus slack)
-# is a broken stream, not a measurement.
+# is a broken stream, not a measurement. Applies only where the engine counts each event's
+# tokens but keeps no running count: a running count (StreamEvent.tokens_total) is the engine's
+# own tally, checked for going backwards instead, since tokens whose bytes the server withheld
+# (an incomplete UTF-8 sequence) legitimately leave many tokens in one event.
 _INCONSISTENT_RATIO, _INCONSISTENT_SLACK = 2.0, 4
 
 
@@ -28,6 +31,7 @@ class Outcome:
     final: StreamEvent | None = None
     arrivals: list[float] = field(default_factory=list)  # per chunk, seconds from send
     tokens: list[int] = field(default_factory=list)  # per chunk, as the engine counted (0: unknown)
+    coalesced: list[bool] = field(default_factory=list)  # per chunk: its read carried a later event too
     events: int = 0
     output_tokens: int = 0
 
@@ -49,9 +53,11 @@ class Assembler:
         self.engine, self.t_send = engine, t_send
         self.out = Outcome()
         self._last_t: float | None = None
+        self._total: int | None = None  # the engine's running count at the last event that had one
 
-    def feed(self, t: float, raw: bytes) -> bool:
-        """Take one event; True when the stream is settled as an error (later events are ignored)."""
+    def feed(self, t: float, raw: bytes, shared: bool = False) -> bool:
+        """Take one event (`shared`: its read also carried a later event, http.EventSplitter);
+        True when the stream is settled as an error (later events are ignored)."""
         out = self.out
         if out.error is not None:
             return True
@@ -66,12 +72,21 @@ class Assembler:
         if ev.error is not None or ev.finish_reason == "error":
             out.error = f"server error event: {ev.error or raw[:300].decode(errors='replace')}"
             return True
-        if ev.text or ev.tokens:
+        tokens = ev.tokens
+        if ev.tokens_total is not None:
+            before = self._total or 0
+            if ev.tokens_total < before or (ev.tokens_total == before and not ev.done and (ev.text or ev.tokens)):
+                out.error = (f"inconsistent stream: the engine's running token count went from {before} to "
+                             f"{ev.tokens_total} on an event that carried output")
+                return True
+            tokens, self._total = ev.tokens_total - before, ev.tokens_total
+        if ev.text or tokens:
             if t == self._last_t:
-                out.tokens[-1] += ev.tokens
+                out.tokens[-1] += tokens
             else:
                 out.arrivals.append(t - self.t_send)
-                out.tokens.append(ev.tokens)
+                out.tokens.append(tokens)
+                out.coalesced.append(shared)
                 self._last_t = t
         if ev.done and (out.final is None or (out.final.completion_tokens is None and ev.completion_tokens is not None)):
             out.final = ev  # the first final event, or the first that carries the count
@@ -90,7 +105,11 @@ class Assembler:
         carried = sum(out.tokens)
         known = all(n > 0 for n in out.tokens)
         claimed = out.final.completion_tokens
-        if claimed is not None and known and claimed > _INCONSISTENT_RATIO * carried + _INCONSISTENT_SLACK:
+        if claimed is not None and self._total is not None and claimed != self._total:
+            out.error = f"inconsistent stream: final usage claims {claimed} tokens, the engine's running count is {self._total}"
+            return out
+        if claimed is not None and known and self._total is None \
+                and claimed > _INCONSISTENT_RATIO * carried + _INCONSISTENT_SLACK:
             out.error = f"inconsistent stream: final usage claims {claimed} tokens, the chunks carried {carried}"
             return out
         out.output_tokens = claimed if claimed is not None else (carried if known else len(out.arrivals))

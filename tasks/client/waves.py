@@ -62,6 +62,7 @@ class Wave:
     arrival: str = "poisson"
     deadline_s: float | None = None  # per request, wall clock; None: derived from max_tokens (client/deadline.py)
     seed: int = 0
+    workers: int = 1  # processes the wave's load is spread over (tasks/client/workers.py)
 
     def __post_init__(self) -> None:
         if self.deadline_s is None:
@@ -82,7 +83,8 @@ class WaveResult:
     server_closed: int = 0  # connections the server closed after a response (llama-server: every stream)
     loop_lag_p99_s: float = 0.0
     loop_lag_max_s: float = 0.0
-    client_cpu: float = 0.0  # CPU seconds of this process over wall seconds (1.0 = one core busy)
+    client_cpu: float = 0.0  # CPU seconds of this process over wall seconds (1.0 = one core busy); workers: the busiest
+    client_cpu_s: float = 0.0  # CPU seconds of every client process over the wave (workers: their sum)
     shape: str = ""
 
     @property
@@ -147,8 +149,8 @@ class _Client:
             acc.t_send = t
 
         def sink(t: float, data: bytes) -> None:
-            for et, raw in splitter.feed(t, data):
-                acc.feed(et, raw)  # after an error event it ignores the rest
+            for et, raw, shared in splitter.feed(t, data):
+                acc.feed(et, raw, shared)  # after an error event it ignores the rest
 
         try:
             async with asyncio.timeout(wave.deadline_s):
@@ -166,8 +168,8 @@ class _Client:
             body = b"".join(p for _, p in resp.pieces).decode(errors="replace")
             error = f"HTTP {resp.status}: {body[:300]}"
         elif resp is not None:
-            for et, raw in splitter.close():
-                acc.feed(et, raw)
+            for et, raw, shared in splitter.close():
+                acc.feed(et, raw, shared)
             out = acc.finish()
             error = out.error
             t_end = resp.pieces[-1][0] if resp.pieces else t_end
@@ -189,7 +191,8 @@ class _Client:
             stream=stream, sent_s=(t_send if t_send is not None else t_start) - self.t0,
             ended_s=t_end - self.t0, scheduled_s=scheduled, queued_s=queued, connect_s=connect_s,
             reused_connection=reused, chunk_arrivals_s=out.arrivals if out else [],
-            chunk_tokens=out.tokens if out else [], events=out.events if out else 0, deadline_s=wave.deadline_s,
+            chunk_tokens=out.tokens if out else [], chunk_coalesced=out.coalesced if out else [],
+            events=out.events if out else 0, deadline_s=wave.deadline_s,
             truncation=truncation_of(ok, final.finish_reason if final else None, tokens, wave.max_tokens,
                                      final.truncated if final else None),
         )
@@ -203,10 +206,16 @@ async def _probe_loop(lags: list[float]) -> None:
 
 
 async def _run_wave(base_url: str, engine: Engine, wave: Wave, prompts: list[Prompt],
-                    on_record: Callable[[RequestRecord], None] | None) -> WaveResult:
+                    on_record: Callable[[RequestRecord], None] | None, part: tuple[int, int] = (0, 1),
+                    t0: float | None = None) -> WaveResult:
+    """The wave, or part `(index, count)` of it: the streams (closed loop) or scheduled requests
+    (open loop) whose number is `index` modulo `count`, on a clock that starts at `t0` (a
+    perf_counter value, CLOCK_MONOTONIC: the same in every process on the host; None: now)."""
     client = _Client(base_url, engine, wave)
     shape = wave.shape
     records: list[RequestRecord] = []
+    index, count = part
+    mine = range(index, wave.concurrency, count)  # closed loop: these streams; open loop: this ceiling
 
     def keep(record: RequestRecord) -> None:
         records.append(record)
@@ -214,15 +223,15 @@ async def _run_wave(base_url: str, engine: Engine, wave: Wave, prompts: list[Pro
             on_record(record)
 
     async def closed_stream(i: int) -> None:
-        if shape.stagger_s:
-            await asyncio.sleep(i * shape.stagger_s)
+        if (delay := client.t0 + i * shape.stagger_s - time.perf_counter()) > 0:
+            await asyncio.sleep(delay)
         for j in range(wave.requests_per_stream):
             if client.late:
                 return
             keep(await client.request(prompts[(i * wave.requests_per_stream + j) % len(prompts)], i, None))
 
     async def open_loop() -> None:
-        ceiling = asyncio.Semaphore(wave.concurrency)
+        ceiling = asyncio.Semaphore(len(mine))  # the wave's ceiling, split over the parts
 
         async def one(k: int, at: float) -> None:
             t = time.perf_counter()
@@ -233,6 +242,8 @@ async def _run_wave(base_url: str, engine: Engine, wave: Wave, prompts: list[Pro
 
         tasks = []
         for k, at in enumerate(shape.schedule()):
+            if k % count != index:
+                continue
             delay = client.t0 + at - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
@@ -242,12 +253,12 @@ async def _run_wave(base_url: str, engine: Engine, wave: Wave, prompts: list[Pro
     lags: list[float] = []
     probe = asyncio.create_task(_probe_loop(lags))
     cpu0 = time.process_time()
-    client.t0 = time.perf_counter()
+    client.t0 = time.perf_counter() if t0 is None else t0
     try:
         if shape.kind == "open":
             await open_loop()
         else:
-            await asyncio.gather(*(closed_stream(i) for i in range(wave.concurrency)))
+            await asyncio.gather(*(closed_stream(i) for i in mine))
     finally:
         wall = time.perf_counter() - client.t0
         cpu = time.process_time() - cpu0
@@ -258,28 +269,22 @@ async def _run_wave(base_url: str, engine: Engine, wave: Wave, prompts: list[Pro
                       server_closed=client.pool.server_closed,
                       loop_lag_p99_s=float(np.percentile(lags, 99)) if lags else 0.0,
                       loop_lag_max_s=max(lags, default=0.0), client_cpu=cpu / wall if wall > 0 else 0.0,
+                      client_cpu_s=cpu,
                       shape=shape.describe())
 
 
-def run_wave(base_url: str, engine: Engine, wave: Wave, prompts: list[Prompt],
-             on_record: Callable[[RequestRecord], None] | None = None) -> WaveResult:
-    """Run one wave to completion (blocking); failures are recorded, not raised."""
-    if not prompts:
-        raise ValueError("a wave needs at least one prompt")
+def run_part(base_url: str, engine: Engine, wave: Wave, prompts: list[Prompt],
+             on_record: Callable[[RequestRecord], None] | None = None, part: tuple[int, int] = (0, 1),
+             t0: float | None = None) -> WaveResult:
+    """One process's share of a wave (all of it by default), blocking."""
     # Everything alive before the wave (the imported libraries: hundreds of thousands of objects)
     # is set aside from the cycle collector while it runs: a full collection scanned all of it,
     # stopping the event loop for tens of ms in the middle of the wave's clocks.
     gc.freeze()
     try:
-        return asyncio.run(_run_wave(base_url, engine, wave, prompts, on_record))
+        return asyncio.run(_run_wave(base_url, engine, wave, prompts, on_record, part, t0))
     finally:
         gc.unfreeze()
 
 
-def sweep(base_url: str, engine: Engine, waves: list[Wave], prompts: list[Prompt],
-          on_record: Callable[[RequestRecord], None] | None = None) -> list[WaveResult]:
-    """A sweep: one wave per level (concurrencies or rates), in order, on the same server."""
-    return [run_wave(base_url, engine, w, prompts, on_record) for w in waves]
-
-
-__all__ = ["Wave", "WaveResult", "run_wave", "sweep"]
+__all__ = ["Wave", "WaveResult", "run_part"]

@@ -149,6 +149,13 @@ class Engine(ABC):
             return StreamEvent(done=True)
         return self.parse_event(json.loads(payload))
 
+    def cpu_only_env(self) -> dict[str, str]:
+        """The environment that keeps this engine's server off every GPU, for a host declared
+        `gpus: 0`. Offload flags alone are not enough: a CUDA llama-server at `-ngl 0` still
+        creates a CUDA context and compute buffers (~800 MiB on an H200). An empty
+        CUDA_VISIBLE_DEVICES hides every GPU from the CUDA runtime."""
+        return {"CUDA_VISIBLE_DEVICES": ""}
+
     def parse_stream_event(self, raw: bytes) -> StreamEvent | None:
         """One server-sent event as it came off the wire (the client stamped it first).
 

@@ -182,8 +182,16 @@ class LlamaCpp(Engine):
         )
 
     def parse_event(self, data: dict) -> StreamEvent:
+        # llama-server sends no event for a token that leaves the text ending in an incomplete
+        # UTF-8 sequence (server-context.cpp `process_token`): the next event carries the held
+        # bytes, and its `tokens_predicted` (the slot's n_gen, counted before each event) has
+        # moved on by every token generated since the last event. So the running count, not
+        # one token per event, is what each event carried.
+        total = data.get("tokens_predicted")
+        total = int(total) if isinstance(total, (int, float)) and not isinstance(total, bool) else None
         if not data.get("stop"):
-            return StreamEvent(text=data.get("content", ""), tokens=len(data.get("tokens") or []) or 1)
+            return StreamEvent(text=data.get("content", ""), tokens=len(data.get("tokens") or []) or 1,
+                               tokens_total=total)
         timings = data.get("timings") or {}
         spec = None
         if "draft_n" in timings:
@@ -193,6 +201,7 @@ class LlamaCpp(Engine):
             tokens=0,
             done=True,
             completion_tokens=int(data.get("tokens_predicted", timings.get("predicted_n", 0))),
+            tokens_total=total,
             prompt_tokens=data.get("tokens_evaluated", timings.get("prompt_n")),
             finish_reason="length" if data.get("stop_type") == "limit" else "stop",
             spec=spec,

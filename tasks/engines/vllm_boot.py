@@ -57,6 +57,10 @@ _DRAFTER = re.compile(r"Loading drafter model")
 _RUNNER_V1 = re.compile(r"using the V1 model runner instead")
 _INIT_ENGINE = re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s")
 _TORCH_THREADS = re.compile(r"Reducing Torch threads from (\d+) to (\d+)")
+# The engine config line's resolved dtype (the CPU build serves float32 weights as bfloat16
+# unless --dtype says otherwise) and KV-cache dtype: what a KL gate's candidate really ran.
+_DTYPE = re.compile(r"\btrust_remote_code=\w+, dtype=(?:torch\.)?(\w+)")
+_KV_DTYPE = re.compile(r"\bkv_cache_dtype=(\w+)")
 
 
 def version_in(log: str) -> str | None:
@@ -105,6 +109,10 @@ def boot_facts(log: str, version: str | None = None) -> BootFacts:
     facts.extra["model_runner"] = "v1" if runner_v1 else "v2"
     if m := _INIT_ENGINE.search(log):
         facts.extra["init_engine_s"] = float(m[1])
+    if m := _DTYPE.search(log):
+        facts.extra["dtype"] = m[1]
+    if m := _KV_DTYPE.search(log):
+        facts.extra["kv_cache_dtype"] = m[1]
     if m := _TORCH_THREADS.search(log):
         facts.extra["torch_threads"] = int(m[2])
     if spec and spec[2]:

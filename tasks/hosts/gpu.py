@@ -135,10 +135,41 @@ def idle_gpu_gate(facts: GpuHostFacts, declared_gpus: int, max_busy_share: float
     return None
 
 
-def server_gpu_memory(facts: GpuHostFacts, binary: str) -> float | None:
-    """MiB the lane's server holds on the host's GPUs, as nvidia-smi names its process (by the
-    binary's path): what was actually offloaded, whatever the flags asked. None when no
-    process of that binary holds GPU memory (a CPU lane, or nvidia-smi cannot see processes)."""
+def server_gpu_memory(facts: GpuHostFacts, binary: str, pids: set[int] | None = None) -> float | None:
+    """MiB the lane's server holds on the host's GPUs: what was actually offloaded, whatever the
+    flags asked. With `pids` (the server's process group on its host) only those processes
+    count: lanes on two hosts of one box run at once, and another lane's server of the same
+    binary is not this one's. Without, nvidia-smi's process name (the binary's path) decides.
+    None when no such process holds GPU memory (a CPU lane, or nvidia-smi cannot see processes)."""
     name = binary.rsplit("/", 1)[-1]
-    held = [a.used_mib or 0.0 for g in facts.gpus for a in g.apps if a.name == binary or a.name.rsplit("/", 1)[-1] == name]
+    if pids:
+        held = [a.used_mib or 0.0 for g in facts.gpus for a in g.apps if a.pid in pids]
+    else:
+        held = [a.used_mib or 0.0 for g in facts.gpus for a in g.apps
+                if a.name == binary or a.name.rsplit("/", 1)[-1] == name]
     return sum(held) if held else None
+
+
+def group_pids(t: Transport, pgid: int) -> set[int]:
+    """The processes of one process group on the host (read from /proc: procps may be absent),
+    empty when they cannot be read. /proc/PID/stat: `pid (comm) state ppid pgrp ...`."""
+    try:
+        r = t.run(["sh", "-c", "cat /proc/[0-9]*/stat 2>/dev/null; true"], deadline_s=30, idempotent=True)
+    except (TransportError, OSError):
+        return set()
+    pids = set()
+    for line in (r.stdout or "").splitlines():
+        head, _, rest = line.rpartition(")")
+        fields = rest.split()
+        if head and len(fields) >= 3 and fields[2] == str(pgid):
+            pids.add(int(head.split(" (", 1)[0]))
+    return pids
+
+
+def cpu_lane_on_gpu(held_mib: float) -> str:
+    """The flag for a lane on a host declared `gpus: 0` whose server holds GPU memory anyway
+    (a CUDA build that made a context on a GPU it was told not to use): its numbers are not a
+    CPU lane's."""
+    return (f"GPU memory held by a lane declared CPU-only: its server holds {held_mib:.0f} MiB on the host's GPUs "
+            "although the host says gpus: 0 (a CUDA build that saw the GPU; set CUDA_VISIBLE_DEVICES= or "
+            "declare the GPUs)")

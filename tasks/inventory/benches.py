@@ -123,6 +123,9 @@ class DecodePlan(_Strict):
     deadline_s: Annotated[float, Field(gt=0)] | None = None  # per request, wall clock
     ttft_bound_s: Annotated[float, Field(gt=0)] | None = None  # goodput's bounds
     tpot_bound_s: Annotated[float, Field(gt=0)] | None = None
+    # Client processes a wave's load is spread over (tasks/client/workers.py): one asyncio
+    # process streams about one core's worth; more only where the host has the cores.
+    workers: Annotated[int, Field(ge=1, le=256)] = 1
 
 
 class AcceptancePlan(_Strict):

@@ -172,6 +172,11 @@ def collect(run: RunFolder, m: Matrix) -> tuple[list[ArmClassRow], list[SpeedRow
                 r = reqs.get(c, {})
                 eff, tps = r.get("efficiency", (None,) * 3), r.get("tok_s", (None,) * 3)
                 drafted = r.get("drafted", (None,))[0]
+                counted = getattr(a, "draft_tokens", None)
+                if eff[0] is None and counted is not None and not pd.isna(counted) and counted > 0:
+                    # No per-request draft counts (vLLM): the probe window's counters, pooled over repeats.
+                    drafted = float(counted)
+                    eff = (float(a.accepted) / drafted,) * 3
                 row = row.model_copy(update=dict(
                     repeats=int(a.repeats), acceptance_length=float(a.acceptance_length),
                     acceptance_length_min=float(a.acceptance_length_min), acceptance_length_max=float(a.acceptance_length_max),

@@ -20,6 +20,7 @@ import pandas as pd
 from tasks.record.markdown import frame
 from tasks.correctness import record as correctness
 from tasks.record import bench_report
+from tasks.record.gpu_report import bandwidth_note, gpu_lines
 from tasks.record.speculation import speculation_verdicts
 from tasks.record.run_folder import RunFolder
 
@@ -69,6 +70,8 @@ def decode_table(df: pd.DataFrame) -> pd.DataFrame:
             out[label] = df[column] * scale
     if "client_saturated" in df:
         out["client-bound"] = ["yes" if v else "" for v in df.client_saturated]
+    if "bandwidth_share" in df and df.bandwidth_share.notna().any():  # beside the C=1 row (tasks/stages/limits.py)
+        out["bandwidth share"] = ["" if v is None or pd.isna(v) else f"{v:.3g}" for v in df.bandwidth_share]
     return out
 
 
@@ -273,6 +276,7 @@ def render(run: RunFolder) -> str:
         if lane.launch_command:
             out += [f"- launch: `{lane.launch_command}`", f"- boot: {lane.boot_seconds:.1f} s; facts: "
                     + ", ".join(f"{k}={v}" for k, v in lane.boot_facts.items() if v not in (None, {}, "", []))]
+        out += gpu_lines(lane.gpu, lane.boot_facts)
         for gate in lane.gates:
             out.append(f"- gate **{gate['gate']}** ({gate['kind']}): {gate['detail']}")
         for waiver in lane.waivers:
@@ -296,6 +300,8 @@ def render(run: RunFolder) -> str:
             if entry.kind == "decode":
                 out += ["", f"Median of {int(df.repeats.iloc[0])} measured repeats per level, [min, max] in brackets; "
                         "spread = (max - min) / median."]
+                if note := bandwidth_note(lane.bandwidth):
+                    out += ["", note]
         # Capacity plan, prefill ladder, queueing levels, accuracy eval (tasks/record/bench_report.py).
         out += bench_report.section(run, name)
         for entry in [a for a in m.artifacts if a.lane == name and a.kind == "regression" and a.validation == "passed"]:

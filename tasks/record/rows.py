@@ -101,6 +101,15 @@ class DecodeRow(_Record):
     client_loop_lag_p99_s: float | None = None  # worst wave's event-loop lag p99
     client_cpu: float | None = None  # worst wave's client CPU, in cores
     client_saturated: bool = False  # the client, not the server, may have set these numbers
+    # Chunks whose read also carried a later event (their stamp is an upper bound; their gaps are
+    # left out of the ITL columns): the share of all chunks at this level (docs/metrics.md).
+    coalesced_share: float | None = None
+    # Open loop: requests/s the waves really sent (median over repeats: (sent - 1) / first-to-last
+    # send), and how late each request left after its scheduled time, queueing under the ceiling
+    # apart (send - scheduled - queued: the load generator's own lateness).
+    realized_rate: float | None = None
+    send_late_p50_s: float | None = None
+    send_late_p99_s: float | None = None
 
 
 class AcceptanceRow(_Record):
@@ -135,6 +144,7 @@ class AcceptanceRow(_Record):
     # beside the counters: the pooled acceptance length 1 + accepted / verify_steps against the
     # logged one, and their gap (the acceptance suite allows at most 0.02).
     acceptance_length_pooled: float | None = None
+    draft_tokens: float | None = None  # draft tokens proposed over the windows (counters), where the engine counts them
     engine_logged_acceptance_length: float | None = None
     engine_logged_accepted: int | None = None
     engine_logged_drafted: int | None = None

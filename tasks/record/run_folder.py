@@ -77,7 +77,8 @@ class LaneRecord(BaseModel):
     finished_at: str | None = None
     host_lock: dict[str, Any] = {}  # the hold on `gpu:<host>`: asked, got, let go
     timeline: list[StageMark] = []  # every stage entered, in order; "done" when teardown ended
-    gpu: dict[str, Any] = {}  # GPU hosts: nvidia-smi facts "before" boot and "after" teardown
+    gpu: dict[str, Any] = {}  # hosts with nvidia-smi: its facts "before" boot, "booted" and "after" teardown
+    bandwidth: dict[str, Any] = {}  # what the decode curve's bandwidth share divides: model bytes, memory_gbps
     capacity: dict[str, Any] = {}  # the capacity plan's check before the curve (tasks/stages/capacity.py)
     fingerprint: dict[str, str] = {}  # what can move a number (tasks/record/fingerprint.py): comparisons hold it equal
 
@@ -138,7 +139,13 @@ def git_identity() -> dict[str, Any]:
         r = subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True)
         return r.stdout.strip() if r.returncode == 0 else ""
 
-    return {"git_sha": git("rev-parse", "HEAD") or "unknown", "dirty": bool(git("status", "--porcelain"))}
+    sha = git("rev-parse", "HEAD")
+    if not sha and (carried := REPO / ".lanebench-git.json").is_file():
+        # A copy without .git (the GPU bundle, scripts/gpu-run.sh): the commit it was made from.
+        known = json.loads(carried.read_text())
+        return {"git_sha": str(known.get("git_sha") or "unknown"), "dirty": bool(known.get("dirty")),
+                "git_from": ".lanebench-git.json"}
+    return {"git_sha": sha or "unknown", "dirty": bool(git("status", "--porcelain"))}
 
 
 def host_facts() -> dict[str, Any]:

@@ -19,7 +19,7 @@ from prefect.cache_policies import NO_CACHE
 
 from tasks.engines import engine_for
 from tasks.stages.gates import scrape_metrics
-from tasks.client.waves import Wave, run_wave
+from tasks.client.load import Wave, run_wave
 from tasks.client.prompts import Prompt
 from tasks.engines.facts import Acceptance, LoggedAcceptance
 from tasks.record.progress import progress
@@ -45,6 +45,18 @@ class PromptWindow(BaseModel):
     context_cut: bool
 
 
+def overrun(w: PromptWindow) -> float:
+    """Accepted draft tokens the counters claim beyond what the request delivered.
+
+    Each decode step yields one token of its own plus the draft tokens it accepted, so a
+    request's `output_tokens - 1` decoded tokens hold at most `output_tokens - 1 - steps`
+    accepted ones. llama-server never exceeds that (it shortens its last draft to the budget);
+    vLLM drafts K to the end and counts the last step's acceptances even where max_tokens cuts
+    them off (seen on the CPU build: about one token per request at max_tokens 96). Tokens per
+    target pass count only what was delivered."""
+    return max(0.0, w.accepted - max(w.output_tokens - 1 - w.steps, 0))
+
+
 def budget_cut(w: PromptWindow, k: int) -> tuple[float, float]:
     """(steps, accepted) of the draft step cut short by the token budget, (0, 0) when none.
 
@@ -54,6 +66,10 @@ def budget_cut(w: PromptWindow, k: int) -> tuple[float, float]:
     below steps*K is that last draft's missing width; it is removed assuming it accepted all it
     drafted (never flattering what is left). A shortfall of K or more has other causes (a draft
     probability floor): nothing is removed then."""
+    if w.budget_hit and w.steps >= 1 and overrun(w) > 0:
+        # vLLM drafts full width to the end and counts what its last step accepted past
+        # max_tokens: that step is cut too, removed the same conservative way.
+        return 1.0, min(w.accepted, float(k))
     if not w.budget_hit or w.draft_tokens is None or w.steps <= 1:
         return 0.0, 0.0
     deficit = w.steps * k - w.draft_tokens
@@ -106,7 +122,8 @@ def summarize(lane_name: str, prompt_class: str, k: int, windows: list[Acceptanc
         decoded = sum(max(p.output_tokens - 1, 0) for p in prompts)  # the first token comes from prefill
         accepted = sum(p.accepted for p in prompts)
         steps = sum(p.steps for p in prompts)
-        passes = decoded - accepted  # one target pass per token not taken from an accepted draft
+        delivered = accepted - sum(overrun(p) for p in prompts)  # accepted and delivered, not cut by the budget
+        passes = decoded - delivered  # one target pass per token not taken from an accepted draft
         cut = [budget_cut(p, k) for p in prompts]
         cut_steps, cut_accepted = sum(c[0] for c in cut), sum(c[1] for c in cut)
         low, high = _interval(list(by_prompt.values()))
@@ -123,6 +140,7 @@ def summarize(lane_name: str, prompt_class: str, k: int, windows: list[Acceptanc
         acceptance_length=statistics.median(lengths),
         acceptance_length_min=min(lengths), acceptance_length_max=max(lengths),
         verify_steps=sum(w.verify_steps for w in windows), accepted=sum(w.accepted for w in windows),
+        draft_tokens=sum(w.draft_tokens for w in windows) if all(w.draft_tokens is not None for w in windows) else None,
         per_position=per_pos, source=windows[0].source, draft_shape=shape, **extra,
     )
 

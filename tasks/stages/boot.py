@@ -41,6 +41,15 @@ def launch_argv(lane: Lane, binary: str, address: str, host: Host) -> list[str]:
     return topology.launch_argv(lane, engine_for(lane.engine), binary, address, host)
 
 
+def process_env(lane: Lane, host: Host, env: dict[str, str] | None) -> dict[str, str]:
+    """The environment a host process of the lane starts with: on a host declared `gpus: 0`,
+    the engine's switch that hides the GPUs; the process's own env (the lane's, with its node's
+    over it: tasks/stages/topology.py) last, so a lane that names CUDA_VISIBLE_DEVICES keeps it,
+    as its own offload flags win."""
+    hidden = engine_for(lane.engine).cpu_only_env() if host.gpus == 0 else {}
+    return {**hidden, **(env or {})}
+
+
 def start(lane_name: str, lane: Lane, binary: str, address: str, log_path: Path,
           placement: Placement | None = None) -> Server:
     """Start the workers, then the server (a process on the host, or the lane's container).
@@ -66,7 +75,8 @@ def start(lane_name: str, lane: Lane, binary: str, address: str, log_path: Path,
                 continue
             name = f"{lane_name}-rpc{i}.{lane.port}" if worker.rank is None else f"{lane_name}-node{worker.rank}.{lane.port}"
             worker.transport.stop_leftover(name)
-            workers.append(worker.transport.spawn(worker.argv, worker_log, name=name, env=worker.env))
+            workers.append(worker.transport.spawn(worker.argv, worker_log, name=name,
+                                                  env=process_env(lane, worker.host, worker.env)))
         if where.image is not None:
             containers.remove_leftover(where.transport, where.host.docker_host, lane_name)
             process: Spawned = containers.run_container(
@@ -76,7 +86,7 @@ def start(lane_name: str, lane: Lane, binary: str, address: str, log_path: Path,
             # Named by lane and port: a crashed run's server on this port is what would block this boot.
             name = f"{lane_name}.{lane.port}"
             where.transport.stop_leftover(name)
-            process = where.transport.spawn(argv, log_path, name=name, env=env)
+            process = where.transport.spawn(argv, log_path, name=name, env=process_env(lane, where.host, env))
     except BaseException:
         for w in workers:
             w.stop()

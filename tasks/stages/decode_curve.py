@@ -19,7 +19,7 @@ from prefect.cache_policies import NO_CACHE
 from tasks.client import metrics
 from tasks.client.prompts import Prompt
 from tasks.client.records import RequestRecord
-from tasks.client.waves import Wave, WaveResult, run_wave
+from tasks.client.load import Wave, WaveResult, run_wave
 from tasks.engines import engine_for
 from tasks.hosts import noise as host_noise
 from tasks.hosts.noise import DEFAULT_UNSTABLE_SPREAD_PCT, Noise
@@ -44,8 +44,8 @@ def summarize(lane_name: str, concurrency: int, waves: list[WaveResult], ttft_bo
     aggregates = [win.tok_s if win.steady else rate for win, rate in zip(windows, wave_rates)]
     records = [r for w in waves for r in w.records]
     ok = [r for r in records if r.ok]
-    per_user = [r.output_tokens / (r.e2el_s - r.ttft_s) for r in ok
-                if r.e2el_s and r.ttft_s is not None and r.e2el_s > r.ttft_s and r.output_tokens > 1]
+    # per request, tokens after the first over the time after the first: 1 / TPOT (docs/metrics.md)
+    per_user = [1.0 / r.tpot_s for r in ok if r.tpot_s]
     ttft = metrics.percentiles([r.ttft_s for r in ok if r.ttft_s is not None])
     tpot = metrics.percentiles([r.tpot_s for r in ok if r.tpot_s is not None])
     itl = metrics.percentiles(metrics.pooled_itl(ok))
@@ -86,7 +86,24 @@ def summarize(lane_name: str, concurrency: int, waves: list[WaveResult], ttft_bo
         client_loop_lag_p99_s=max(w.loop_lag_p99_s for w in waves),
         client_cpu=max(w.client_cpu for w in waves),
         client_saturated=any(w.client_saturated for w in waves),
+        coalesced_share=metrics.coalesced_share(ok),
+        **_open_loop(waves) if request_rate is not None else {},
     )
+
+
+def _open_loop(waves: list[WaveResult]) -> dict[str, float | None]:
+    """The rate the waves really sent at, and the load generator's own lateness per request."""
+    rates = []
+    late = []
+    for w in waves:
+        sent = sorted(r.sent_s for r in w.records if r.sent_s is not None)
+        if len(sent) > 1 and sent[-1] > sent[0]:
+            rates.append((len(sent) - 1) / (sent[-1] - sent[0]))
+        late += [r.sent_s - r.scheduled_s - r.queued_s for r in w.records
+                 if r.sent_s is not None and r.scheduled_s is not None]
+    q = metrics.percentiles(late)
+    return {"realized_rate": statistics.median(rates) if rates else None,
+            "send_late_p50_s": q[50], "send_late_p99_s": q[99]}
 
 
 def levels(plan: DecodePlan) -> list[tuple[int, float | None]]:
@@ -123,7 +140,7 @@ def measure(endpoint: Endpoint, plan: DecodePlan, repeats: int, prompts: list[Pr
             wave = Wave(lane=lane_name, stage="decode", repeat=repeat, concurrency=concurrency,
                         requests_per_stream=plan.per_stream(concurrency, repeats), max_tokens=plan.max_tokens,
                         stagger_s=plan.stagger_s, rate=rate, arrival=plan.arrival, deadline_s=plan.deadline_s,
-                        seed=repeat)
+                        seed=repeat, workers=plan.workers)
             on_wave(f"decode curve {wave.shape.describe()} repeat {repeat}/{repeats}")
             before = host_noise.sample()
             waves.append(run_wave(endpoint.base_url, engine, wave, prompts, on_record))

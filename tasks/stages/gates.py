@@ -21,7 +21,7 @@ from tasks.client.control import control
 from tasks.stages.live import Endpoint
 from tasks.inventory.models import CapacityGate, CounterGate, Lane
 from tasks.engines import engine_for
-from tasks.client.waves import Wave, run_wave
+from tasks.client.load import Wave, run_wave
 from tasks.client.prompts import Prompt
 from tasks.client.records import RequestRecord
 from tasks.engines.facts import BootFacts, Metrics

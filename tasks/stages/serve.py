@@ -34,7 +34,7 @@ from tasks.engines.facts import BootFacts
 from tasks.hosts.containers import container_name
 from tasks.hosts.connect import Reach
 from tasks.stages.image_pull import image_pull
-from tasks.hosts.gpu import gpu_facts, idle_gpu_gate, server_gpu_memory
+from tasks.hosts.gpu import cpu_lane_on_gpu, gpu_facts, group_pids, idle_gpu_gate, server_gpu_memory
 from tasks.hosts.reclaim import reclaim_leftovers, server_spawn_name
 from tasks.hosts.transport import TransportError
 from tasks.inventory import secrets
@@ -179,11 +179,14 @@ def served_lane(run: RunFolder, name: str, lane: Lane, host: Host, base_dir: Pat
         record.engine_identity, record.models = pre.engine_identity, [m.model_dump() for m in pre.models]
         record.preflight = pre.model_dump(include={"links", "hosts", "rpc_endpoints", "rpc_binaries", "master",
                                                    "node_binaries"})
-        if pre.ok and host.gpus > 0:  # a GPU host: its facts, and no boot on a GPU others are using
+        gpu_seen = False  # a host with nvidia-smi: its GPU facts are recorded whatever it declares
+        if pre.ok:
             gpu = gpu_facts(reach.transport)
-            record.gpu["before"] = gpu.model_dump()
-            if busy := idle_gpu_gate(gpu, host.gpus, host.gpu_max_busy_share):
-                pre = pre.model_copy(update={"ok": False, "reason": busy})
+            gpu_seen = host.gpus > 0 or gpu.ok
+            if gpu_seen:
+                record.gpu["before"] = gpu.model_dump()
+            if host.gpus > 0 and (busy := idle_gpu_gate(gpu, host.gpus, host.gpu_max_busy_share)):
+                pre = pre.model_copy(update={"ok": False, "reason": busy})  # no boot on a GPU others use
         if not pre.ok:
             record.status, record.reason = "skipped", pre.reason
             run.save_manifest()
@@ -214,10 +217,16 @@ def served_lane(run: RunFolder, name: str, lane: Lane, host: Host, base_dir: Pat
         assert server is not None  # a boot that returns has registered its healthy server
         record.launch_command, record.boot_seconds = secrets.scrub(server.command), seconds
         record.boot_facts = facts.model_dump()
-        if host.gpus > 0:  # what the booted server holds on the GPU: the offload that happened
+        if gpu_seen:  # what the booted server holds on the GPU: the offload that happened
             booted = gpu_facts(reach.transport)
             record.gpu["booted"] = booted.model_dump()
-            record.gpu["server_memory_mib"] = server_gpu_memory(booted, pre.binary)
+            pids = None if server.image else group_pids(reach.transport, server.process.pid) or None
+            record.gpu["server_memory_mib"] = held = server_gpu_memory(booted, pre.binary, pids)
+            if host.gpus == 0 and held:
+                line = cpu_lane_on_gpu(held)
+                record.gpu["cpu_lane_holds_gpu"] = line
+                record.warnings.append(line)
+                progress(name, line)
         run.save_manifest()
         served = Served(name, served_as, host, server, facts, record)
         if gates:
@@ -252,7 +261,7 @@ def served_lane(run: RunFolder, name: str, lane: Lane, host: Host, base_dir: Pat
             for worker in [*(lane.rpc.workers if lane.rpc else []), *(n for _, n in topology.worker_ranks(lane))]:
                 if (run.path / name / f"worker-{worker}.log").exists():
                     run.register(name, f"{name}/worker-{worker}.log", "boot-log")
-        if host.gpus > 0 and record.gpu:
+        if record.gpu.get("before"):
             record.gpu["after"] = gpu_facts(reach.transport).model_dump()
         reach.close()
         if server is not None:

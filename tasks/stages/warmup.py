@@ -15,7 +15,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from tasks.engines import engine_for
-from tasks.client.waves import Wave, run_wave
+from tasks.client.load import Wave, run_wave
 from tasks.client.prompts import Prompt
 from tasks.client.records import RequestRecord
 from tasks.record.rows import WarmupRow

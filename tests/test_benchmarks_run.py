@@ -1,0 +1,81 @@
+"""Every script under benchmarks/ runs, at tiny size, and exits 0 without a traceback.
+
+A benchmark that only runs on a quiet machine is still run here, small: benchmarks/http_layers.py
+stopped importing (b6c58bb) and benchmarks/load_generator.py exited 0 after printing a traceback,
+and nobody saw either until a session ran them. A new script gets a line in SMOKE, or this fails.
+The wall-time benchmarks (a whole nightly or matrix each: minutes) are started with --help here;
+the flows they time run end to end in tests/test_rehearsal_lane.py and tests/test_matrix.py.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from conftest import REPO
+
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+PORT, LOADGEN_PORT = _free_port(), _free_port()  # other checkouts' tests may hold the fixed ones
+SMOKE: dict[str, list[str]] = {
+    # starts fake_server.py itself, twice; the raw part also over two worker processes
+    "load_generator.py": ["--smoke", "--peers", "none", "--port", str(LOADGEN_PORT), "--workers", "1,2"],
+    "http_layers.py": ["--url", f"http://127.0.0.1:{PORT}", "--levels", "1,2", "--requests", "1", "--tokens", "8",
+                       "--layers", "httpx,lean"],  # aiohttp is a peer's, not the project's
+    "fake_server.py": ["--help"],  # served every run above
+    "peers.py": [],  # a module: importing it is all it does alone (peers install from the registry)
+    "engines_side_by_side.py": ["--help"],  # four lanes' nightlies: tens of minutes
+    "matrix_wall_time.py": ["--help"],
+    "nightly_overhead.py": ["--help"],
+    "rehearsal_wall_time.py": ["--help"],
+}
+
+
+def test_every_benchmark_script_has_a_smoke_run():
+    assert sorted(p.name for p in (REPO / "benchmarks").glob("*.py")) == sorted(SMOKE)
+
+
+@pytest.fixture(scope="module")
+def fake_server():
+    proc = subprocess.Popen([sys.executable, str(REPO / "benchmarks/fake_server.py"), "--port", str(PORT),
+                             "--zero-delay"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert "listening" in proc.stdout.readline()
+        yield
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+@pytest.mark.parametrize("script", sorted(SMOKE))
+def test_a_benchmark_runs_and_exits_cleanly(script, fake_server):
+    t = time.monotonic()
+    r = subprocess.run([sys.executable, str(REPO / "benchmarks" / script), *SMOKE[script]], cwd=REPO,
+                       capture_output=True, text=True, timeout=300)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0 and "Traceback" not in out, out[-3000:]
+    assert time.monotonic() - t < 120, "a smoke run is seconds, not minutes"
+    if script == "load_generator.py":
+        assert "## raw ceiling" in r.stdout and "coalesced %" in r.stdout and "| lanebench x2 | 4 | 4/4 |" in r.stdout
+
+
+def test_the_load_generator_exits_nonzero_when_a_part_fails(fake_server, tmp_path):
+    """A benchmark that breaks part-way is no result: the HTTP layers part, run under a Python
+    without the layer asked for, fails, and the script that ran it says so with its exit code."""
+    r = subprocess.run([sys.executable, str(REPO / "benchmarks/http_layers.py"), "--url",
+                        f"http://127.0.0.1:{PORT}", "--levels", "1", "--layers", "aiohttp"],
+                       cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0
+    with urllib.request.urlopen(f"http://127.0.0.1:{PORT}/stats") as resp:
+        assert resp.status == 200

@@ -1,0 +1,52 @@
+"""What two fresh lent H200 machines gave back for `lanebench nightly --hosts hosts.gpu.yaml`
+(issue 23; scripts/gpu-remote.sh `build facts models nightly`, docs/benchmarks.md H200 section):
+manifests, report.md and the phases' exit codes, kept under tests/fixtures/gpu-h200/. CI has no
+GPU: these tests hold the code to what the device showed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tasks.record.gpu_report import gpu_lines
+
+H200 = Path(__file__).resolve().parent / "fixtures" / "gpu-h200"
+RUNS = ("run1", "run2")
+
+
+def _manifest(run: str) -> dict:
+    return json.loads((H200 / f"manifest-{run}.json").read_text())
+
+
+@pytest.mark.parametrize("run", RUNS)
+def test_every_phase_and_every_lane_passed_and_the_commit_is_named(run):
+    phases = [line.split("\t") for line in (H200 / f"phases-{run}.tsv").read_text().splitlines()]
+    assert [p[0] for p in phases] == ["build", "facts", "models", "nightly"] and all(p[1] == "0" for p in phases)
+    m = _manifest(run)
+    assert len(m["lanebench"]["git_sha"]) == 40 and m["lanebench"]["git_from"] == ".lanebench-git.json"
+    assert {n: lane["status"] for n, lane in m["lanes"].items()} == dict.fromkeys(m["lanes"], "passed")
+    assert {"random-8b-f16-gpu", "random-8b-q4k-gpu", "random-8b-f16-selfdraft-gpu"} <= set(m["lanes"])
+
+
+def test_a_cpu_declared_lane_on_the_cuda_build_holds_no_gpu_memory():
+    lane = _manifest("run2")["lanes"]["testbed-cpu-on-cuda-build"]
+    assert lane["gpu"]["before"]["ok"]  # nvidia-smi was read on the CPU-declared host
+    assert lane["gpu"]["server_memory_mib"] is None and "cpu_lane_holds_gpu" not in lane["gpu"]
+    assert "CUDA_VISIBLE_DEVICES" not in lane["launch_command"]  # the switch is in its environment, not argv
+    assert "no CUDA-capable device is detected" in (H200 / "cpu-lane-boot-run2.log").read_text()
+
+
+@pytest.mark.parametrize("run", RUNS)
+def test_the_report_shows_each_gpu_lanes_gpu_and_bandwidth_share(run):
+    m, report = _manifest(run), (H200 / f"report-{run}.md").read_text()
+    for name, lane in m["lanes"].items():
+        section = report.split(f"\n## {name}\n", 1)[1].split("\n## ", 1)[0]
+        assert "\n".join(gpu_lines(lane["gpu"], lane["boot_facts"])) in section
+        if name.startswith("random-8b"):
+            assert "- GPU 0: **NVIDIA H200**" in section and lane["gpu"]["server_memory_mib"] > 10_000
+            decode = section.split("### Decode curve\n", 1)[1]
+            header = next(line for line in decode.splitlines() if line.startswith("| C |"))
+            assert header.rstrip("|").split("|")[-1].strip() == "bandwidth share"
+            assert "Bandwidth share (C=1 rows)" in decode
