@@ -37,6 +37,7 @@ from tasks.correctness.tool_gate import tool_gate
 from tasks.inventory.models import Host, Inventory, Lane
 from tasks.inventory import secrets
 from tasks.record.expectations import warmed_up
+from tasks.record.fingerprint import fingerprint
 from tasks.record.interrupted import stop_requested
 from tasks.record.rows import GateResult
 from tasks.record.run_folder import LaneRecord, RunFolder, RunFolderWriteError
@@ -258,6 +259,7 @@ def _correctness(run: RunFolder, record: LaneRecord, lane: Lane, host: Host, bas
             record.warnings.append(f"accuracy eval: {words}")
         run.save_manifest()
 
+    record.fingerprint = fingerprint(record, run.manifest.host, base_dir)  # comparisons hold it equal
     stage("expectations")
     run.validate_raw(lane_name, "requests.jsonl", "requests")
     failed = [e for e in run.manifest.artifacts if e.lane == lane_name and e.validation == "failed"]

@@ -179,6 +179,14 @@ def against_no_speculation(run: RunFolder, speed: list) -> list[str]:
                 f"{': ' + record.reason if record and record.reason else ''}"]
     base = {int(r.concurrency): float(r.aggregate_tok_s) for r in pd.read_parquet(run.path / entry.path).itertuples()}
     out = []
+    # Only speculation may differ: another model, engine, slot count or host makes the comparison loud.
+    from tasks.record.fingerprint import beyond_speculation, describe_differences
+
+    for arm in sorted({row.arm for row in speed}):
+        mine = run.manifest.lanes.get(arm)
+        if mine is not None and mine.fingerprint and record.fingerprint and \
+                (diffs := beyond_speculation(mine.fingerprint, record.fingerprint)):
+            out.append(f"NOT COMPARABLE: {arm} differs from {NO_SPEC} beyond speculation: {describe_differences(diffs)}")
     for row in speed:
         b = base.get(row.concurrency)
         if b is not None and row.aggregate_tok_s < b:

@@ -116,6 +116,9 @@ def _against_baseline(run: RunFolder, artifacts_root: str, policy: RegressionPol
         progress(name, "against the baseline")
         comparison = compare_lane(con, run.path.name, name, policy)
         record = run.lane(name)
+        if comparison.refused:  # a changed model, engine or plan is no regression, and no "no change" either
+            record.warnings.append(comparison.refused)
+            run.manifest.flow.setdefault("comparison_refused", {})[name] = comparison.refused
         if comparison.config_changes:
             record.warnings.append("lane config differs from the newest baseline run: "
                                    + "; ".join(comparison.config_changes))
@@ -192,6 +195,7 @@ def _nightly(hosts: str, lanes: list[str] | None, artifacts_root: str, regressio
         run.register("", "report.md", "report")
         _publish(run, report)
     problems += [f"regression {describe(r)}" for c in comparisons.values() for r in c.regressions]
+    problems += [f"comparison refused: {c.refused}" for c in comparisons.values() if c.refused]
     verdict = night_verdict("nightly", run.manifest.lanes, problems)
     run.manifest.flow["verdict"] = {"outcome": verdict.outcome, "exit_code": verdict.exit_code, "line": verdict.line}
     run.save_manifest()

@@ -81,6 +81,11 @@ CASES = {
                                                                            "log_pattern": "steps=(\\d+)", "op": ">",
                                                                            "threshold": 0}),
                                        "lanes.rehearsal.gates[0]", "(?P<value>"),
+    # Declared gates only add: one that cannot fail is a config error (a counter's increase is >= 0).
+    "counter gate that cannot fail": (_mutate("lanes.rehearsal.gates.0.op", ">="), "lanes.rehearsal.gates[0].threshold",
+                                      "cannot fail"),
+    "counter gate above a negative": (_mutate("lanes.rehearsal.gates.0.threshold", -1),
+                                      "lanes.rehearsal.gates[0].threshold", "cannot fail"),
     "gate of unknown kind": (_mutate("lanes.rehearsal.gates.1", {"kind": "vibes"}), "lanes.rehearsal.gates[1]",
                              "kind: counter"),
     "empty concurrency list": (_mutate("lanes.rehearsal.bench.decode.concurrency", []),

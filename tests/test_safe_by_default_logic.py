@@ -34,6 +34,22 @@ def test_a_drafter_implies_the_counter_gate_and_every_bench_the_capacity_gate():
     assert [type(g) for g in implied_gates(waived, LlamaCpp())] == [CounterGate]
 
 
+def test_declared_gates_only_add():
+    """A declared counter gate on the draft counter keeps the implied drafts-happen gate unless it is at
+    least as strict: `< 1000` (or `== 0`) on the same counter passes when nothing drafted."""
+    metric = "llamacpp:spec_decode_num_drafts_total"
+    for op, threshold in [("<", 1000), ("==", 0), ("<=", 5)]:
+        declared = {"kind": "counter", "name": "mine", "metric": metric, "op": op, "threshold": threshold}
+        gates = implied_gates(_lane(gates=[declared]), LlamaCpp())
+        assert [g.name for g in gates] == ["mine", "drafts-happen (implied)", "capacity (implied)"], (op, gates)
+    for op, threshold in [(">", 0), (">", 3), (">=", 1)]:  # as strict or stricter: nothing to add
+        declared = {"kind": "counter", "name": "mine", "metric": metric, "op": op, "threshold": threshold}
+        assert [g.name for g in implied_gates(_lane(gates=[declared]), LlamaCpp())] == ["mine", "capacity (implied)"]
+    for op, threshold in [(">=", 0), (">", -1), ("!=", -3)]:  # cannot fail: refused at load
+        with pytest.raises(ValueError, match="cannot fail"):
+            _lane(gates=[{"kind": "counter", "name": "g", "metric": metric, "op": op, "threshold": threshold}])
+
+
 def test_a_waiver_needs_a_reason(tmp_path):
     inv = shipped_inventory()
     inv["lanes"]["rehearsal"]["waivers"] = [{"gate": "counter"}]

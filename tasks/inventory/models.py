@@ -191,7 +191,25 @@ class CounterGate(_Strict):
                     raise ValueError("log_pattern needs a named group (?P<value>...)")
             except re.error as e:
                 raise ValueError(f"log_pattern is not a valid regular expression: {e}") from e
+        if self.metric is not None and always_true(self.op, self.threshold):
+            raise _RefError(".threshold", f"gate {self.name!r}: the increase of counter {self.metric} over the probe "
+                            f"is never below 0, so '{self.op} {self.threshold:g}' cannot fail and proves nothing",
+                            "make it a condition that can fail, e.g. op: '>' with threshold: 0 (the counter moved), "
+                            "or remove the gate")
         return self
+
+    def implies(self, op: str, threshold: float) -> bool:
+        """Whether passing this gate means `op threshold` passes too on the same counter
+        (a declared gate at least as strict as an implied one makes the implied one redundant)."""
+        if self.metric is None or op != ">":
+            return False
+        return (self.op == ">" and self.threshold >= threshold) or \
+            (self.op in (">=", "==") and self.threshold > threshold)
+
+
+def always_true(op: str, threshold: float) -> bool:
+    """A condition every counter increase (a number >= 0) meets: a gate that cannot fail."""
+    return (op == ">=" and threshold <= 0) or (op in (">", "!=") and threshold < 0)
 
 
 class CapacityGate(_Strict):

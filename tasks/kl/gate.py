@@ -240,7 +240,16 @@ class Gate:
         passed = not reasons
         verdict = "PASS" if passed else ("NO VERDICT" if self.refusal else "FAIL")
         flags = self._flags()
+        # The headline states what the verdict rests on: positions scored against those asked, and
+        # a reference that is not what it claims (kl/suspicious.py).
+        short = [f"{r.lane} {int(r.positions)}/{int(r.positions_expected)} positions scored"
+                 for r in summary_df.itertuples() if int(r.positions) < int(r.positions_expected)] \
+            if {"positions", "positions_expected"} <= set(summary_df.columns) else []
+        suffix = (f" (ONLY {'; '.join(short)})" if short else "") + \
+            (f", FLAGGED: {'; '.join(f.split(':')[0] for f in flags)}" if flags else "")
+        self.run.manifest.flow["kl_headline"] = verdict + suffix
         report = render(self.title, self._facts(), summary_df, pairs_df, verdict, reasons, plot)
+        report = report.replace(f"**{verdict}**", f"**{verdict}**{suffix}", 1)
         report += "".join(f"\n- **FLAG** {f}" for f in flags) + ("\n" if flags else "")
         (self.run.path / "report.md").write_text(report)
         self.run.register("", "report.md", "report")
@@ -258,7 +267,8 @@ class Gate:
             model = next((m for m in record.models if m.get("role") == "model"), {})
             lanes[name] = {"path": rl.lane.model.path, "sha256": model.get("sha256"),
                            "quantize": rl.quantize.type if rl.quantize else None,
-                           "context": record.boot_facts.get("context_per_slot") or rl.lane.context}
+                           "context": record.boot_facts.get("context_per_slot") or rl.lane.context,
+                           "flags": list(rl.lane.flags)}
         flags = kl_flags(self.spec.reference, lanes)
         self.run.manifest.flow["kl_flags"] = flags
         for flag in flags:

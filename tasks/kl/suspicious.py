@@ -25,10 +25,30 @@ def quantized(path: str | None, quantize_type: str | None) -> str | None:
     return None
 
 
+# Flags that set the KV cache's precision (llama.cpp, vLLM, SGLang) and the values that keep it exact.
+_KV_FLAGS = {"--cache-type-k", "-ctk", "--cache-type-v", "-ctv", "--kv-cache-dtype"}
+_KV_EXACT = {"f16", "f32", "bf16", "auto", "float16", "bfloat16", "float32"}
+
+
+def quantized_kv_cache(flags: list[str]) -> str | None:
+    """`--cache-type-k q8_0` when the flags quantize the KV cache, else None."""
+    for i, flag in enumerate(flags):
+        name, _, value = flag.partition("=")
+        if name in _KV_FLAGS:
+            value = value or (flags[i + 1] if i + 1 < len(flags) else "")
+            if value.lower() not in _KV_EXACT:
+                return f"{name} {value}"
+    return None
+
+
 def kl_flags(reference: str, lanes: dict[str, dict[str, Any]]) -> list[str]:
-    """`lanes`: name -> {path, sha256, quantize, context} as each lane actually ran."""
+    """`lanes`: name -> {path, sha256, quantize, context, flags} as each lane actually ran."""
     ref = lanes[reference]
     out = []
+    if kv := quantized_kv_cache(ref.get("flags") or []):
+        out.append(f"the reference {reference} was served with a quantized KV cache ({kv}): it is not an exact "
+                   "reference, and every candidate's distance includes the cache's error; fix: serve the reference "
+                   "with an f16 KV cache (remove the flag)")
     if why := quantized(ref.get("path"), ref.get("quantize")):
         out.append(f"the reference {reference} is itself quantized ({why}): the gate measures the distance to "
                    "another quant, not to the original; fix: serve the original weights (f16/bf16/the released "

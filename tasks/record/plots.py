@@ -20,7 +20,7 @@ from tasks.record.regression import RegressionRow
 _DPI = 80
 _VERDICT_COLOUR = {"regression": "tab:red", "improvement": "tab:green", "no change": "tab:blue",
                    "no baseline": "tab:gray",
-                   "too few samples": "tab:gray"}
+                   "too few samples": "tab:gray", "not comparable": "tab:orange"}
 
 
 def warm() -> None:

@@ -44,7 +44,7 @@ from tasks.record.kinds import metric_def
 
 # Row keys for GX failure lines of this kind (tasks/expectations.py looks them up by kind).
 
-Verdict = Literal["regression", "improvement", "no change", "no baseline", "too few samples"]
+Verdict = Literal["regression", "improvement", "no change", "no baseline", "too few samples", "not comparable"]
 
 
 class RegressionPolicy(BaseModel):
@@ -86,6 +86,9 @@ class LaneComparison(BaseModel):
     lane: str
     rows: list[RegressionRow]
     config_changes: list[str] = []  # this run's lane config against the newest baseline run's
+    # Fingerprint fields that differ from the newest earlier good run (tasks/record/fingerprint.py),
+    # when too few fingerprint-equal runs are left to judge by: the comparison is refused.
+    refused: str = ""
 
     @property
     def regressions(self) -> list[RegressionRow]:
@@ -163,8 +166,32 @@ def config_changes(current: str, previous: str) -> list[str]:
     return [f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in keys]
 
 
+def _fingerprint_of(con: Any, run: str, lane: str, cache: dict[str, dict[str, str]]) -> dict[str, str]:
+    """The lane's recorded fingerprint in `run` (computed from its record for runs made before
+    fingerprints were recorded)."""
+    if run not in cache:
+        from pathlib import Path
+
+        from tasks.record.fingerprint import fingerprint
+
+        (path,), = con.execute("SELECT path FROM runs WHERE run = ?", [run]).fetchall()
+        try:
+            m = json.loads((Path(path) / "manifest.json").read_text())
+        except (OSError, ValueError):
+            m = {}
+        record = (m.get("lanes") or {}).get(lane) or {}
+        inventory = (m.get("inventory") or {}).get("path")
+        cache[run] = record.get("fingerprint") or fingerprint(record, m.get("host") or {},
+                                                              Path(inventory).parent if inventory else None)
+    return cache[run]
+
+
 def compare_lane(con: Any, run: str, lane: str, policy: RegressionPolicy) -> LaneComparison:
-    """Every headline metric of `lane` in `run` against its baseline window (history index `con`)."""
+    """Every headline metric of `lane` in `run` against its baseline window (history index `con`).
+
+    Baselines are drawn only from runs whose fingerprint equals tonight's: a replaced model file,
+    an upgraded engine or an edited prompt set is not noise. When fewer than `min_runs` such runs
+    are left but earlier good runs exist, the comparison is refused naming the fields that differ."""
     (flow, started, config), = con.execute(
         """SELECT r.flow, r.started_at, l.config FROM runs r LEFT JOIN lanes l ON l.run = r.run AND l.lane = ?
            WHERE r.run = ?""", [lane, run]).fetchall()
@@ -177,16 +204,22 @@ def compare_lane(con: Any, run: str, lane: str, policy: RegressionPolicy) -> Lan
         [run, lane]).fetchall()
     newest_baseline: str | None = None
     bases: dict[str, list[tuple[str, float]]] = {}
+    prints: dict[str, dict[str, str]] = {}
+    tonight = _fingerprint_of(con, run, lane, prints)
+    refused_against: str | None = None
     for metric, value, samples in current:
         d = metric_def(metric)
         assert d is not None
-        bases[metric] = con.execute(
+        earlier = con.execute(
             """SELECT run, value FROM metrics
                WHERE flow = ? AND lane = ? AND metric = ? AND passed AND NOT regressed AND run <> ?
                  AND started_at < ? AND (? IS NULL OR started_at >= ?) AND value IS NOT NULL AND NOT isnan(value)
                  AND (samples IS NULL OR samples >= ?)
                ORDER BY started_at DESC LIMIT ?""",
-            [flow, lane, metric, run, started, since, since, d.min_samples, policy.window]).fetchall()[::-1]
+            [flow, lane, metric, run, started, since, since, d.min_samples, 10 * policy.window]).fetchall()[::-1]
+        bases[metric] = [b for b in earlier if _fingerprint_of(con, b[0], lane, prints) == tonight][-policy.window:]
+        if len(bases[metric]) < policy.min_runs and len(earlier) >= policy.min_runs:
+            refused_against = refused_against or earlier[-1][0]
     enough = {m for m, v, n in current if (n is None or n >= metric_def(m).min_samples)  # type: ignore[union-attr]
               and v is not None and not math.isnan(v)}
     judged_count = sum(1 for m in enough if len(bases[m]) >= policy.min_runs)
@@ -207,9 +240,11 @@ def compare_lane(con: Any, run: str, lane: str, policy: RegressionPolicy) -> Lan
                       min_effect_pct=min_effect, baseline_runs=len(base), baseline_from=",".join(b[0] for b in base),
                       baseline_min=min(values) if values else None, baseline_max=max(values) if values else None)
         if judged is None:
+            not_comparable = refused_against is not None and len(base) < policy.min_runs
             rows.append(RegressionRow(**common, baseline=None, baseline_spread_pct=None, band_low=None, band_high=None,
                                       change_pct=None, ci_low_pct=None, ci_high_pct=None,
-                                      verdict="no baseline" if metric in enough else "too few samples"))
+                                      verdict="too few samples" if metric not in enough else
+                                      "not comparable" if not_comparable else "no baseline"))
             continue
         j = judged
         rows.append(RegressionRow(**common, baseline=j.centre, baseline_spread_pct=j.spread_pct, band_low=j.band_low,
@@ -217,10 +252,20 @@ def compare_lane(con: Any, run: str, lane: str, policy: RegressionPolicy) -> Lan
                                   ci_high_pct=j.high_pct,
                                   verdict=verdict(d.better, j.change_pct, j.low_pct, j.high_pct, min_effect)))
     changes: list[str] = []
-    prev = con.execute("SELECT config FROM lanes WHERE run = ? AND lane = ?", [newest_baseline, lane]).fetchone()
+    prev = con.execute("SELECT config FROM lanes WHERE run = ? AND lane = ?",
+                       [newest_baseline or refused_against, lane]).fetchone()  # refused: what changed, too
     if prev and config:
         changes = config_changes(config, prev[0])
-    return LaneComparison(lane=lane, rows=rows, config_changes=changes)
+    refused = ""
+    if refused_against is not None:
+        from tasks.record.fingerprint import describe_differences, differences
+
+        diffs = differences(tonight, _fingerprint_of(con, refused_against, lane, prints))
+        refused = (f"{lane}: not comparable with the baseline window (newest earlier good run {refused_against}): "
+                   f"{describe_differences(diffs)}; fewer than {policy.min_runs} earlier runs hold everything "
+                   "else equal; fix: undo the change, or accept it as the new baseline with the regression "
+                   f"policy's since: {run}")
+    return LaneComparison(lane=lane, rows=rows, config_changes=changes, refused=refused)
 
 
 def compare_run(con: Any, run: str, policy: RegressionPolicy | None = None) -> dict[str, LaneComparison]:

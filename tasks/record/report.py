@@ -21,8 +21,10 @@ from tasks.record.markdown import frame
 from tasks.correctness import record as correctness
 from tasks.record import bench_report
 from tasks.record.gpu_report import bandwidth_note, gpu_lines
+from tasks.record.speculation import speculation_verdicts
 from tasks.record.run_folder import RunFolder
 
+MIN_P95_REQUESTS = 20  # a p95 over fewer requests is nearly their maximum: marked, never a headline
 _DECODE_COLS = {
     "concurrency": "C", "aggregate_tok_s": "agg tok/s", "aggregate_spread_pct": "spread %",
     "per_user_tok_s": "per-user tok/s", "ttft_p50_s": "TTFT p50 s", "ttft_p95_s": "TTFT p95 s",
@@ -49,6 +51,13 @@ def decode_table(df: pd.DataFrame) -> pd.DataFrame:
             "/".join("-" if v is None or pd.isna(v) else f"{v:.3g}" for v in (lo, b, st))
             for lo, b, st in zip(df.load_1m_before, df.busy_pct, df.steal_pct)]
         out["context-cut %"] = [f"{100 * v:.0f}" for v in df.context_truncated_share]
+    # Enough to say anything: one repeat has no spread, a p95 under 20 requests is near their maximum.
+    out["spread %"] = [f"n/a ({r} repeat)" if r < 2 else s for r, s in zip(df.repeats, out["spread %"])]
+    out["TTFT p95 s"] = [f"{_cell(v)} (n={n}, TOO FEW)" if n < MIN_P95_REQUESTS else _cell(v)
+                         for v, n in zip(df.ttft_p95_s, df.requests)]
+    if "ttft_share_p50" in df:
+        out["TTFT share"] = ["-" if v is None or pd.isna(v) else
+                             f"{100 * v:.0f}% TTFT-DOMINATED" if v > 0.5 else f"{100 * v:.0f}%" for v in df.ttft_share_p50]
     out["agg tok/s"] = [f"{m:.1f} [{lo:.1f}, {hi:.1f}]" for m, lo, hi in
                         zip(df.aggregate_tok_s, df.aggregate_tok_s_min, df.aggregate_tok_s_max)]
     if "regime" in df:  # a level past the server's cap is a queue: labelled, never read as a speed
@@ -163,7 +172,7 @@ def _regression_summary(run: RunFolder) -> list[str]:
                 "change from the baseline runs' own spread (a zero-width interval: the baseline runs agreed "
                 "exactly). A regression needs the whole interval on the worse side and at least the minimum "
                 "effect; the noise band is where tonight's value would have been ordinary (docs/nightly.md).", ""]
-    flagged = []
+    flagged = [f"- **COMPARISON REFUSED** {why}" for why in (m.flow.get("comparison_refused") or {}).values()]
     for entry in entries:
         if entry.validation != "passed":
             out.append(f"- {entry.lane}: comparison QUARANTINED ({'; '.join(entry.failed_expectations)})")
@@ -173,8 +182,8 @@ def _regression_summary(run: RunFolder) -> list[str]:
             flagged.append(f"- **{r.verdict}** {r.lane} `{r.metric}`: {r.change_pct:+.1f}% "
                            f"[{r.ci_low_pct:+.1f}%, {r.ci_high_pct:+.1f}%], {_num(r.current)} against "
                            f"{_num(r.baseline)} over {int(r.baseline_runs)} runs")
-        judged = int((~df.verdict.isin(["no baseline", "too few samples"])).sum())
-        if not judged:
+        judged = int((~df.verdict.isin(["no baseline", "too few samples", "not comparable"])).sum())
+        if not judged and entry.lane not in (m.flow.get("comparison_refused") or {}):
             out.append(f"- {entry.lane}: no baseline yet ({len(df)} metrics, fewer than "
                        f"{policy.get('min_runs', '?')} earlier good runs)")
     return out + (flagged or ["- no regression and no improvement beyond the noise"])
@@ -205,9 +214,12 @@ def _verdict_line(run: RunFolder) -> str:
             regressions += int((pd.read_parquet(run.path / entry.path).verdict == "regression").sum())
     parts = ([f"lanes failed: {', '.join(failed)}"] if failed else []) + \
         ([f"{regressions} regression{'s' if regressions > 1 else ''}"] if regressions else []) + \
-        ([m.flow["regression_error"]] if m.flow.get("regression_error") else [])
+        ([m.flow["regression_error"]] if m.flow.get("regression_error") else []) + \
+        [f"comparison refused for {lane}" for lane in (m.flow.get("comparison_refused") or {})]
     if not parts:
         flagged = [f"{n}: {f['check']}" for n, lane in m.lanes.items() for f in lane.flags]
+        flagged += [f"{line.split(': ', 1)[1].split(' ')[0]}: {line.split(':')[0]}"
+                    for line in speculation_verdicts(run) if line.startswith("SPECULATION LOSES")]
         if flagged:
             return f"- verdict: **passed, FLAGGED** ({'; '.join(flagged)}): read the flags before trusting a number"
         return "- verdict: **passed**"
@@ -250,6 +262,11 @@ def render(run: RunFolder) -> str:
         flagged = f" ({len(lane.flags)} flagged)" if lane.flags else ""
         out.append(f"| {name} | **{lane.status}**{flagged} | {lane.stage} | {lane.reason or ''} |")
     out += _regression_summary(run)
+    if judged := speculation_verdicts(run):  # a speculative lane beside a plain one of the same target
+        out += ["", "## Speculation against no speculation", "",
+                "Aggregate tok/s (decode curve median) of each speculative lane against the plain lane of the "
+                "same target (same model sha256) at each concurrency both measured.", ""]
+        out += [f"- **{line}**" if line.startswith("SPECULATION LOSES") else f"- {line}" for line in judged]
     builders = {"warmup": ("Warmup (first hit, never in results)", warmup_table),
                 "decode": ("Decode curve", decode_table),
                 "acceptance": ("Speculative acceptance (probe window only)", acceptance_table)}

@@ -64,6 +64,9 @@ class DecodeRow(_Record):
     steal_pct: float | None = None  # highest over the repeats' waves
     unstable: bool = False  # spread above the lane's bench.unstable_spread_pct: noise, not a number
     context_truncated_share: float = 0.0  # measured requests cut or shifted by the context
+    # Median TTFT / end-to-end latency of the level's requests: above one half the row measures
+    # prefill and queueing, not decode (the seeds' max_tokens: 4 published 604 tok/s per user).
+    ttft_share_p50: float | None = None
     # Concurrency 1 on a host with `memory_gbps`: model bytes read per second over the memory
     # bandwidth (tasks/stages/limits.py); None elsewhere.
     bandwidth_share: float | None = None

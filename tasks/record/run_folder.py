@@ -87,6 +87,7 @@ class LaneRecord(BaseModel):
     gpu: dict[str, Any] = {}  # hosts with nvidia-smi: its facts "before" boot, "booted" and "after" teardown
     bandwidth: dict[str, Any] = {}  # what the decode curve's bandwidth share divides: model bytes, memory_gbps
     capacity: dict[str, Any] = {}  # the capacity plan's check before the curve (tasks/stages/capacity.py)
+    fingerprint: dict[str, str] = {}  # what can move a number (tasks/record/fingerprint.py): comparisons hold it equal
 
 
 class FlowRecord(BaseModel):

@@ -32,6 +32,7 @@ NEAR_PERFECT = 0.9
 MIN_DRAFTED_SHARE = 0.8
 WARMUP_JITTER = 0.25  # a first hit faster than steady by more than this share of steady is flagged
 WARMUP_JITTER_S = 0.02  # ... and by more than this: a few ms either way is a 2-core scheduler, not a finding
+TTFT_DOMINATES = 0.5  # a decode row whose median TTFT is over this share of e2el measures prefill
 MIN_PROMPTS = 8  # = tasks/stages/acceptance.py MIN_PROMPTS_FOR_VERDICT
 
 
@@ -51,10 +52,13 @@ def waived(lane: Lane, gate: str) -> bool:
 
 
 def implied_gates(lane: Lane, engine: Engine) -> list[Gate]:
-    """The lane's declared gates plus the ones it implies (unless waived or already declared)."""
+    """The lane's declared gates plus the ones it implies (unless waived, or a declared gate on the
+    same counter is at least as strict). Declared gates only add: a declared gate on the draft
+    counter with a weaker condition (`>= 0` passes when nothing drafted) keeps the implied one."""
     gates: list[Gate] = list(lane.gates)
-    counters = {g.metric for g in gates if isinstance(g, CounterGate)}
-    if (lane.drafter is not None and engine.draft_counter is not None and engine.draft_counter not in counters
+    covered = any(isinstance(g, CounterGate) and g.metric == engine.draft_counter and g.implies(">", 0)
+                  for g in gates)
+    if (lane.drafter is not None and engine.draft_counter is not None and not covered
             and not waived(lane, "counter")):
         gates.append(CounterGate(kind="counter", name="drafts-happen (implied)", metric=engine.draft_counter,
                                  op=">", threshold=0))
@@ -222,6 +226,19 @@ def noise_findings(lane: Lane, decode: list[Any], warmup: list[Any]) -> list[Fin
                                        f"(bound {bound:g}%, host load {row.load_1m_before}, busy {row.busy_pct and round(row.busy_pct)}%, "
                                        f"steal {row.steal_pct and round(row.steal_pct, 1)}%): not a baseline; "
                                        "fix: re-run on a quiet host"))
+    if decode and min(r.repeats for r in decode) < 2:
+        out.append(Finding(check="one repeat", declared=f"repeats {min(r.repeats for r in decode)}",
+                           effective="no spread to judge noise by", severity="flag",
+                           message="decode levels measured once: their spread reads 0 and says nothing about "
+                                   "noise; fix: bench.repeats: 3"))
+    heavy = [f"C={r.concurrency} ({100 * r.ttft_share_p50:.0f}% of e2el)" for r in decode
+             if r.ttft_share_p50 is not None and r.ttft_share_p50 > TTFT_DOMINATES]
+    if heavy:
+        out.append(Finding(check="ttft dominates", declared=f"decode max_tokens {lane.bench.decode.max_tokens}",
+                           effective="; ".join(heavy), severity="flag",
+                           message=f"decode rows where TTFT is over half the request's latency: {'; '.join(heavy)}: "
+                                   "they measure prefill and queueing, not decode speed; fix: raise "
+                                   "bench.decode.max_tokens"))
     # Every such row reads "noise" in the table; the lane is flagged when it is more than jitter.
     noisy = [f"C={r.concurrency} {r.size_class} ({r.first_hit_cost_s:+.3g} s)" for r in warmup
              if r.noise and -r.first_hit_cost_s > max(WARMUP_JITTER * r.steady_e2el_s, WARMUP_JITTER_S)]

@@ -1,0 +1,135 @@
+"""A lane's fingerprint: everything recorded that can move one of its numbers.
+
+A comparison is only as good as what was held equal. The seeds' nightly judged a -50.8 %
+change "no change" after the model file at the same path was replaced, and kept an earlier
+engine build's nights as the baseline after an in-place upgrade. The fingerprint is a flat
+mapping (field -> value) of what the lane served and how it was measured: model and drafter
+bytes (sha256), the engine's identity (binary sha256 or image digest, version), the launch
+argv (files by content, the port left out: it never moves a number), the settings the server
+resolved (its boot facts, timings left out), the bench plan (prompt sets by content sha256,
+max_tokens, repeats, concurrency) and the host's hardware. `differences` names each field
+that differs with both values, for the comparison that must refuse or flag it.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+from typing import Any
+
+from tasks.hosts.files import sha256_of
+
+# Boot facts that say how a boot went, not what it serves: per-source readings, timings.
+_BOOT_NOISE = {"sources", "disagreements", "cap_source", "extra"}
+_PORT = re.compile(r"^--?(port|master-port)$")
+
+
+def _flat(d: Any, prefix: str) -> dict[str, str]:
+    if isinstance(d, dict):
+        out: dict[str, str] = {}
+        for k, v in sorted(d.items()):
+            out |= _flat(v, f"{prefix}.{k}")
+        return out
+    return {prefix: repr(d)}
+
+
+def _by_content(value: Any, base_dir: Path | None, known: dict[str, str]) -> Any:
+    """A path to an existing file, as its content sha256 (a prompt set copied elsewhere is the
+    same set; one edited in place is not); anything else as it is."""
+    if isinstance(value, dict):
+        return {k: _by_content(v, base_dir, known) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_by_content(v, base_dir, known) for v in value]
+    if not isinstance(value, str) or "/" not in value and "." not in value:
+        return value
+    if value in known:
+        return f"sha256:{known[value]}"
+    path = Path(value)
+    if not path.is_absolute() and base_dir is not None:
+        from tasks.inventory.load import shipped_or_local
+
+        path = shipped_or_local(base_dir, value)
+    try:
+        if path.is_file() and path.stat().st_size < 1 << 30:  # models are known by their recorded sha256
+            return f"sha256:{sha256_of(path)}"
+    except OSError:
+        pass
+    return value
+
+
+def _argv(command: str, known: dict[str, str], base_dir: Path | None) -> str:
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        return command
+    out: list[str] = []
+    skip = False
+    for word in words:
+        if skip:
+            skip = False
+            continue
+        if _PORT.match(word):
+            skip = True
+            continue
+        out.append(str(_by_content(word, base_dir, known)) if word.startswith(("/", ".")) or "/" in word else word)
+    return " ".join(out)
+
+
+def fingerprint(record: Any, host: dict[str, Any], base_dir: Path | None = None) -> dict[str, str]:
+    """The fingerprint of one lane's record (a LaneRecord or its manifest dict) on `host`
+    (the manifest's host facts). `base_dir`: where the inventory's relative paths start."""
+    get = (lambda k: record.get(k) or {}) if isinstance(record, dict) else (lambda k: getattr(record, k) or {})
+    models = record.get("models", []) if isinstance(record, dict) else record.models
+    known = {str(m.get("path")): str(m.get("sha256")) for m in models if m.get("sha256")}
+    out: dict[str, str] = {}
+    for m in models:
+        out[f"{m.get('role', 'model')}.sha256"] = str(m.get("sha256"))
+    if "drafter.sha256" not in out:
+        out["drafter.sha256"] = "none"
+    for k, v in sorted(get("engine_identity").items()):
+        if k != "path":
+            out[f"engine.{k}"] = str(v)
+    image = get("image")
+    for k in ("digest", "image_id", "id"):
+        if image.get(k):
+            out[f"image.{k}"] = str(image[k])
+    command = (record.get("launch_command") if isinstance(record, dict) else record.launch_command) or ""
+    out["launch"] = _argv(command, known, base_dir)
+    facts = get("boot_facts")
+    out |= _flat({k: v for k, v in facts.items() if k not in _BOOT_NOISE}, "server")
+    out |= _flat(_by_content({k: v for k, v in (facts.get("extra") or {}).items()
+                              if not re.search(r"(_s|_ms|_seconds)$", k)}, base_dir, known), "server")
+    config = get("config")
+    out |= _flat(_by_content(config.get("bench") or {}, base_dir, known), "bench")
+    for k in ("machine", "cpu", "cores", "memory_gib"):
+        out[f"host.{k}"] = str(host.get(k))
+    return out
+
+
+def differences(current: dict[str, str], other: dict[str, str]) -> list[tuple[str, str | None, str | None]]:
+    """(field, other's value, current value) for each field that differs, in field order."""
+    keys = sorted(set(current) | set(other))
+    return [(k, other.get(k), current.get(k)) for k in keys if current.get(k) != other.get(k)]
+
+
+# What speculation itself changes between an arm and the same target without a drafter.
+_SPECULATION_FIELDS = re.compile(r"^(drafter\.|launch$|bench\.acceptance|server\.(speculative_type|draft_model|num_spec_tokens|"
+                                 r"speculative|kv_max_concurrency|kv_cache_tokens))")
+
+
+def beyond_speculation(arm: dict[str, str], plain: dict[str, str]) -> list[tuple[str, str | None, str | None]]:
+    """Differences between a speculative arm and the no-speculation arm other than speculation's own."""
+    return [d for d in differences(arm, plain) if not _SPECULATION_FIELDS.match(d[0])]
+
+
+def describe_differences(diffs: list[tuple[str, str | None, str | None]], limit: int = 4) -> str:
+    """`model.sha256: 'aaaa…' -> 'bbbb…'; ...` (long values cut to 16 characters)."""
+    def cut(v: str | None) -> str:
+        return "(absent)" if v is None else (v if len(v) <= 24 else v[:16] + "...")
+
+    text = "; ".join(f"{k}: {cut(a)} -> {cut(b)}" for k, a, b in diffs[:limit])
+    return text + (f" (and {len(diffs) - limit} more)" if len(diffs) > limit else "")
+
+
+__all__ = ["beyond_speculation", "describe_differences", "differences", "fingerprint"]
