@@ -19,6 +19,7 @@ import os
 import platform
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -35,10 +36,11 @@ def settle(quiet: float, limit_s: float) -> float:
     return os.getloadavg()[0]
 
 
-def nightly(hosts: str) -> tuple[Path, float]:
+def nightly(hosts: str, artifacts: Path) -> tuple[Path, float]:
+    """One nightly into a fresh artifacts folder: no earlier night's baseline judges it."""
     t0 = time.monotonic()
-    r = subprocess.run([sys.executable, "-m", "flows.cli", "nightly", "--hosts", hosts], cwd=REPO,
-                       capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-m", "flows.cli", "nightly", "--hosts", hosts, "--artifacts", str(artifacts)],
+                       cwd=REPO, capture_output=True, text=True)
     last = r.stdout.strip().splitlines()[-1] if r.stdout.strip() else ""
     if r.returncode != 0 or not last.startswith("run folder: "):
         raise SystemExit(f"lanebench nightly --hosts {hosts} exited {r.returncode}:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
@@ -55,7 +57,7 @@ def main() -> None:
     boots, curves, accs = [], [], []
     for engine, hosts in RUNS:
         load = settle(args.quiet, args.settle_s)
-        folder, wall = nightly(hosts)
+        folder, wall = nightly(hosts, Path(tempfile.mkdtemp(prefix="lanebench-side-by-side-")))
         manifest = json.loads((folder / "manifest.json").read_text())
         busy = " (busy: not a result)" if load >= args.quiet else ""
         for lane, rec in manifest["lanes"].items():
