@@ -181,11 +181,11 @@ def cmd_verify(args: argparse.Namespace) -> int:
             print(f"{kind}: {rel}")
     for line in result.problems:
         print(f"problem: {line}")
-    if result.ledger:
-        print(f"ledger: {result.ledger}")
     print(f"{'ok' if result.ok else 'FAILED'}: {result.checked} files listed in the manifest, "
           f"{len(result.missing)} missing, {len(result.changed)} changed, {len(result.extra)} extra"
           + (f", {len(result.problems)} problems" if result.problems else ""))
+    if result.ledger:  # after the verdict line, which a good folder's output starts with
+        print(f"ledger: {result.ledger}")
     return 0 if result.ok else 1
 
 
