@@ -46,6 +46,11 @@ def summarize(lane_name: str, concurrency: int, waves: list[WaveResult], ttft_bo
     ok = [r for r in records if r.ok]
     # per request, tokens after the first over the time after the first: 1 / TPOT (docs/metrics.md)
     per_user = [1.0 / r.tpot_s for r in ok if r.tpot_s]
+    if not per_user:
+        # No request of the level had a TPOT: each reply arrived in one read (a near-perfect drafter
+        # at a few tokens, or coalesced events). Tokens over the whole latency is then the only
+        # per-user figure, a lower bound (it counts TTFT); the row's tokens per chunk says why.
+        per_user = [r.output_tokens / r.e2el_s for r in ok if r.e2el_s and r.output_tokens]
     ttft = metrics.percentiles([r.ttft_s for r in ok if r.ttft_s is not None])
     tpot = metrics.percentiles([r.tpot_s for r in ok if r.tpot_s is not None])
     itl = metrics.percentiles(metrics.pooled_itl(ok))
