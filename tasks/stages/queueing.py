@@ -21,6 +21,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel, ConfigDict
 
+from tasks.client import auth
 from tasks.client.prompts import Prompt
 from tasks.client.records import RequestRecord
 from tasks.engines import Engine, engine_for
@@ -64,7 +65,7 @@ class _Sampler:
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
-        with httpx.Client(timeout=5.0) as client:
+        with httpx.Client(timeout=5.0, headers=auth.headers(self.url)) as client:
             while not self._stop.is_set():
                 try:
                     r = client.get(self.url)
