@@ -70,11 +70,15 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
-async def _client(api: str, flow_id: str, n: int, lat: dict[str, list[float]], errors: dict[int, int]) -> None:
+async def _client(api: str, flow_id: str, n: int, lat: dict[str, list[float]], errors: dict) -> None:
     async with httpx.AsyncClient(base_url=api, timeout=60) as c:
         async def timed(kind: str, method: str, path: str, body: dict) -> dict | None:
             t = time.perf_counter()
-            r = await c.request(method, path, json=body)
+            try:
+                r = await c.request(method, path, json=body)
+            except httpx.TransportError as e:  # the server dropped the connection: counted, not retried
+                errors[type(e).__name__] = errors.get(type(e).__name__, 0) + 1
+                return None
             lat.setdefault(kind, []).append(time.perf_counter() - t)
             if r.status_code >= 400:
                 errors[r.status_code] = errors.get(r.status_code, 0) + 1
@@ -206,7 +210,8 @@ def report(results: dict, args: argparse.Namespace, loads: list[float], steal_pc
     lines.append(f"| flow runs per second, {args.procs} processes (wall from their start) | {rates[0]:.2f} | {rates[1]:.2f} | "
                  f"{ratio(lambda rnd: rnd['rate'])} |")
     errs = [sum(sum(e.values()) for e in results[b]["err"]) for b in ("sqlite", "postgresql")]
-    codes = [",".join(f"{n}x{c}" for c, n in sorted(_sum(results[b]["err"]).items())) or "none" for b in ("sqlite", "postgresql")]
+    codes = [",".join(f"{n}x{c}" for c, n in sorted(_sum(results[b]["err"]).items(), key=str)) or "none"
+             for b in ("sqlite", "postgresql")]
     lines.append(f"| API errors (not retried) | {errs[0]} ({codes[0]}) | {errs[1]} ({codes[1]}) | |")
     failed = [sum(results[b]["failed"]) for b in ("sqlite", "postgresql")]
     lines.append(f"| flow processes failed | {failed[0]} | {failed[1]} | |")
@@ -217,8 +222,8 @@ def _rounds(r: dict) -> list[dict]:
     return [{"lat": lat, "run": run, "rate": rate} for lat, run, rate in zip(r["lat"], r["run"], r["rate"])]
 
 
-def _sum(dicts: list[dict[int, int]]) -> dict[int, int]:
-    out: dict[int, int] = {}
+def _sum(dicts: list[dict]) -> dict:
+    out: dict = {}
     for d in dicts:
         for k, v in d.items():
             out[k] = out.get(k, 0) + v
