@@ -25,7 +25,7 @@ from multiprocessing.connection import Connection, wait
 
 from tasks.client import auth
 from tasks.client.prompts import Prompt
-from tasks.client.records import RequestRecord
+from tasks.wire.records import RequestRecord
 from tasks.client.waves import Wave, WaveResult, run_part
 from tasks.engines.base import Engine
 
