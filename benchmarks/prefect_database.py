@@ -70,19 +70,21 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
-async def _client(api: str, flow_id: str, n: int, lat: dict[str, list[float]], errors: dict) -> None:
+async def _client(api: str, flow_id: str, n: int, at: str, lat: dict[str, list[float]], errors: dict[str, int]) -> None:
+    """`n` flow runs' worth of API calls; latency of the answered ones, errors counted by status."""
     async with httpx.AsyncClient(base_url=api, timeout=60) as c:
         async def timed(kind: str, method: str, path: str, body: dict) -> dict | None:
+            errors[f"sent {at}"] = errors.get(f"sent {at}", 0) + 1
             t = time.perf_counter()
             try:
                 r = await c.request(method, path, json=body)
             except httpx.TransportError as e:  # the server dropped the connection: counted, not retried
-                errors[type(e).__name__] = errors.get(type(e).__name__, 0) + 1
+                errors[f"{type(e).__name__} {at}"] = errors.get(f"{type(e).__name__} {at}", 0) + 1
                 return None
-            lat.setdefault(kind, []).append(time.perf_counter() - t)
-            if r.status_code >= 400:
-                errors[r.status_code] = errors.get(r.status_code, 0) + 1
+            if r.status_code >= 400:  # no retry: SQLite's "database is locked" 503 shows here
+                errors[f"{r.status_code} {at}"] = errors.get(f"{r.status_code} {at}", 0) + 1
                 return None
+            lat.setdefault(f"{kind} {at}", []).append(time.perf_counter() - t)
             return r.json()
 
         for _ in range(n):
@@ -94,17 +96,19 @@ async def _client(api: str, flow_id: str, n: int, lat: dict[str, list[float]], e
             await timed("filter flow runs", "POST", "/flow_runs/filter", {"limit": 10, "sort": "EXPECTED_START_TIME_DESC"})
 
 
-def api_latency(api: str, clients: int, requests: int) -> tuple[dict[str, list[float]], dict[int, int], float]:
+def api_latency(api: str, clients: int, requests: int) -> tuple[dict[str, list[float]], dict[str, int]]:
+    """One client alone (the request's own cost), then `clients` at once (writers contending)."""
     flow_id = httpx.post(f"{api}/flows/", json={"name": "latency-bench"}, timeout=60).json()["id"]
     lat: dict[str, list[float]] = {}
-    errors: dict[int, int] = {}
-    t = time.perf_counter()
+    errors: dict[str, int] = {}
+    for n in (1, clients):
+        at = f"@{n} client{'s' if n > 1 else ''}"
 
-    async def all_clients() -> None:
-        await asyncio.gather(*(_client(api, flow_id, requests, lat, errors) for _ in range(clients)))
+        async def all_clients(n: int = n, at: str = at) -> None:
+            await asyncio.gather(*(_client(api, flow_id, requests, at, lat, errors) for _ in range(n)))
 
-    asyncio.run(all_clients())
-    return lat, errors, time.perf_counter() - t
+        asyncio.run(all_clients())
+    return lat, errors
 
 
 def flow_overhead(api: str, home: Path, procs: int, flows: int) -> tuple[list[float], int, float]:
@@ -156,7 +160,7 @@ def main() -> int:
                 for backend in (("sqlite", "postgresql") if i % 2 == 0 else ("postgresql", "sqlite")):
                     api, home = apis[backend]
                     loads.append(load()[0])
-                    lat, errors, wall = api_latency(api, args.clients, args.requests)
+                    lat, errors = api_latency(api, args.clients, args.requests)
                     times, failed, fwall = flow_overhead(api, home / "client", args.procs, args.flows)
                     loads.append(load()[0])
                     r = results[backend]
@@ -185,8 +189,9 @@ def _free_port() -> int:
 
 def report(results: dict, args: argparse.Namespace, loads: list[float], steal_pct: float) -> str:
     kinds = sorted({k for r in results.values() for lat in r["lat"] for k in lat})
-    lines = [f"## Prefect server: PostgreSQL vs SQLite ({args.rounds} rounds, alternating; {args.clients} API "
-             f"clients x {args.requests} flow runs; {args.procs} processes x {args.flows} empty flows)", "",
+    lines = [f"## Prefect server: PostgreSQL vs SQLite ({args.rounds} rounds, alternating; 1, then {args.clients} API "
+             f"clients x {args.requests} flow runs each (latency: answered calls only); "
+             f"{args.procs} processes x {args.flows} empty flows)", "",
              f"machine: {os.cpu_count()} cores; 1-minute load {min(loads):.2f}-{max(loads):.2f} during the run; "
              f"CPU steal {steal_pct:.1f} %", "",
              "| measure | SQLite | PostgreSQL | PostgreSQL / SQLite (median of rounds) |", "|---|---|---|---|"]
@@ -209,10 +214,14 @@ def report(results: dict, args: argparse.Namespace, loads: list[float], steal_pc
     rates = [statistics.median(results[b]["rate"]) for b in ("sqlite", "postgresql")]
     lines.append(f"| flow runs per second, {args.procs} processes (wall from their start) | {rates[0]:.2f} | {rates[1]:.2f} | "
                  f"{ratio(lambda rnd: rnd['rate'])} |")
-    errs = [sum(sum(e.values()) for e in results[b]["err"]) for b in ("sqlite", "postgresql")]
-    codes = [",".join(f"{n}x{c}" for c, n in sorted(_sum(results[b]["err"]).items(), key=str)) or "none"
-             for b in ("sqlite", "postgresql")]
-    lines.append(f"| API errors (not retried) | {errs[0]} ({codes[0]}) | {errs[1]} ({codes[1]}) | |")
+    totals = [_sum(results[b]["err"]) for b in ("sqlite", "postgresql")]
+    for at in sorted({k.split(" ", 1)[1] for tot in totals for k in tot if k.startswith("sent ")}):
+        cells = []
+        for tot in totals:
+            failed_calls = {k.split(" ", 1)[0]: v for k, v in tot.items() if k.endswith(at) and not k.startswith("sent ")}
+            words = ", ".join(f"{v} x {k}" for k, v in sorted(failed_calls.items())) or "none"
+            cells.append(f"{sum(failed_calls.values())} of {tot.get(f'sent {at}', 0)} ({words})")
+        lines.append(f"| API calls failed {at}, not retried | {cells[0]} | {cells[1]} | |")
     failed = [sum(results[b]["failed"]) for b in ("sqlite", "postgresql")]
     lines.append(f"| flow processes failed | {failed[0]} | {failed[1]} | |")
     return "\n".join(lines)
