@@ -172,7 +172,8 @@ def _remote(lane_name: str, lane: Lane, host: Host, base_dir: Path, inventory: I
     if lane.image is not None:
         pre.binary, pre.engine_identity = lane.container.entrypoint_binary, {**pre.engine_identity, "image": lane.image}
     else:
-        path = lane.binary or _pinned("llama-server") if lane.engine == "llamacpp" else lane.binary
+        engine = engine_for(lane.engine)
+        path = lane.binary or (_pinned(engine.local_binary_name) if engine.pinned_build and engine.local_binary_name else None)
         if path is None:
             pre.reason = f"lane declares no binary for engine {lane.engine} (set 'binary', or run it from a pinned 'image')"
             return pre
