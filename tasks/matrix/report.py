@@ -202,8 +202,9 @@ def k_trade(m: Matrix, rows: list[ArmClassRow]) -> list[str]:
     return out
 
 
-def _head(run_name: str, manifest: dict, m: Matrix, drafters: list[DrafterVerdict], quarantined: list[str]) -> list[str]:
-    """The verdict sentences, what makes them untrustworthy, and what ran where."""
+def render(run_name: str, manifest: dict, m: Matrix, reg: Registration, earlier: EarlierRun | None,
+           rows: list[ArmClassRow], speed: list[SpeedRow], verdict: list[VerdictRow], drafters: list[DrafterVerdict],
+           plots: dict[str, str], warnings: list[str], quarantined: list[str], lanes_appendix: str) -> str:
     flow, host, git = manifest["flow"], manifest["host"], manifest["lanebench"]
     lanes = manifest["lanes"]
     out = [f"# Drafter matrix `{m.name}`: verdict", ""]
@@ -230,12 +231,7 @@ def _head(run_name: str, manifest: dict, m: Matrix, drafters: list[DrafterVerdic
             f"- {m.spec.repeats} repeats; acceptance probe: {m.spec.prompts_per_class} prompts per class, up to "
             f"{m.spec.max_tokens} tokens each, one request at a time; speed rows: `{m.speed_set}` prompts at "
             f"C={m.spec.speed.concurrency}, {m.spec.speed.max_tokens} tokens", ""]
-    return out
 
-
-def _bars(manifest: dict, m: Matrix, reg: Registration, earlier: EarlierRun | None) -> list[str]:
-    """The bars as registered before any arm booted, and how they compare with the earlier run's."""
-    out: list[str] = []
     out += ["## Bars as registered", "",
             f"Registered at {reg.registered_at}, before any arm booted: sha256 `{reg.sha256}` "
             f"(bars `{reg.bars_sha256[:16]}`, prompt sets `{reg.prompt_sets_sha256[:16]}`). Baseline drafter: "
@@ -252,13 +248,7 @@ def _bars(manifest: dict, m: Matrix, reg: Registration, earlier: EarlierRun | No
     changed = manifest["flow"].get("matrix", {}).get("file_changed_during_run")
     if changed:
         out += ["", f"**The matrix file changed while the run was going** ({changed}); the verdict uses the bars registered at the start."]
-    return out
 
-
-def _arms(manifest: dict, m: Matrix) -> list[str]:
-    """Each arm's status, port, boot time and reason."""
-    lanes = manifest["lanes"]
-    out: list[str] = []
     out += ["", "## Arms", ""]
     arm_rows = []
     for a in m.arms:
@@ -275,12 +265,7 @@ def _arms(manifest: dict, m: Matrix) -> list[str]:
              if f.get("port_note")]
     if moved:
         out += ["", "Ports:"] + [f"- {line}" for line in moved]
-    return out
 
-
-def _grid(m: Matrix, reg: Registration, verdict: list[VerdictRow]) -> list[str]:
-    """Arms x bars, then every judged bar with its bound, baseline and margin."""
-    out: list[str] = []
     out += ["", "## Verdict: arms x bars", "",
             "Each cell: outcome, measured median [min, max] over repeats. — : the bar does not judge that arm.", ""]
     header = ["arm"] + [f"bar {i + 1}" for i in range(len(reg.bars_text))]
@@ -303,12 +288,7 @@ def _grid(m: Matrix, reg: Registration, verdict: list[VerdictRow]) -> list[str]:
          _ranged(v.measured, v.measured_min, v.measured_max, 3),
          f"{v.op} {_f(v.threshold, 3)}", f"{v.baseline_arm} = {_f(v.baseline_value, 3)}" if v.baseline_arm else "",
          _f(v.margin, 3), f"**{v.outcome}**", v.note] for v in verdict])]
-    return out
 
-
-def _acceptance(m: Matrix, rows: list[ArmClassRow], speed: list[SpeedRow]) -> list[str]:
-    """Acceptance, draft efficiency and speed per arm and class, then the speed rows."""
-    out: list[str] = []
     out += ["", "## Acceptance, draft efficiency and speed per arm and class", "",
             "Acceptance length = 1 + accepted / verify steps (counter deltas over the probe window). Draft efficiency = "
             "accepted / drafted tokens: the share of verify work spent on tokens the target kept. Rejected/step = draft "
@@ -329,12 +309,7 @@ def _acceptance(m: Matrix, rows: list[ArmClassRow], speed: list[SpeedRow]) -> li
         out += table(["arm", "C", "aggregate tok/s"],
                       [[s.arm, str(s.concurrency), _ranged(s.aggregate_tok_s, s.aggregate_tok_s_min, s.aggregate_tok_s_max, 1)]
                        for s in speed])
-    return out
 
-
-def _tail(m: Matrix, rows: list[ArmClassRow], plots: dict[str, str], warnings: list[str], lanes_appendix: str) -> list[str]:
-    """The K trade, plots, warnings and each arm's own lane record."""
-    out: list[str] = []
     out += ["", "## The K trade", "",
             "The seeds found that longer drafts raise acceptance length on the easier class and waste verify work on "
             "the harder one. Checked here per drafter from the smallest to the largest K:", ""]
@@ -351,12 +326,4 @@ def _tail(m: Matrix, rows: list[ArmClassRow], plots: dict[str, str], warnings: l
                 "Each arm's own lane record (launch command, boot facts, gates, warmup, decode and acceptance tables):", ""]
         body = lanes_appendix[lanes_appendix.find("## Lanes"):] if "## Lanes" in lanes_appendix else ""
         out += [("#" + line) if line.startswith("#") else line for line in body.splitlines()]
-    return out
-
-
-def render(run_name: str, manifest: dict, m: Matrix, reg: Registration, earlier: EarlierRun | None,
-           rows: list[ArmClassRow], speed: list[SpeedRow], verdict: list[VerdictRow], drafters: list[DrafterVerdict],
-           plots: dict[str, str], warnings: list[str], quarantined: list[str], lanes_appendix: str) -> str:
-    return "\n".join([*_head(run_name, manifest, m, drafters, quarantined), *_bars(manifest, m, reg, earlier),
-                      *_arms(manifest, m), *_grid(m, reg, verdict), *_acceptance(m, rows, speed),
-                      *_tail(m, rows, plots, warnings, lanes_appendix)]) + "\n"
+    return "\n".join(out) + "\n"
