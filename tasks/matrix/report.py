@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tasks.record.manifest import Manifest
 from tasks.record.markdown import table
 from tasks.matrix.config import Matrix
 from tasks.matrix.bars import EarlierRun, Registration
@@ -202,11 +203,12 @@ def k_trade(m: Matrix, rows: list[ArmClassRow]) -> list[str]:
     return out
 
 
-def render(run_name: str, manifest: dict, m: Matrix, reg: Registration, earlier: EarlierRun | None,
+def render(run_name: str, manifest: Manifest, m: Matrix, reg: Registration, earlier: EarlierRun | None,
            rows: list[ArmClassRow], speed: list[SpeedRow], verdict: list[VerdictRow], drafters: list[DrafterVerdict],
            plots: dict[str, str], warnings: list[str], quarantined: list[str], lanes_appendix: str) -> str:
-    flow, host, git = manifest["flow"], manifest["host"], manifest["lanebench"]
-    lanes = manifest["lanes"]
+    flow, host, git, lanes = manifest.flow, manifest.host, manifest.lanebench, manifest.lanes
+    facts = flow.matrix
+    assert facts is not None  # registered before the first arm booted
     out = [f"# Drafter matrix `{m.name}`: verdict", ""]
     judged = [d for d in drafters if not d.baseline] or drafters
     out += [f"- {d.sentence()}" for d in judged]
@@ -215,17 +217,17 @@ def render(run_name: str, manifest: dict, m: Matrix, reg: Registration, earlier:
     if quarantined:
         out += ["", f"**Not a trustworthy verdict**: these tables failed their expectations and were quarantined: "
                     f"{', '.join(quarantined)}."]
-    drift = manifest["flow"].get("matrix", {}).get("verdict", {}).get("model_drift") or []
+    drift = facts.verdict.model_drift if facts.verdict else []
     if drift:
         out += ["", "**Not a trustworthy comparison**: " + "; ".join(drift) + "."]
-    failed_arms = [a.name for a in m.arms if lanes.get(a.name, {}).get("status") != "passed"]
+    failed_arms = [a.name for a in m.arms if a.name not in lanes or lanes[a.name].status != "passed"]
     if failed_arms:
         out += ["", f"**Incomplete matrix**: arm(s) {', '.join(failed_arms)} did not pass; their bars read no-data "
                     "(see Arms)."]
-    out += ["", f"- run `{run_name}`, matrix file `{m.path}`, lanebench {git['git_sha'][:12]}"
-                f"{' (dirty tree)' if git.get('dirty') else ''}, Prefect flow run `{flow['flow_run_id']}`",
-            f"- host {host['hostname']}: {host['cpu']}, {host['cores']} cores, {host['memory_gib']} GiB",
-            f"- started {flow['started_at']}, finished {flow.get('finished_at')}",
+    out += ["", f"- run `{run_name}`, matrix file `{m.path}`, lanebench {git.git_sha[:12]}"
+                f"{' (dirty tree)' if git.dirty else ''}, Prefect flow run `{flow.flow_run_id}`",
+            f"- host {host.hostname}: {host.cpu}, {host.cores} cores, {host.memory_gib} GiB",
+            f"- started {flow.started_at}, finished {flow.finished_at}",
             f"- target lane **{m.spec.target}** ({m.target.engine}, model `{Path(m.target.model.path).name}`) from "
             f"`{m.inventory_path}`; every arm booted fresh on it, one at a time",
             f"- {m.spec.repeats} repeats; acceptance probe: {m.spec.prompts_per_class} prompts per class, up to "
@@ -245,24 +247,22 @@ def render(run_name: str, manifest: dict, m: Matrix, reg: Registration, earlier:
         out.append(f"First registered run of matrix `{m.name}` in this artifacts folder.")
     else:
         out += [f"**{line}**" if "CHANGED" in line else f"- {line}" for line in earlier.lines()]
-    changed = manifest["flow"].get("matrix", {}).get("file_changed_during_run")
-    if changed:
+    if changed := facts.file_changed_during_run:
         out += ["", f"**The matrix file changed while the run was going** ({changed}); the verdict uses the bars registered at the start."]
 
     out += ["", "## Arms", ""]
     arm_rows = []
     for a in m.arms:
-        rec = lanes.get(a.name, {})
-        boot = rec.get("boot_seconds")
-        arm_facts = manifest["flow"].get("matrix", {}).get("arms", {}).get(a.name, {})
+        rec, arm_facts = lanes.get(a.name), facts.arms.get(a.name)
+        boot = rec.boot_seconds if rec else None
+        port, load = (arm_facts.port, arm_facts.load_at_end) if arm_facts else (None, None)
         arm_rows.append([a.name, a.drafter + (" (baseline)" if a.baseline else ""), a.revision, str(a.k),
-                         f"**{rec.get('status', 'not run')}**", str(arm_facts.get("port", "—")),
-                         f"{boot:.1f}" if boot else "—", str(arm_facts.get("load_at_end", "—")),
-                         (rec.get("reason") or "").replace("|", "/")])
+                         f"**{rec.status if rec else 'not run'}**", "—" if port is None else str(port),
+                         f"{boot:.1f}" if boot else "—", "—" if load is None else str(load),
+                         (rec.reason if rec else "").replace("|", "/")])
     out += table(["arm", "drafter", "revision", "K", "status", "port", "boot s", "1-min load at end", "reason"],
                   arm_rows)
-    moved = [f"{name}: {f['port_note']}" for name, f in manifest["flow"].get("matrix", {}).get("arms", {}).items()
-             if f.get("port_note")]
+    moved = [f"{name}: {f.port_note}" for name, f in facts.arms.items() if f.port_note]
     if moved:
         out += ["", "Ports:"] + [f"- {line}" for line in moved]
 
