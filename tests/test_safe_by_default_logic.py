@@ -195,7 +195,7 @@ def test_kl_flags_a_quantized_reference_an_identical_candidate_and_a_shorter_ref
 
 
 def test_lowered_bars_under_a_new_matrix_name_are_compared_with_the_same_target_and_drafters(tmp_path):
-    import json
+    from manifests import matrix_section, write_manifest
 
     from tasks.matrix.bars import Registration, earlier_run
 
@@ -207,8 +207,7 @@ def test_lowered_bars_under_a_new_matrix_name_are_compared_with_the_same_target_
     old = tmp_path / "20261130T000000Z_matrix_aaaaaaaa"
     old.mkdir()
     old_reg = reg("october", "a" * 64, "weak: prose acceptance length at K=4 >= 2.6")
-    (old / "manifest.json").write_text(json.dumps({"flow": {"started_at": "2026-11-30", "matrix": {
-        "subject": "same-bytes", "registration": old_reg.model_dump(mode="json")}}}))
+    write_manifest(old, "matrix", "2026-11-30", matrix=matrix_section(old_reg.model_dump(mode="json"), "same-bytes"))
     now = reg("october-v2", "b" * 64, "weak: prose acceptance length at K=4 >= 1.2")
     assert earlier_run(tmp_path, now, tmp_path / "new") is None  # by name alone: "first registered run"
     found = earlier_run(tmp_path, now, tmp_path / "new", subject="same-bytes")

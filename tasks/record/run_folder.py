@@ -78,7 +78,7 @@ class RunFolder:
             lanebench=git_identity(),
             flow=FlowRecord(name=flow_name, flow_run_id=flow_run_id, started_at=now.isoformat(), owner=Owner.here()),
             host=host_facts(),
-            inventory=FileRef(path=str(inventory_path), sha256=file_sha256(inventory_path)),
+            inventory=FileRef(path=str(inventory_path), sha256=file_sha256(inventory_path)), artifacts=[],
         ))
         self.path.mkdir(parents=True, exist_ok=False)
         (self.path / RESERVE).write_bytes(b"\0" * RESERVE_BYTES)
