@@ -27,9 +27,9 @@ from pydantic import BaseModel
 
 from tasks.record.manifest import SuiteRun, ToolGateLedger, scan_manifests
 from tasks.record.run_folder import RunFolder
-from tasks.stages.live import Endpoint
+from tasks.serving.live import Endpoint
 from tasks.client.chat import send_chats
-from tasks.client.replies import ChatReply
+from tasks.wire.replies import ChatReply
 from tasks.inventory.models import Agentic, Host, Lane, ToolGatePlan, ToolProtocol, load_protocol
 from tasks.inventory.load import shipped_or_local
 from tasks.engines import Engine, engine_for

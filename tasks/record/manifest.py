@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, JsonValue, ValidationError
 from tasks.hosts.gpu import GpuHostFacts
 from tasks.hosts.lock import Hold
 from tasks.record.confined import Outside, inside
-from tasks.record.owner import Owner
+from tasks.hosts.owner import Owner
 from tasks.record.rows import GateResult
 
 SCHEMA_VERSION = 1

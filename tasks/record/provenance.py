@@ -12,7 +12,7 @@ import socket
 import subprocess
 from pathlib import Path
 
-from tasks.engines.build import REPO
+from tasks.inventory.paths import REPO
 from tasks.record.manifest import GitIdentity, HostFacts
 
 

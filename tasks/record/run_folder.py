@@ -43,7 +43,7 @@ from tasks.hosts.files import file_sha256
 from tasks.record.expectations import validate
 from tasks.record.manifest import (ArtifactEntry, CorrectnessEntry, FileRef, FlowRecord, LaneRecord, Manifest,
                                    StageMark, read_manifest)
-from tasks.record.owner import Owner
+from tasks.hosts.owner import Owner
 from tasks.record.provenance import git_identity, host_facts
 
 __all__ = ["ArtifactEntry", "LaneRecord", "Manifest", "RunFolder", "RunFolderWriteError"]

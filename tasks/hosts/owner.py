@@ -1,4 +1,4 @@
-"""Who is writing a run folder (or holding a host lease): host, boot id, pid and the pid's start
+"""Who owns a run folder or a host lease: host, boot id, pid and the pid's start
 time, so a later process can tell a dead writer from a live one (a recycled pid has another
 start time; a reboot, another boot id)."""
 
