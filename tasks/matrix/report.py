@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tasks.record.manifest import Manifest
+from tasks.record.manifest import Manifest, MatrixSection
 from tasks.record.markdown import table
 from tasks.matrix.config import Matrix
 from tasks.matrix.bars import EarlierRun, Registration
@@ -203,6 +203,77 @@ def k_trade(m: Matrix, rows: list[ArmClassRow]) -> list[str]:
     return out
 
 
+def _arms(m: Matrix, manifest: Manifest, facts: MatrixSection) -> list[str]:
+    """Each arm as it ran: status, port, boot and the load at its end."""
+    lanes = manifest.lanes
+    out = ["", "## Arms", ""]
+    arm_rows = []
+    for a in m.arms:
+        rec, arm_facts = lanes.get(a.name), facts.arms.get(a.name)
+        boot = rec.boot_seconds if rec else None
+        port, load = (arm_facts.port, arm_facts.load_at_end) if arm_facts else (None, None)
+        arm_rows.append([a.name, a.drafter + (" (baseline)" if a.baseline else ""), a.revision, str(a.k),
+                         f"**{rec.status if rec else 'not run'}**", "—" if port is None else str(port),
+                         f"{boot:.1f}" if boot else "—", "—" if load is None else str(load),
+                         (rec.reason if rec else "").replace("|", "/")])
+    out += table(["arm", "drafter", "revision", "K", "status", "port", "boot s", "1-min load at end", "reason"],
+                  arm_rows)
+    moved = [f"{name}: {f.port_note}" for name, f in facts.arms.items() if f.port_note]
+    if moved:
+        out += ["", "Ports:"] + [f"- {line}" for line in moved]
+    return out
+
+
+def _verdict_grid(m: Matrix, reg: Registration, verdict: list[VerdictRow]) -> list[str]:
+    out = ["", "## Verdict: arms x bars", "",
+           "Each cell: outcome, measured median [min, max] over repeats. — : the bar does not judge that arm.", ""]
+    header = ["arm"] + [f"bar {i + 1}" for i in range(len(reg.bars_text))]
+    grid = []
+    for a in m.arms:
+        cells = [a.name]
+        for i in range(len(reg.bars_text)):
+            v = next((v for v in verdict if v.arm == a.name and v.bar_index == i), None)
+            if v is None:
+                cells.append("—")
+            elif v.outcome == "no-data":
+                cells.append("**no data**")
+            else:
+                digits = 1 if v.metric.endswith("tok_s") else 2
+                cells.append(f"**{v.outcome}** {_ranged(v.measured, v.measured_min, v.measured_max, digits)}")
+        grid.append(cells)
+    out += table(header, grid)
+    out += ["", *table(["bar", "arm", "measured [min, max]", "bound", "baseline", "margin", "outcome", "note"], [
+        [str(v.bar_index + 1), v.arm,
+         _ranged(v.measured, v.measured_min, v.measured_max, 3),
+         f"{v.op} {_f(v.threshold, 3)}", f"{v.baseline_arm} = {_f(v.baseline_value, 3)}" if v.baseline_arm else "",
+         _f(v.margin, 3), f"**{v.outcome}**", v.note] for v in verdict])]
+    return out
+
+
+def _acceptance(m: Matrix, rows: list[ArmClassRow], speed: list[SpeedRow]) -> list[str]:
+    out = ["", "## Acceptance, draft efficiency and speed per arm and class", "",
+           "Acceptance length = 1 + accepted / verify steps (counter deltas over the probe window). Draft efficiency = "
+           "accepted / drafted tokens: the share of verify work spent on tokens the target kept. Rejected/step = draft "
+           "tokens the target verified and threw away per verify step. Single-stream tok/s: the probe's requests, one "
+           "at a time, end to end. Median [min, max] over repeats.", ""]
+    out += table(["arm", "class", "acceptance length", "per-position acceptance", "draft efficiency", "rejected/step",
+                   "single-stream tok/s"],
+                  [[r.arm, r.prompt_class,
+                    _ranged(r.acceptance_length, r.acceptance_length_min, r.acceptance_length_max),
+                    (" · ".join(f"{p:.2f}" for p in r.per_position) + (f" ({r.draft_shape}: accepted path >= i+1)"
+                     if r.draft_shape.startswith("tree") else "")) if r.per_position else "—",
+                    _ranged(r.draft_efficiency, r.draft_efficiency_min, r.draft_efficiency_max),
+                    _f(r.rejected_per_step), _ranged(r.single_stream_tok_s, r.single_stream_tok_s_min,
+                                                     r.single_stream_tok_s_max, 1)]
+                   for r in rows if r.acceptance_length is not None] or [["—"] * 7])
+    if speed:
+        out += ["", f"Speed rows (`{m.speed_set}` prompts, the lane's decode curve, median [min, max] over repeats):", ""]
+        out += table(["arm", "C", "aggregate tok/s"],
+                      [[s.arm, str(s.concurrency), _ranged(s.aggregate_tok_s, s.aggregate_tok_s_min, s.aggregate_tok_s_max, 1)]
+                       for s in speed])
+    return out
+
+
 def render(run_name: str, manifest: Manifest, m: Matrix, reg: Registration, earlier: EarlierRun | None,
            rows: list[ArmClassRow], speed: list[SpeedRow], verdict: list[VerdictRow], drafters: list[DrafterVerdict],
            plots: dict[str, str], warnings: list[str], quarantined: list[str], lanes_appendix: str) -> str:
@@ -250,66 +321,7 @@ def render(run_name: str, manifest: Manifest, m: Matrix, reg: Registration, earl
     if changed := facts.file_changed_during_run:
         out += ["", f"**The matrix file changed while the run was going** ({changed}); the verdict uses the bars registered at the start."]
 
-    out += ["", "## Arms", ""]
-    arm_rows = []
-    for a in m.arms:
-        rec, arm_facts = lanes.get(a.name), facts.arms.get(a.name)
-        boot = rec.boot_seconds if rec else None
-        port, load = (arm_facts.port, arm_facts.load_at_end) if arm_facts else (None, None)
-        arm_rows.append([a.name, a.drafter + (" (baseline)" if a.baseline else ""), a.revision, str(a.k),
-                         f"**{rec.status if rec else 'not run'}**", "—" if port is None else str(port),
-                         f"{boot:.1f}" if boot else "—", "—" if load is None else str(load),
-                         (rec.reason if rec else "").replace("|", "/")])
-    out += table(["arm", "drafter", "revision", "K", "status", "port", "boot s", "1-min load at end", "reason"],
-                  arm_rows)
-    moved = [f"{name}: {f.port_note}" for name, f in facts.arms.items() if f.port_note]
-    if moved:
-        out += ["", "Ports:"] + [f"- {line}" for line in moved]
-
-    out += ["", "## Verdict: arms x bars", "",
-            "Each cell: outcome, measured median [min, max] over repeats. — : the bar does not judge that arm.", ""]
-    header = ["arm"] + [f"bar {i + 1}" for i in range(len(reg.bars_text))]
-    grid = []
-    for a in m.arms:
-        cells = [a.name]
-        for i in range(len(reg.bars_text)):
-            v = next((v for v in verdict if v.arm == a.name and v.bar_index == i), None)
-            if v is None:
-                cells.append("—")
-            elif v.outcome == "no-data":
-                cells.append("**no data**")
-            else:
-                digits = 1 if v.metric.endswith("tok_s") else 2
-                cells.append(f"**{v.outcome}** {_ranged(v.measured, v.measured_min, v.measured_max, digits)}")
-        grid.append(cells)
-    out += table(header, grid)
-    out += ["", *table(["bar", "arm", "measured [min, max]", "bound", "baseline", "margin", "outcome", "note"], [
-        [str(v.bar_index + 1), v.arm,
-         _ranged(v.measured, v.measured_min, v.measured_max, 3),
-         f"{v.op} {_f(v.threshold, 3)}", f"{v.baseline_arm} = {_f(v.baseline_value, 3)}" if v.baseline_arm else "",
-         _f(v.margin, 3), f"**{v.outcome}**", v.note] for v in verdict])]
-
-    out += ["", "## Acceptance, draft efficiency and speed per arm and class", "",
-            "Acceptance length = 1 + accepted / verify steps (counter deltas over the probe window). Draft efficiency = "
-            "accepted / drafted tokens: the share of verify work spent on tokens the target kept. Rejected/step = draft "
-            "tokens the target verified and threw away per verify step. Single-stream tok/s: the probe's requests, one "
-            "at a time, end to end. Median [min, max] over repeats.", ""]
-    out += table(["arm", "class", "acceptance length", "per-position acceptance", "draft efficiency", "rejected/step",
-                   "single-stream tok/s"],
-                  [[r.arm, r.prompt_class,
-                    _ranged(r.acceptance_length, r.acceptance_length_min, r.acceptance_length_max),
-                    (" · ".join(f"{p:.2f}" for p in r.per_position) + (f" ({r.draft_shape}: accepted path >= i+1)"
-                     if r.draft_shape.startswith("tree") else "")) if r.per_position else "—",
-                    _ranged(r.draft_efficiency, r.draft_efficiency_min, r.draft_efficiency_max),
-                    _f(r.rejected_per_step), _ranged(r.single_stream_tok_s, r.single_stream_tok_s_min,
-                                                     r.single_stream_tok_s_max, 1)]
-                   for r in rows if r.acceptance_length is not None] or [["—"] * 7])
-    if speed:
-        out += ["", f"Speed rows (`{m.speed_set}` prompts, the lane's decode curve, median [min, max] over repeats):", ""]
-        out += table(["arm", "C", "aggregate tok/s"],
-                      [[s.arm, str(s.concurrency), _ranged(s.aggregate_tok_s, s.aggregate_tok_s_min, s.aggregate_tok_s_max, 1)]
-                       for s in speed])
-
+    out += _arms(m, manifest, facts) + _verdict_grid(m, reg, verdict) + _acceptance(m, rows, speed)
     out += ["", "## The K trade", "",
             "The seeds found that longer drafts raise acceptance length on the easier class and waste verify work on "
             "the harder one. Checked here per drafter from the smallest to the largest K:", ""]
