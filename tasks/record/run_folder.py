@@ -1,7 +1,7 @@
 """The run folder: the auditable record of one run.
 
-Long because it is the run folder's one writer: appends and their seals, tables, validation,
-the finish and the signed ledger all change the manifest under its one lock.
+The one writer of a run folder: appends and their seals, tables, validation, the finish, the
+signed ledger and the reclaim of a dead run (`reopen`) all change the manifest under its lock.
 
 `artifacts/<UTC time>_<flow>_<short id>/` holds the manifest, each lane's raw JSONL and
 boot log, tables as Parquet, GX validation results and report.md. Raw records are appended
@@ -227,11 +227,11 @@ class RunFolder:
         (self.path / RESERVE).unlink(missing_ok=True)
         reason = "disk full" if e.errno == errno.ENOSPC else (e.strerror or type(e).__name__)
         line = f"run folder write failed ({reason}) at {what}; every record written before it is kept"
-        if self.write_error is None:
-            self.write_error = line
-            self.manifest.flow.write_error = line
-        self.manifest.artifacts = [a for a in self.manifest.artifacts if (self.path / a.path).is_file()]
-        self.save_manifest(quiet=True)
+        with self._lock:
+            if self.write_error is None:
+                self.write_error = self.manifest.flow.write_error = line
+            self.manifest.artifacts = [a for a in self.manifest.artifacts if (self.path / a.path).is_file()]
+            self.save_manifest(quiet=True)
         raise RunFolderWriteError(e.errno or errno.EIO, line) from None
 
     def save_manifest(self, quiet: bool = False) -> None:
