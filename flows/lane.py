@@ -143,7 +143,7 @@ def lane_flow(lane_name: str, lane: Lane, host: Host, base_dir: Path, run_dir: s
             rows = decode_curve(endpoint, run_dir, plan, lane.bench.repeats, decode_prompts,
                                 unstable_spread_pct=lane.bench.unstable_spread_pct)
             live.check(endpoint)  # the last wave's requests past their deadline end the lane here, not in a table
-            model_bytes = next((m["bytes"] for m in record.models if m["role"] == "model"), None)
+            model_bytes = next((m.bytes for m in record.models if m.role == "model"), None)
             rows = with_bandwidth_share(rows, model_bytes, host.memory_gbps)
             if model_bytes and host.memory_gbps:
                 record.bandwidth = {"model_bytes": model_bytes, "memory_gbps": host.memory_gbps}

@@ -91,10 +91,13 @@ def test_effective_width_and_synthetic_acceptance_from_the_servers_own_words():
 
 
 def test_declared_against_effective_values_name_both_and_the_fix():
+    from tasks.record.manifest import ModelFacts
+
     lane = _lane(context=1024, binary="/opt/other/llama-server")
     facts = BootFacts(max_running_requests=7, context_per_slot=512, speculative_type="ngram-simple",
                       draft_model_loaded=True, extra={"draft_model": "/x/other.gguf", "temperature": 0.8, "top_k": 40})
-    models = [{"role": "model", "sha256": "a" * 64}, {"role": "drafter", "sha256": "a" * 64}]
+    models = [ModelFacts(role="model", path="t.gguf", bytes=1, sha256="a" * 64),
+              ModelFacts(role="drafter", path="d.gguf", bytes=1, sha256="a" * 64)]
     identity = {"path": "/opt/other/llama-server", "sha256": "b" * 64}
     pinned = {"source": "llama-cpp-python==0.3.36 sdist sha256 ...", "llama_server_sha256": "c" * 64}
     found = {f.check: f for f in effective_findings(lane, facts, models, identity, pinned)}

@@ -264,8 +264,8 @@ class Gate:
         lanes = {}
         for name, rl in self.lanes.items():
             record = self.run.lane(name)
-            model = next((m for m in record.models if m.get("role") == "model"), {})
-            lanes[name] = {"path": rl.lane.model.path, "sha256": model.get("sha256"),
+            model = next((m for m in record.models if m.role == "model"), None)
+            lanes[name] = {"path": rl.lane.model.path, "sha256": model.sha256 if model else None,
                            "quantize": rl.quantize.type if rl.quantize else None,
                            "context": record.boot_facts.get("context_per_slot") or rl.lane.context,
                            "flags": list(rl.lane.flags)}

@@ -206,8 +206,8 @@ def model_drift(run: RunFolder, m: Matrix) -> list[str]:
     for arm in m.arms:
         record = run.manifest.lanes.get(arm.name)
         for f in (record.models if record else []):
-            label = "target model" if f.get("role") == "model" else f"drafter {arm.drafter}"
-            seen.setdefault(label, {}).setdefault(str(f.get("sha256")), []).append(arm.name)
+            label = "target model" if f.role == "model" else f"drafter {arm.drafter}"
+            seen.setdefault(label, {}).setdefault(str(f.sha256), []).append(arm.name)
     out = []
     for label, by_sha in seen.items():
         if len(by_sha) > 1:

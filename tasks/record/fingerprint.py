@@ -80,10 +80,8 @@ def _argv(command: str, known: dict[str, str], base_dir: Path | None) -> str:
 def fingerprint(record: LaneRecord, host: HostFacts, base_dir: Path | None = None) -> dict[str, str]:
     """The fingerprint of one lane's record on `host` (the manifest's host facts). `base_dir`:
     where the inventory's relative paths start."""
-    known = {str(m.get("path")): str(m.get("sha256")) for m in record.models if m.get("sha256")}
-    out: dict[str, str] = {}
-    for m in record.models:
-        out[f"{m.get('role', 'model')}.sha256"] = str(m.get("sha256"))
+    known = {m.path: m.sha256 for m in record.models if m.sha256 is not None}
+    out = {f"{m.role}.sha256": str(m.sha256) for m in record.models}
     if "drafter.sha256" not in out:
         out["drafter.sha256"] = "none"
     for k, v in sorted(record.engine_identity.items()):

@@ -49,15 +49,15 @@ def _sql_type(annotation: Any) -> str:
 def _lane_rows(run: str, manifest: Manifest) -> list[dict[str, JsonValue]]:
     rows = []
     for name, lane in manifest.lanes.items():
-        models = {m.get("role"): m for m in lane.models}
+        models = {m.role: m for m in lane.models}
+        model, drafter = models.get("model"), models.get("drafter")
         identity, config_json = lane.engine_identity, json.dumps(lane.config, sort_keys=True)
         rows.append({
             "run": run, "lane": name, "status": lane.status, "reason": lane.reason, "stage": lane.stage,
             "host": lane.config.get("host"), "engine": lane.config.get("engine"),
             "image": lane.config.get("image") or identity.get("image"),
-            "model_path": models.get("model", {}).get("path"), "model_sha256": models.get("model", {}).get("sha256"),
-            "drafter_path": models.get("drafter", {}).get("path"),
-            "drafter_sha256": models.get("drafter", {}).get("sha256"),
+            "model_path": model and model.path, "model_sha256": model and model.sha256,
+            "drafter_path": drafter and drafter.path, "drafter_sha256": drafter and drafter.sha256,
             "engine_source": identity.get("source"),
             "engine_sha256": identity.get("sha256") or next(
                 (v for k, v in identity.items() if k.endswith("sha256") and k != "source"), None),

@@ -75,6 +75,15 @@ class StageMark(_Section):
     at: float
 
 
+class ModelFacts(_Section):
+    """A model file the lane served, as preflight found it."""
+
+    role: str  # model, drafter, mmproj, ...
+    path: str
+    bytes: int
+    sha256: str | None = None
+
+
 class GpuSection(_Section):
     """nvidia-smi on the lane's host before boot, once booted and after teardown (tasks/hosts/gpu.py)."""
 
@@ -99,7 +108,7 @@ class LaneRecord(_Section):
     config: JsonObject = {}  # the lane as declared, secrets redacted (tasks/inventory)
     launch_command: str = ""
     engine_identity: dict[str, str] = {}
-    models: list[JsonObject] = []  # role, path, bytes, sha256 (tasks/stages/preflight.py ModelFacts)
+    models: list[ModelFacts] = []
     preflight: JsonObject = {}  # links, hosts and RPC workers as preflight found them
     image: JsonObject = {}  # container lanes: the pinned reference, digest and image id as pulled
     boot_seconds: float | None = None

@@ -10,7 +10,6 @@ speculative lane whose target no plain lane serves gets "no verdict", never sile
 from __future__ import annotations
 
 import pandas as pd
-from pydantic import JsonValue
 
 from tasks.record.manifest import LaneRecord
 from tasks.record.run_folder import RunFolder
@@ -20,8 +19,8 @@ def _speculative(record: LaneRecord) -> bool:
     return bool(record.config.get("drafter") or record.config.get("speculative"))
 
 
-def _target(record: LaneRecord) -> JsonValue:
-    return next((m.get("sha256") for m in record.models if m.get("role") == "model"), None)
+def _target(record: LaneRecord) -> str | None:
+    return next((m.sha256 for m in record.models if m.role == "model"), None)
 
 
 def _decode(run: RunFolder, lane: str) -> dict[int, float] | None:

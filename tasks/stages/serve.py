@@ -176,7 +176,7 @@ def served_lane(run: RunFolder, name: str, lane: Lane, host: Host, base_dir: Pat
         pre = preflight(name, lane, host, base_dir, inventory)
         if pre.ok and (disk := run.free_space_problem()):
             pre = pre.model_copy(update={"ok": False, "reason": disk})
-        record.engine_identity, record.models = pre.engine_identity, [m.model_dump(mode="json") for m in pre.models]
+        record.engine_identity, record.models = pre.engine_identity, list(pre.models)
         record.preflight = pre.model_dump(mode="json", include={"links", "hosts", "rpc_endpoints", "rpc_binaries",
                                                                 "master", "node_binaries"})
         gpu_seen = False  # a host with nvidia-smi: its GPU facts are recorded whatever it declares
