@@ -8,7 +8,7 @@ import os
 import socket
 from pathlib import Path
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 
 def _boot_id() -> str:
@@ -45,15 +45,3 @@ class Owner(BaseModel):
         if self.boot_id != _boot_id():
             return False  # the machine rebooted since: nothing of that run survives
         return bool(self.pid) and _start_time(self.pid or 0) == self.start
-
-
-def owner() -> dict[str, str | int | None]:
-    """This process as a lease holder writes itself (tasks/hosts/lock.py)."""
-    return Owner.here().model_dump()
-
-
-def owner_alive(o: dict[str, str | int | None]) -> bool | None:
-    try:
-        return Owner.model_validate(o or {}).alive()
-    except ValidationError:
-        return None

@@ -137,30 +137,22 @@ def _last_seal(folder: Path, rel: str) -> tuple[int, str] | None:
     return last
 
 
-def _prefix_sha256(path: Path, size: int) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        h.update(f.read(size))
-    return h.hexdigest()
-
-
 def _seal_problem(path: Path, size: int, digest: str) -> str | None:
     """How a raw file differs from what lanebench appended to it (None: byte for byte the same)."""
     actual = path.stat().st_size
     if actual < size:
         return f"cut to {actual} of the {size} bytes lanebench wrote"
-    if _prefix_sha256(path, size) != digest:
+    if hashlib.sha256(path.read_bytes()[:size]).hexdigest() != digest:
         return "its records differ from what lanebench wrote"
     if actual > size:
         return f"{actual - size} bytes were added after the last record lanebench wrote"
     return None
 
 
-def _relist(run: RunFolder) -> tuple[list[str], list[str]]:
+def _relist(run: RunFolder) -> list[str]:
     """List and hash what a dead run left. Logs (its server wrote on) are hashed as found; a raw
     record file only as its seal says lanebench wrote it: one that differs keeps the sealed digest
-    (so `verify` fails on it) and is named in `flow.reclaim.changed_after_crash`. Returns the
-    names and those lines."""
+    (so `verify` fails on it) and is named in `flow.reclaim.changed_after_crash`: those lines."""
     folder, m = run.path, run.manifest
     listed = {a.path for a in m.artifacts}
     changed = dict(item.split(": ", 1) for item in (m.flow.reclaim.changed_after_crash if m.flow.reclaim else []))
@@ -185,7 +177,7 @@ def _relist(run: RunFolder) -> tuple[list[str], list[str]]:
                 if problem := _seal_problem(path, *seal):
                     changed[rel] = problem
     m.artifacts = [a for a in m.artifacts if (folder / a.path).is_file()]
-    return sorted(changed), [f"{rel}: {why}" for rel, why in sorted(changed.items())]
+    return [f"{rel}: {why}" for rel, why in sorted(changed.items())]
 
 
 def refresh_marked(root: Path, by: str) -> None:
@@ -195,8 +187,7 @@ def refresh_marked(root: Path, by: str) -> None:
         if m.flow.interrupted_by == by and m.flow.reclaim:
             run = RunFolder.reopen(folder)
             with run.edit() as m:
-                _, lines = _relist(run)
-                m.flow.reclaim = Reclaim(marked_at=m.flow.reclaim.marked_at, changed_after_crash=lines)
+                m.flow.reclaim = Reclaim(marked_at=m.flow.reclaim.marked_at, changed_after_crash=_relist(run))
 
 
 def reclaim_dead_runs(root: Path, by: str) -> list[str]:
@@ -214,11 +205,12 @@ def reclaim_dead_runs(root: Path, by: str) -> list[str]:
         run = RunFolder.reopen(folder)
         with run.edit() as m:
             lanes = mark_lanes(m.lanes, f"interrupted: lanebench (pid {pid}) died before the run finished; marked by {by}")
-            changed, changed_lines = _relist(run)
+            changed = _relist(run)
             m.flow.status, m.flow.interrupted_by = "interrupted", by
-            m.flow.reclaim = Reclaim(marked_at=datetime.now(UTC).isoformat(), changed_after_crash=changed_lines)
+            m.flow.reclaim = Reclaim(marked_at=datetime.now(UTC).isoformat(), changed_after_crash=changed)
             (folder / RESERVE).unlink(missing_ok=True)
         lines.append(f"run {folder.name}: marked interrupted (lanebench pid {pid} died"
                      + (f"; lanes {', '.join(lanes)} did not finish" if lanes else "") + ")"
-                     + (f"; changed after the crash, not re-hashed: {', '.join(changed)}" if changed else ""))
+                     + (f"; changed after the crash, not re-hashed: {', '.join(c.split(': ')[0] for c in changed)}"
+                        if changed else ""))
     return sorted(lines)
