@@ -135,3 +135,32 @@ def test_a_manifest_is_parsed_in_one_function() -> None:
     typed = subprocess.run(["git", "grep", "-n", "-E", r'extra="allow"|dict\[str, Any\]', "--", "tasks/record"],
                            cwd=ROOT, capture_output=True, text=True).stdout
     assert typed == "", typed
+
+
+def test_lanes_of_many_threads_change_the_record_while_others_save(tmp_path: Path, monkeypatch) -> None:
+    """Lanes of different hosts run in threads: new lanes, stages and correctness entries appear
+    while another thread saves. The save holds the lock they take, so no dump meets a dict mid-change."""
+    import threading
+
+    monkeypatch.setenv("LANEBENCH_LEDGER_DIR", str(tmp_path / "ledger"))
+    run = RunFolder(tmp_path, "nightly", "feedface-0000", ROOT / "hosts.yaml")
+    errors: list[BaseException] = []
+
+    def lane(i: int) -> None:
+        try:
+            for j in range(40):
+                run.stage(f"lane{i}-{j}", "boot")
+                run.correctness(f"lane{i}-{j}")
+                with run.edit() as m:
+                    m.flow.comparison_refused[f"lane{i}-{j}"] = "x"
+        except BaseException as e:  # noqa: BLE001 - any error is the finding
+            errors.append(e)
+
+    threads = [threading.Thread(target=lane, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    m = read_manifest(run.path)
+    assert len(m.lanes) == 240 and len(m.flow.correctness) == 240 and len(m.flow.comparison_refused) == 240
