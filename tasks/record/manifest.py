@@ -299,9 +299,6 @@ def _from_v0(data: dict[str, JsonValue]) -> dict[str, JsonValue]:
         marked, changed = flow.pop("marked_at", None), flow.pop("changed_after_crash", None)
         if marked:
             flow["reclaim"] = {"marked_at": marked, "changed_after_crash": changed or []}
-        for key in ("owner", "correctness", "comparison_refused"):
-            if flow.get(key) is None:
-                flow.pop(key, None)
     lanes = data.get("lanes")
     for lane in lanes.values() if isinstance(lanes, dict) else ():
         if isinstance(lane, dict):
