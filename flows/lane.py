@@ -114,7 +114,7 @@ def lane_flow(lane_name: str, lane: Lane, host: Host, base_dir: Path, run_dir: s
                 typical = typical_tokens(lane, endpoint.base_url, engine_for(lane.engine), decode_prompts)
                 cap_rows, check = capacity_plan(lane_name, lane, served.facts, typical)
                 run.write_table(lane_name, "capacity", cap_rows)
-                record.capacity = check.model_dump()
+                record.capacity = check.model_dump(mode="json")
                 if not check.fits:
                     record.warnings.append(check.warning)
                 run.save_manifest()
@@ -143,7 +143,7 @@ def lane_flow(lane_name: str, lane: Lane, host: Host, base_dir: Path, run_dir: s
             rows = decode_curve(endpoint, run_dir, plan, lane.bench.repeats, decode_prompts,
                                 unstable_spread_pct=lane.bench.unstable_spread_pct)
             live.check(endpoint)  # the last wave's requests past their deadline end the lane here, not in a table
-            model_bytes = next((m["bytes"] for m in record.models if m["role"] == "model"), None)
+            model_bytes = next((m.bytes for m in record.models if m.role == "model"), None)
             rows = with_bandwidth_share(rows, model_bytes, host.memory_gbps)
             if model_bytes and host.memory_gbps:
                 record.bandwidth = {"model_bytes": model_bytes, "memory_gbps": host.memory_gbps}
@@ -161,7 +161,7 @@ def lane_flow(lane_name: str, lane: Lane, host: Host, base_dir: Path, run_dir: s
             record.flags += [f.model_dump(mode="json") for f in noise_findings(lane, rows, warm)]
 
             # 6b. Prefill ladder: cold, nonce-led prompts from short to the longest the server holds.
-            if lane.bench.prefill is not None and run.manifest.flow.get("name") not in SPEED_ONLY_FLOWS:
+            if lane.bench.prefill is not None and run.manifest.flow.name not in SPEED_ONLY_FLOWS:
                 stage("prefill ladder")
                 pre = lane.bench.prefill
                 filler = load_prompts(resolve(base_dir, pre.prompts)) if pre.prompts else decode_prompts
@@ -194,7 +194,7 @@ def lane_flow(lane_name: str, lane: Lane, host: Host, base_dir: Path, run_dir: s
 
             # 8-9. Correctness on the same booted server: tool-call gate, needle ladder; then
             # expectations on the raw records too. Any failed suite or gate fails the lane.
-            if run.manifest.flow.get("name") in SPEED_ONLY_FLOWS:
+            if run.manifest.flow.name in SPEED_ONLY_FLOWS:
                 return _correctness(run, record, lane.model_copy(update={"correctness": None}), host, base_dir,
                                     endpoint, stage, held_out, needles=False)
             return _correctness(run, record, lane, host, base_dir, endpoint, stage, held_out, needles=True)
@@ -248,8 +248,8 @@ def _correctness(run: RunFolder, record: LaneRecord, lane: Lane, host: Host, bas
         stage("needle ladder")
         ladder = needle_ladder(endpoint, run_dir, lane)
         verdicts += [ladder] if ladder is not None else []
-    correctness.verdicts(run, lane_name).extend(r.model_dump() for r in verdicts)
-    run.save_manifest()
+    with run.edit():
+        correctness.verdicts(run, lane_name).extend(verdicts)
     if needles and lane.bench.accuracy is not None:
         # A report, not a gate: the raw score only ever beside the share cut off at max_tokens.
         stage("accuracy eval")

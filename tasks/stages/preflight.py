@@ -20,6 +20,7 @@ from pydantic import BaseModel
 from tasks.engines import engine_for
 from tasks.engines.build import BuildError, llama_cpp_bin_dir
 from tasks.inventory.models import FileRef, Host, Inventory, Lane
+from tasks.record.manifest import ModelFacts
 from tasks.hosts.files import folder_sha256, sha256_of
 from tasks.hosts.checks import HostCheck, check_host, host_path
 from tasks.hosts.links import LinkCheck, check_link, lane_links
@@ -27,13 +28,6 @@ from tasks.hosts.connect import Reach
 from tasks.hosts.transport import Transport, TransportError
 from tasks.serving import live
 from tasks.stages import topology
-
-
-class ModelFacts(BaseModel):
-    role: str
-    path: str
-    bytes: int
-    sha256: str | None = None
 
 
 class Preflight(BaseModel):

@@ -20,6 +20,7 @@ from tasks.wire.records import RequestRecord
 from tasks.engines import Engine, engine_for
 from tasks.engines.facts import BootFacts, Metrics
 from tasks.inventory.models import CapacityGate, CounterGate, Gate, Lane
+from tasks.record.manifest import ModelFacts
 from tasks.record.rows import GateResult
 
 # Acceptance this close to K+1 means the drafter almost never disagrees with the target: in
@@ -107,7 +108,7 @@ def _name(path: Any) -> str:
     return Path(str(path)).name
 
 
-def effective_findings(lane: Lane, facts: BootFacts, models: list[dict], identity: dict[str, str],
+def effective_findings(lane: Lane, facts: BootFacts, models: list[ModelFacts], identity: dict[str, str],
                        pinned: dict[str, str] | None) -> list[Finding]:
     """Declared against what the server resolved (boot log, /slots, preflight's hashes)."""
     out: list[Finding] = []
@@ -141,7 +142,7 @@ def effective_findings(lane: Lane, facts: BootFacts, models: list[dict], identit
                            message=f"lanebench measures greedy requests, the server ran temperature {temperature}, "
                                    f"top_k {top_k}: acceptance and outputs would not repeat; fix: remove the sampling "
                                    "override (flags or the engine's defaults)"))
-    shas = {m.get("role"): m.get("sha256") for m in models}
+    shas = {m.role: m.sha256 for m in models}
     if shas.get("drafter") and shas.get("drafter") == shas.get("model"):
         out.append(Finding(check="drafter is the target", declared=_name(lane.drafter.path if lane.drafter else ""),
                            effective=f"sha256 {str(shas['model'])[:12]}... (the target's)", severity="flag",

@@ -112,7 +112,7 @@ def boot_gates(run: RunFolder, served: Served, probe: Prompt | None) -> None:
     failure raises, after every result is recorded."""
     lane, record = served.lane, served.record
     engine = engine_for(lane.engine)
-    record.waivers = [w.model_dump() for w in lane.waivers]
+    record.waivers = [w.model_dump(mode="json") for w in lane.waivers]
     before = scrape_metrics(served.endpoint)
     results, probes = [], []
     for gate in implied_gates(lane, engine):
@@ -126,10 +126,10 @@ def boot_gates(run: RunFolder, served: Served, probe: Prompt | None) -> None:
             probes.append(sent)
     results += speculation_gates(lane, engine, before, scrape_metrics(served.endpoint), served.server.log(), probes)
     results = [explain(r, lane) for r in results]
-    record.gates += [r.model_dump() for r in results]
+    record.gates += results
     # Some servers name their speculation type only once a slot has run: read the facts again.
     served.facts = read_facts(served.endpoint, lane.engine, served.facts)  # the counters' readings kept
-    record.boot_facts = served.facts.model_dump()
+    record.boot_facts = served.facts.model_dump(mode="json")
     findings = effective_findings(lane, served.facts, record.models, record.engine_identity, pinned_identity(lane))
     record.flags += [f.model_dump(mode="json") for f in findings]
     run.save_manifest()
@@ -138,8 +138,8 @@ def boot_gates(run: RunFolder, served: Served, probe: Prompt | None) -> None:
         raise GateFailed(failed_gate)
     # The seeds' missing parser flags and ignored thinking switch: checked on the booted server.
     agentic = [*smoke_gate(served.endpoint, lane), *thinking_check(served.endpoint, lane)]
-    correctness.verdicts(run, served.name).extend(r.model_dump() for r in agentic)
-    run.save_manifest()
+    with run.edit():
+        correctness.verdicts(run, served.name).extend(agentic)
     if failed := next((r for r in agentic if not r.passed), None):
         raise GateFailed(failed)
 
@@ -191,15 +191,15 @@ def served_lane(run: RunFolder, name: str, lane: Lane, host: Host, base_dir: Pat
         server = handles.server
         assert server is not None  # a boot that returns has registered its healthy server
         record.launch_command, record.boot_seconds = secrets.scrub(server.command), seconds
-        record.boot_facts = facts.model_dump()
+        record.boot_facts = facts.model_dump(mode="json")
         if gpu_seen:  # what the booted server holds on the GPU: the offload that happened
             booted = gpu_facts(reach.transport)
-            record.gpu["booted"] = booted.model_dump()
+            record.gpu.booted = booted
             pids = None if server.image else group_pids(reach.transport, server.process.pid) or None
-            record.gpu["server_memory_mib"] = held = server_gpu_memory(booted, pre.binary, pids)
+            record.gpu.server_memory_mib = held = server_gpu_memory(booted, pre.binary, pids)
             if host.gpus == 0 and held:
                 line = cpu_lane_on_gpu(held)
-                record.gpu["cpu_lane_holds_gpu"] = line
+                record.gpu.cpu_lane_holds_gpu = line
                 record.warnings.append(line)
                 progress(name, line)
         run.save_manifest()
@@ -228,15 +228,15 @@ def _preflight(run: RunFolder, name: str, lane: Lane, host: Host, base_dir: Path
     pre = preflight(name, lane, host, base_dir, inventory)
     if pre.ok and (disk := run.free_space_problem()):
         pre = pre.model_copy(update={"ok": False, "reason": disk})
-    record.engine_identity, record.models = pre.engine_identity, [m.model_dump() for m in pre.models]
-    record.preflight = pre.model_dump(include={"links", "hosts", "rpc_endpoints", "rpc_binaries", "master",
+    record.engine_identity, record.models = pre.engine_identity, list(pre.models)
+    record.preflight = pre.model_dump(mode="json", include={"links", "hosts", "rpc_endpoints", "rpc_binaries", "master",
                                                "node_binaries"})
     gpu_seen = False  # a host with nvidia-smi: its GPU facts are recorded whatever it declares
     if pre.ok:
         gpu = gpu_facts(reach.transport)
         gpu_seen = host.gpus > 0 or gpu.ok
         if gpu_seen:
-            record.gpu["before"] = gpu.model_dump()
+            record.gpu.before = gpu
         if host.gpus > 0 and (busy := idle_gpu_gate(gpu, host.gpus, host.gpu_max_busy_share)):
             pre = pre.model_copy(update={"ok": False, "reason": busy})  # no boot on a GPU others use
     return pre, gpu_seen
@@ -254,7 +254,7 @@ def _pulled(run: RunFolder, name: str, served_as: Lane, host: Host, reach: Reach
         record.status, record.reason = "failed", f"image pull: {pulled.reason}"
         run.save_manifest()
         return False
-    record.image = pulled.image.model_dump()
+    record.image = pulled.image.model_dump(mode="json")
     run.save_manifest()
     return True
 
@@ -285,8 +285,8 @@ def _teardown(run: RunFolder, name: str, lane: Lane, reach: Reach, handles: live
         for worker in [*(lane.rpc.workers if lane.rpc else []), *(n for _, n in topology.worker_ranks(lane))]:
             if (run.path / name / f"worker-{worker}.log").exists():
                 run.register(name, f"{name}/worker-{worker}.log", "boot-log")
-    if record.gpu.get("before"):
-        record.gpu["after"] = gpu_facts(reach.transport).model_dump()
+    if record.gpu.before is not None:
+        record.gpu.after = gpu_facts(reach.transport)
     reach.close()
     if server is not None:
         run.mark(name, "done")
