@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from tasks.hosts.files import file_sha256
 from tasks.record.confined import Outside, inside
 
 LIVE_GLOBS = ("*/*.jsonl", "*/*.log")
@@ -165,14 +166,6 @@ def raise_if_stopped() -> None:
         raise KeyboardInterrupt(stop_requested())
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _last_seal(folder: Path, rel: str) -> tuple[int, str] | None:
     """The last whole `bytes digest` line of a raw file's seal (a torn last line is ignored)."""
     try:
@@ -234,7 +227,7 @@ def _list_live_files(folder: Path, m: dict) -> list[str]:
                 if problem:
                     changed[rel] = problem
             else:
-                entry["sha256"] = _sha256(path)
+                entry["sha256"] = file_sha256(path)
             if rel not in listed:
                 m.setdefault("artifacts", []).append(entry)
                 listed[rel] = entry

@@ -28,6 +28,8 @@ from urllib.parse import urlsplit
 from fsspec import AbstractFileSystem
 from fsspec.implementations.sftp import SFTPFileSystem
 
+from tasks.hosts.files import file_sha256
+
 INCOMING = ".incoming"
 MIRRORS_ENV = "LANEBENCH_STORE_MIRRORS"  # where this machine keeps its mirrors of stores
 
@@ -69,11 +71,8 @@ class _VerifiedSFTP(SFTPFileSystem):
 
 
 def _sha256(fs: AbstractFileSystem, path: str) -> str:
-    digest = hashlib.sha256()
     with fs.open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
+        return file_sha256(f)
 
 
 class Store:
@@ -128,8 +127,7 @@ class Store:
                 if (got := _sha256(self.fs, f"{staging}/{rel}")) != digest:
                     raise StoreError(f"{self.url}/{INCOMING}: {folder.name}/{rel} sha256 {got[:12]} after the copy, "
                                      f"manifest says {digest[:12]}")
-            manifest_bytes = (folder / "manifest.json").read_bytes()
-            if _sha256(self.fs, f"{staging}/manifest.json") != hashlib.sha256(manifest_bytes).hexdigest():
+            if _sha256(self.fs, f"{staging}/manifest.json") != file_sha256(folder / "manifest.json"):
                 raise StoreError(f"{self.url}/{INCOMING}: {folder.name}/manifest.json changed in the copy")
             self.fs.mv(staging, final)  # one rename: the folder appears whole
         except BaseException:
@@ -173,7 +171,7 @@ class Store:
             manifest = json.loads((tmp / "manifest.json").read_text())
             for a in manifest["artifacts"]:
                 path = tmp / a["path"]
-                if not path.is_file() or hashlib.sha256(path.read_bytes()).hexdigest() != a["sha256"]:
+                if not path.is_file() or file_sha256(path) != a["sha256"]:
                     raise StoreError(f"{self.url}/{name}/{a['path']}: missing or not the sha256 its manifest lists. "
                                      f"Fix: lanebench verify {self.url}/{name}")
             tmp.rename(target)
