@@ -33,8 +33,8 @@ from pathlib import Path
 import httpx
 import yaml
 
-from tasks.engines.build import REPO
 from tasks.hosts.retry import retrying
+from tasks.inventory.paths import REPO
 
 PREFECT_FILE = REPO / "prefect.yaml"
 POOL = "lanebench"

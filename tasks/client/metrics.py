@@ -15,7 +15,7 @@ from typing import overload
 
 import numpy as np
 
-from tasks.client.records import RequestRecord
+from tasks.wire.records import RequestRecord
 
 PERCENTILES = (50, 90, 95, 99)
 

@@ -36,7 +36,7 @@ from tasks.client import http
 from tasks.client.metrics import percentile
 from tasks.client.prompts import Prompt, nonce, with_nonce
 from tasks.client.deadline import request_deadline_s
-from tasks.client.records import RequestRecord, truncation_of
+from tasks.wire.records import RequestRecord, truncation_of
 from tasks.client.shapes import LoadShape
 from tasks.client.stream import Assembler
 from tasks.engines.base import Engine

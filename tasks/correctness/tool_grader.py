@@ -33,8 +33,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
-from tasks.client.replies import ChatReply
 from tasks.inventory.config_file import config_error
+from tasks.wire.replies import ChatReply
 
 MissKind = Literal["http_error", "truncated", "no_call", "malformed_call", "wrong_count", "wrong_function",
                    "missing_argument", "unexpected_argument", "wrong_value"]
