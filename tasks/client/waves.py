@@ -32,9 +32,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-import numpy as np
-
 from tasks.client import http
+from tasks.client.metrics import percentile
 from tasks.client.prompts import Prompt, nonce, with_nonce
 from tasks.client.deadline import request_deadline_s
 from tasks.wire.records import RequestRecord, truncation_of
@@ -318,7 +317,7 @@ async def _run_wave(base_url: str, engine: Engine, wave: Wave, prompts: list[Pro
     records.sort(key=lambda r: r.sent_s or 0.0)
     return WaveResult(records=records, wall_s=wall, connections_opened=client.pool.opened,
                       server_closed=client.pool.server_closed,
-                      loop_lag_p99_s=float(np.percentile(lags, 99)) if lags else 0.0,
+                      loop_lag_p99_s=percentile(lags, 99, 0.0),
                       loop_lag_max_s=max(lags, default=0.0), client_cpu=cpu / wall if wall > 0 else 0.0,
                       client_cpu_s=cpu,
                       shape=shape.describe())

@@ -27,6 +27,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from tasks.record.manifest import scan_manifests
 
+from tasks.hosts.files import file_sha256
+
 # metric -> (words, unit, what selects the measurement)
 METRICS: dict[str, tuple[str, str, str]] = {
     "acceptance_length": ("acceptance length", "", "class"),
@@ -167,7 +169,7 @@ def register(name: str, matrix_file: Path, bars: tuple[Bar, ...], baseline: str,
              prompt_counts: dict[str, int], prompts_per_class: int) -> Registration:
     """Hash the bars and the prompt sets' bytes: the registration written before any arm boots."""
     canonical = tuple(b.canonical() for b in bars)
-    sets = {c: PromptSetFacts(path=str(p), sha256=hashlib.sha256(p.read_bytes()).hexdigest(), prompts=prompt_counts[c])
+    sets = {c: PromptSetFacts(path=str(p), sha256=file_sha256(p), prompts=prompt_counts[c])
             for c, p in prompt_sets.items()}
     bars_sha = _sha({"baseline": baseline, "bars": list(canonical)})
     sets_sha = _sha({"prompts_per_class": prompts_per_class, "sets": {c: f.sha256 for c, f in sets.items()}})

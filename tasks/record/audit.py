@@ -8,12 +8,12 @@ tasks/record/interrupted.py), a manifest whose digest differs from the signed hi
 
 from __future__ import annotations
 
-import hashlib
 import os
 from pathlib import Path
 
 from pydantic import BaseModel
 
+from tasks.hosts.files import file_sha256
 from tasks.record.confined import Outside, confined
 from tasks.record.manifest import ManifestError, read_manifest
 
@@ -35,11 +35,6 @@ class Audit(BaseModel):
     @property
     def ok(self) -> bool:
         return not (self.missing or self.changed or self.extra or self.problems)
-
-
-def _sha256(path: Path) -> str:
-    with path.open("rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _present(run_dir: Path, result: Audit) -> set[str]:
@@ -81,7 +76,7 @@ def audit(run_dir: Path) -> Audit:
         try:
             if not path.is_file():
                 result.missing.append(rel)
-            elif _sha256(path) != digest:
+            elif file_sha256(path) != digest:
                 result.changed.append(rel)
         except OSError as e:
             result.problems.append(f"{rel}: cannot be read ({e.strerror})")

@@ -28,6 +28,7 @@ from typing import Any
 import pandas as pd
 from pydantic import JsonValue
 
+from tasks.hosts.files import file_sha256
 from tasks.record.confined import Outside, confined
 from tasks.record.manifest import Manifest, scan_manifests
 from tasks.record.kinds import ADDED_COLUMNS, KINDS, METRICS, MetricDef, history_kinds, metric_def  # noqa: F401  (re-exported for queries)
@@ -134,14 +135,6 @@ def _metrics_view(con: Any) -> None:
              LEFT JOIN regressed g ON g.run = m.run AND g.lane = m.lane""")
 
 
-def _file_sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def refuse_tampered(artifacts: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Tables whose bytes no longer match their manifest's sha256 are refused (never served), and
     said so: (kept artifacts, refused rows with run, path and reason)."""
@@ -153,7 +146,7 @@ def refuse_tampered(artifacts: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame
             continue
         if a.kind in {k.name for k in history_kinds()} and a.validation == "passed":
             try:
-                ok = _file_sha256(a.path) == a.sha256
+                ok = file_sha256(a.path) == a.sha256
                 why = "its sha256 differs from the manifest (changed after the run)"
             except OSError as e:
                 ok, why = False, f"cannot be read ({e.strerror})"

@@ -22,11 +22,12 @@ what matters.
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
+
+from tasks.hosts.retry import retrying
 
 URL_ENV = "LANEBENCH_NOTIFY_URL"
 BLOCK_ENV = "LANEBENCH_NOTIFY_BLOCK"
@@ -121,12 +122,7 @@ def on_failure(flow: Any, flow_run: Any, state: Any) -> None:
     except Exception:  # a broken notifier must never change the run's outcome
         logger.exception("failure notification could not be built")
         return
-    for attempt in range(2):  # one retry: a receiver restarting is common, a long outage is not ours to wait out
-        try:
-            send(body)
-            return
-        except Exception as e:
-            if attempt == 1:
-                logger.error("could not deliver the failure notification: %s: %s", type(e).__name__, e)
-            else:
-                time.sleep(2)
+    try:  # one retry: a receiver restarting is common, a long outage is not ours to wait out
+        retrying(tries=2, wait_s=2.0, on=Exception)(send, body)
+    except Exception as e:
+        logger.error("could not deliver the failure notification: %s: %s", type(e).__name__, e)

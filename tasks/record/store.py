@@ -27,6 +27,7 @@ from urllib.parse import urlsplit
 from fsspec import AbstractFileSystem
 from fsspec.implementations.sftp import SFTPFileSystem
 
+from tasks.hosts.files import file_sha256
 from tasks.record.manifest import ManifestError, read_manifest
 
 INCOMING = ".incoming"
@@ -70,11 +71,8 @@ class _VerifiedSFTP(SFTPFileSystem):
 
 
 def _sha256(fs: AbstractFileSystem, path: str) -> str:
-    digest = hashlib.sha256()
     with fs.open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
+        return file_sha256(f)
 
 
 class Store:
@@ -128,8 +126,7 @@ class Store:
                 if (got := _sha256(self.fs, f"{staging}/{rel}")) != digest:
                     raise StoreError(f"{self.url}/{INCOMING}: {folder.name}/{rel} sha256 {got[:12]} after the copy, "
                                      f"manifest says {digest[:12]}")
-            manifest_bytes = (folder / "manifest.json").read_bytes()
-            if _sha256(self.fs, f"{staging}/manifest.json") != hashlib.sha256(manifest_bytes).hexdigest():
+            if _sha256(self.fs, f"{staging}/manifest.json") != file_sha256(folder / "manifest.json"):
                 raise StoreError(f"{self.url}/{INCOMING}: {folder.name}/manifest.json changed in the copy")
             self.fs.mv(staging, final)  # one rename: the folder appears whole
         except BaseException:
@@ -176,7 +173,7 @@ class Store:
                 raise StoreError(f"{self.url}/{name}/manifest.json: {e.why}. Fix: lanebench verify {self.url}/{name}") from None
             for a in manifest.artifacts:
                 path = tmp / a.path
-                if not path.is_file() or hashlib.sha256(path.read_bytes()).hexdigest() != a.sha256:
+                if not path.is_file() or file_sha256(path) != a.sha256:
                     raise StoreError(f"{self.url}/{name}/{a.path}: missing or not the sha256 its manifest lists. "
                                      f"Fix: lanebench verify {self.url}/{name}")
             tmp.rename(target)

@@ -123,3 +123,5 @@ def _check_correctness_files(name: str, lane: Lane, base: Path, path: str | Path
                 loader(target)  # type: ignore[operator]
             except ValueError as e:
                 raise ConfigError(path, field, f"{target}: {e}", fix) from None
+            except ConfigError as e:  # the protocol file's own field, under the lane's
+                raise ConfigError(path, field, f"{e.file}: {e.field}: {e.problem}", e.fix) from None
