@@ -100,9 +100,12 @@ def _processes(lane: Lane, inventory: Inventory) -> list[Process]:
         host = inventory.hosts[name]
         argv = topology.node_argv(lane, engine, rank, master, _binary(lane), host.address, host)
         ports = topology.node_ports(lane, engine, rank, argv)
+        env = topology.node_env(lane, name)
+        if rank == 0 and (lane.api_key_env or lane.api_key_file):  # the key boot puts there, never shown
+            env |= topology.key_env(engine, secrets.REDACTED)
         return Process(role=role, host=name, address=host.address, where=where,
                        argv=secrets.redact_argv(lane, argv), ports=[p for p, _ in ports],
-                       port_uses=[u for _, u in ports], env=secrets.redact_env(lane, topology.node_env(lane, name)),
+                       port_uses=[u for _, u in ports], env=secrets.redact_env(lane, env),
                        cwd=topology.working_directory(host, lane.image, os.getcwd()))
 
     out = [node("head (node 0)" if lane.nodes else "server", 0, lane.host)]

@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from tasks.client import http
+from tasks.client import auth, http
 from tasks.client.metrics import percentile
 from tasks.client.prompts import Prompt, nonce, with_nonce
 from tasks.client.deadline import request_deadline_s
@@ -127,6 +127,7 @@ class _Client:
         self.prefix = url.path.rstrip("/")
         self.engine, self.wave = engine, wave
         self.pool = http.Pool(self.host, self.port, wave.concurrency)
+        self.auth = auth.header_bytes(self.host, self.port)  # the server's API key, if it demands one
         self.t0 = time.perf_counter()
         self.late = False  # a request ran past its wall deadline or stalled: send no more
 
@@ -182,7 +183,8 @@ class _Client:
         wave, engine = self.wave, self.engine
         tag = nonce()
         spec = engine.completion_request(with_nonce(prompt.text, tag), wave.max_tokens)
-        payload = http.request_bytes(self.host, self.port, self.prefix + spec.path, json.dumps(spec.body).encode())
+        payload = http.request_bytes(self.host, self.port, self.prefix + spec.path, json.dumps(spec.body).encode(),
+                                     self.auth)
         started = time.time()
         t_start = time.perf_counter()
         resp, t_send, connect_s, reused, error = None, None, None, False, None

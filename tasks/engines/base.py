@@ -88,6 +88,11 @@ class Engine(ABC):
         """The server's own words when its speculation output is not valid (synthetic acceptance)."""
         return None
     queue_gauge: ClassVar[str | None] = None  # the metric counting requests waiting past the running cap
+    # The environment variable the server reads its API key from: a lane's key (api_key_env /
+    # api_key_file) reaches the server there, never on its argv, which every user of the host reads
+    # (ps, /proc/PID/cmdline). None: the release takes a key only on its command line, so a lane
+    # with a key is refused at load (tasks/inventory/api_key.py).
+    api_key_env: ClassVar[str | None] = None
 
     # --- The engine's own acceptance line, to check the counters against -------------------
 

@@ -49,6 +49,7 @@ class LlamaCpp(Engine):
     serves_quantized_gguf = True
     slots_flags = ("--parallel", "-np")
     info_path = "/slots"
+    api_key_env = "LLAMA_API_KEY"  # common/arg.cpp: --api-key ... set_env("LLAMA_API_KEY"); only /health is exempt
     draft_counter = _P + "spec_decode_num_drafts_total"
     draft_tokens_counter = _P + "spec_decode_num_draft_tokens_total"
 

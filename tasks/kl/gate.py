@@ -16,6 +16,7 @@ import httpx
 import pandas as pd
 from prefect import get_run_logger
 
+from tasks.client import auth
 from tasks.record.manifest import KlSection
 from tasks.record.run_folder import RunFolder
 from tasks.hosts.lock import host_lock
@@ -92,7 +93,8 @@ class Gate:
                 # side, and no idle keep-alive is left for the server to close (its TIME_WAIT would
                 # hold the port for a minute against the next preflight).
                 n = self.spec.concurrency + 1
-                with httpx.Client(limits=httpx.Limits(max_connections=n, max_keepalive_connections=n)) as client:
+                with httpx.Client(limits=httpx.Limits(max_connections=n, max_keepalive_connections=n),
+                                  headers=auth.headers(served.server.base_url)) as client:
                     yield served.server, client
             record.host_lock = hold.model_dump()
 

@@ -19,6 +19,7 @@ from pydantic import BaseModel
 
 from tasks.engines import engine_for
 from tasks.engines.build import BuildError, llama_cpp_bin_dir
+from tasks.inventory import api_key
 from tasks.inventory.models import FileRef, Host, Inventory, Lane
 from tasks.record.manifest import ModelFacts
 from tasks.hosts.files import folder_sha256, sha256_of
@@ -216,6 +217,10 @@ def _needs_reach(lane: Lane, host: Host) -> bool:
 def preflight(lane_name: str, lane: Lane, host: Host, base_dir: Path, inventory: Inventory | None = None) -> Preflight:
     """Links, host, workers, binary, model files with declared bytes (and sha256), port free; a
     remote lane's checks go through the transports its served lane holds (tasks/serving/live.py)."""
+    try:
+        api_key.resolve(lane, base_dir)  # its value stays here: Preflight is a task result
+    except api_key.KeyUnavailable as e:
+        return Preflight(ok=False, reason=str(e))
     if _needs_reach(lane, host):
         reach = live.handles(lane_name).reach if live.served(lane_name) else None
         if reach is None:

@@ -47,7 +47,7 @@ from tasks.stages.boot import NodeLost, boot, read_facts, stop
 from tasks.serving.live import Endpoint, Placement, Server, Worker
 from tasks.stages.gates import GateFailed, capacity_gate, counter_gate, scrape_metrics
 from tasks.record.progress import progress
-from tasks.stages.preflight import Preflight, model_paths, preflight
+from tasks.stages.preflight import Preflight, model_paths, preflight, resolve
 from tasks.stages.safety import (as_gate, effective_findings, explain, implied_gates, pinned_identity,
                                  speculation_gates)
 from tasks.stages import topology
@@ -84,6 +84,8 @@ def resolved(lane: Lane, host: Host, base_dir: Path, pre: Preflight) -> Lane:
         flags = engine.agentic_flags(lane.agentic, path) + flags
     if pre.rpc_endpoints:
         flags = engine.rpc_flags(pre.rpc_endpoints) + flags
+    if lane.api_key_file is not None:  # read on lanebench's machine, relative to the inventory
+        update["api_key_file"] = str(resolve(base_dir, lane.api_key_file))
     return lane.model_copy(update={**update, "flags": flags})
 
 

@@ -66,6 +66,11 @@ def node_env(lane: Lane, host_name: str) -> dict[str, str]:
     return {**lane.env, **(lane.nodes.env.get(host_name, {}) if lane.nodes is not None else {})}
 
 
+def key_env(engine: Engine, key: str | None) -> dict[str, str]:
+    """The head's API key in the engine's own variable (never an argv flag: tasks/inventory/api_key.py)."""
+    return {engine.api_key_env: key} if key is not None and engine.api_key_env is not None else {}
+
+
 def node_ports(lane: Lane, engine: Engine, rank: int, argv: list[str]) -> list[tuple[int, str]]:
     """(port, what listens there) of node `rank`'s process: the head serves HTTP and, across
     nodes, the rendezvous; the engine adds its own (vLLM's data-parallel RPC port)."""
