@@ -18,7 +18,7 @@ import pytest
 
 from tasks.client.load import Wave, run_wave
 from tasks.client.prompts import Prompt
-from tasks.client.records import RequestRecord
+from tasks.wire.records import RequestRecord
 from tasks.engines import engine_for
 from tests.conftest import REPO
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tasks.client.records import RequestRecord
+from tasks.wire.records import RequestRecord
 
 PERCENTILES = (50, 90, 95, 99)
 # The client's aggregate and the one the engine's own timings give may differ by this much (%,

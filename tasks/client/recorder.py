@@ -23,7 +23,7 @@ import asyncio
 from collections import deque
 from collections.abc import Callable
 
-from tasks.client.records import RequestRecord
+from tasks.wire.records import RequestRecord
 
 Builder = Callable[[], RequestRecord]
 
