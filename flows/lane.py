@@ -25,6 +25,7 @@ from typing import Literal
 from prefect import flow, get_run_logger
 from prefect.states import Completed, Failed, State
 
+from tasks.client.metrics import SERVER_AGREE_PCT
 from tasks.client.prompts import Prompt, load_prompts
 from tasks.correctness import record as correctness
 from tasks.correctness.accuracy import accuracy_eval, in_words
@@ -177,6 +178,10 @@ def lane_flow(lane_name: str, lane: Lane, host: Host, base_dir: Path, run_dir: s
                         f"decode {row.load_shape}: the client could not keep its clocks (event-loop lag p99 "
                         f"{1e3 * (row.client_loop_lag_p99_s or 0):.1f} ms, client CPU {row.client_cpu or 0:.2f} "
                         "cores): busy with its own work or starved by the host, it may have added its delay")
+                if row.server_gap_pct is not None and abs(row.server_gap_pct) > SERVER_AGREE_PCT:
+                    record.warnings.append(
+                        f"decode {row.load_shape}: aggregate {row.aggregate_tok_s:.1f} tok/s is {row.server_gap_pct:+.1f} % "
+                        f"from the server's own timings ({row.server_tok_s:.1f} tok/s; bound {SERVER_AGREE_PCT:g} %)")
 
             # 7. Acceptance probe: per prompt class, counter deltas over the probe window only.
             if lane.speculative is not None and lane.bench.acceptance is not None:

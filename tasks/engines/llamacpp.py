@@ -213,6 +213,8 @@ class LlamaCpp(Engine):
             finish_reason="length" if data.get("stop_type") == "limit" else "stop",
             spec=spec,
             truncated=bool(data.get("truncated")),  # context full, or shifted (server-context.cpp)
+            timings={k: float(v) for k, v in timings.items()
+                     if isinstance(v, (int, float)) and not isinstance(v, bool)} or None,
         )
 
     # --- Agentic flags (tools/server, common/chat.cpp and common/arg.cpp of the pinned tree) ---

@@ -17,6 +17,7 @@ from typing import Any
 
 import pandas as pd
 
+from tasks.client.metrics import SERVER_AGREE_PCT
 from tasks.record.markdown import frame
 from tasks.correctness import record as correctness
 from tasks.report import bench_report
@@ -70,6 +71,9 @@ def decode_table(df: pd.DataFrame) -> pd.DataFrame:
             out[label] = df[column] * scale
     if "client_saturated" in df:
         out["client-bound"] = ["yes" if v else "" for v in df.client_saturated]
+    if "server_tok_s" in df and df.server_tok_s.notna().any():  # the engine's own timings, same window
+        out["server tok/s (gap)"] = ["-" if pd.isna(s) else f"{s:.1f} ({g:+.1f} %){' DISAGREES' if abs(g) > SERVER_AGREE_PCT else ''}"
+                                     for s, g in zip(df.server_tok_s, df.server_gap_pct)]
     if "bandwidth_share" in df and df.bandwidth_share.notna().any():  # beside the C=1 row (tasks/stages/limits.py)
         out["bandwidth share"] = ["" if v is None or pd.isna(v) else f"{v:.3g}" for v in df.bandwidth_share]
     return out
