@@ -25,6 +25,7 @@ from typing import Literal
 from prefect import flow, get_run_logger
 from prefect.states import Completed, Failed, State
 
+from tasks.client.metrics import SERVER_AGREE_PCT
 from tasks.client.prompts import Prompt, load_prompts
 from tasks.correctness import record as correctness
 from tasks.correctness.accuracy import accuracy_eval, in_words
@@ -114,7 +115,7 @@ def lane_flow(lane_name: str, lane: Lane, host: Host, base_dir: Path, run_dir: s
                 typical = typical_tokens(lane, endpoint.base_url, engine_for(lane.engine), decode_prompts)
                 cap_rows, check = capacity_plan(lane_name, lane, served.facts, typical)
                 run.write_table(lane_name, "capacity", cap_rows)
-                record.capacity = check.model_dump()
+                record.capacity = check.model_dump(mode="json")
                 if not check.fits:
                     record.warnings.append(check.warning)
                 run.save_manifest()
@@ -143,7 +144,7 @@ def lane_flow(lane_name: str, lane: Lane, host: Host, base_dir: Path, run_dir: s
             rows = decode_curve(endpoint, run_dir, plan, lane.bench.repeats, decode_prompts,
                                 unstable_spread_pct=lane.bench.unstable_spread_pct)
             live.check(endpoint)  # the last wave's requests past their deadline end the lane here, not in a table
-            model_bytes = next((m["bytes"] for m in record.models if m["role"] == "model"), None)
+            model_bytes = next((m.bytes for m in record.models if m.role == "model"), None)
             rows = with_bandwidth_share(rows, model_bytes, host.memory_gbps)
             if model_bytes and host.memory_gbps:
                 record.bandwidth = {"model_bytes": model_bytes, "memory_gbps": host.memory_gbps}
@@ -161,7 +162,7 @@ def lane_flow(lane_name: str, lane: Lane, host: Host, base_dir: Path, run_dir: s
             record.flags += [f.model_dump(mode="json") for f in noise_findings(lane, rows, warm)]
 
             # 6b. Prefill ladder: cold, nonce-led prompts from short to the longest the server holds.
-            if lane.bench.prefill is not None and run.manifest.flow.get("name") not in SPEED_ONLY_FLOWS:
+            if lane.bench.prefill is not None and run.manifest.flow.name not in SPEED_ONLY_FLOWS:
                 stage("prefill ladder")
                 pre = lane.bench.prefill
                 filler = load_prompts(resolve(base_dir, pre.prompts)) if pre.prompts else decode_prompts
@@ -177,6 +178,10 @@ def lane_flow(lane_name: str, lane: Lane, host: Host, base_dir: Path, run_dir: s
                         f"decode {row.load_shape}: the client could not keep its clocks (event-loop lag p99 "
                         f"{1e3 * (row.client_loop_lag_p99_s or 0):.1f} ms, client CPU {row.client_cpu or 0:.2f} "
                         "cores): busy with its own work or starved by the host, it may have added its delay")
+                if row.server_gap_pct is not None and abs(row.server_gap_pct) > SERVER_AGREE_PCT:
+                    record.warnings.append(
+                        f"decode {row.load_shape}: aggregate {row.aggregate_tok_s:.1f} tok/s is {row.server_gap_pct:+.1f} % "
+                        f"from the server's own timings ({row.server_tok_s:.1f} tok/s; bound {SERVER_AGREE_PCT:g} %)")
 
             # 7. Acceptance probe: per prompt class, counter deltas over the probe window only.
             if lane.speculative is not None and lane.bench.acceptance is not None:
@@ -194,7 +199,7 @@ def lane_flow(lane_name: str, lane: Lane, host: Host, base_dir: Path, run_dir: s
 
             # 8-9. Correctness on the same booted server: tool-call gate, needle ladder; then
             # expectations on the raw records too. Any failed suite or gate fails the lane.
-            if run.manifest.flow.get("name") in SPEED_ONLY_FLOWS:
+            if run.manifest.flow.name in SPEED_ONLY_FLOWS:
                 return _correctness(run, record, lane.model_copy(update={"correctness": None}), host, base_dir,
                                     endpoint, stage, held_out, needles=False)
             return _correctness(run, record, lane, host, base_dir, endpoint, stage, held_out, needles=True)
@@ -248,8 +253,8 @@ def _correctness(run: RunFolder, record: LaneRecord, lane: Lane, host: Host, bas
         stage("needle ladder")
         ladder = needle_ladder(endpoint, run_dir, lane)
         verdicts += [ladder] if ladder is not None else []
-    correctness.verdicts(run, lane_name).extend(r.model_dump() for r in verdicts)
-    run.save_manifest()
+    with run.edit():
+        correctness.verdicts(run, lane_name).extend(verdicts)
     if needles and lane.bench.accuracy is not None:
         # A report, not a gate: the raw score only ever beside the share cut off at max_tokens.
         stage("accuracy eval")

@@ -118,7 +118,8 @@ def _against_baseline(run: RunFolder, artifacts_root: str, policy: RegressionPol
         record = run.lane(name)
         if comparison.refused:  # a changed model, engine or plan is no regression, and no "no change" either
             record.warnings.append(comparison.refused)
-            run.manifest.flow.setdefault("comparison_refused", {})[name] = comparison.refused
+            with run.edit() as m:
+                m.flow.comparison_refused[name] = comparison.refused
         if comparison.config_changes:
             record.warnings.append("lane config differs from the newest baseline run: "
                                    + "; ".join(comparison.config_changes))
@@ -158,8 +159,8 @@ def _nightly(hosts: str, lanes: list[str] | None, artifacts_root: str, regressio
     run = RunFolder(Path(artifacts_root), "nightly", str(flow_run.get_id()), inventory_path)
     for line in reclaim_dead_runs(Path(artifacts_root), by=run.path.name):
         say(line)
-        run.manifest.flow.setdefault("reclaimed", []).append(line)
-    run.manifest.flow["regression_policy"] = policy.model_dump()
+        run.manifest.flow.reclaimed.append(line)
+    run.manifest.flow.regression_policy = policy.model_dump(mode="json")
     logger.info("run folder %s", run.path)
     comparisons: dict[str, LaneComparison] = {}
     problems: list[str] = []
@@ -180,7 +181,7 @@ def _nightly(hosts: str, lanes: list[str] | None, artifacts_root: str, regressio
         except Exception as e:  # a night that cannot be judged must not pass as a good one
             logger.exception("regression check failed")
             problems.append(f"regression check could not run: {type(e).__name__}: {e}")
-            run.manifest.flow["regression_error"] = problems[-1]
+            run.manifest.flow.regression_error = problems[-1]
         run.finish()
         refresh_marked(Path(artifacts_root), by=run.path.name)
         if stopped is not None:  # stop within seconds: the tables and manifest are the record
@@ -197,7 +198,7 @@ def _nightly(hosts: str, lanes: list[str] | None, artifacts_root: str, regressio
     problems += [f"regression {describe(r)}" for c in comparisons.values() for r in c.regressions]
     problems += [f"comparison refused: {c.refused}" for c in comparisons.values() if c.refused]
     verdict = night_verdict("nightly", run.manifest.lanes, problems)
-    run.manifest.flow["verdict"] = {"outcome": verdict.outcome, "exit_code": verdict.exit_code, "line": verdict.line}
+    run.manifest.flow.verdict = verdict.recorded()
     run.save_manifest()
     if verdict.outcome == "failed":
         return Failed(message=verdict.line)

@@ -38,7 +38,7 @@ def tools(hosts: str, lanes: list[str], artifacts_root: str = "artifacts", held_
     inventory_path = Path(hosts).resolve()
     inventory = load_inventory(inventory_path)
     run = RunFolder(Path(artifacts_root), "tools", str(flow_run.get_id()), inventory_path)
-    run.manifest.flow["held_out_requested"] = held_out
+    run.manifest.flow.held_out_requested = held_out
     stopped = ""
     try:
         run_lanes(run, [LaneJob(name=name, lane=inventory.lanes[name], host=inventory.hosts[inventory.lanes[name].host],
@@ -57,7 +57,7 @@ def tools(hosts: str, lanes: list[str], artifacts_root: str = "artifacts", held_
     if stopped:
         return Failed(name="Interrupted", message=stopped)
     verdict = night_verdict("tools", run.manifest.lanes, [])
-    run.manifest.flow["verdict"] = {"outcome": verdict.outcome, "exit_code": verdict.exit_code, "line": verdict.line}
+    run.manifest.flow.verdict = verdict.recorded()
     run.save_manifest()
     if verdict.outcome == "failed":
         return Failed(message=verdict.line)

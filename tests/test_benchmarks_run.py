@@ -81,3 +81,12 @@ def test_the_load_generator_exits_nonzero_when_a_part_fails(fake_server, tmp_pat
     assert r.returncode != 0
     with urllib.request.urlopen(f"http://127.0.0.1:{PORT}/stats") as resp:
         assert resp.status == 200
+
+
+def test_the_load_generator_exits_nonzero_when_its_server_cannot_start(fake_server):
+    """The load generator's own fake server cannot bind (the fixture's holds the port): one line
+    that says so and a non-zero exit, not a table of nothing."""
+    r = subprocess.run([sys.executable, str(REPO / "benchmarks/load_generator.py"), "--smoke", "--peers", "none",
+                        "--port", str(PORT)], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and f"did not start on port {PORT}" in r.stderr, r.stdout + r.stderr
+    assert "## raw ceiling" not in r.stdout

@@ -73,7 +73,10 @@ class Pool:
             self.server_closed += 1
             conn.close()
         t0 = time.perf_counter()
-        sock = await asyncio.wait_for(connect(self.host, self.port), self.connect_timeout)
+        # asyncio.timeout, not wait_for: wait_for wraps the connect in a task of its own, and at
+        # C=64 against llama-server (a new connection per request) 64 of them start in one turn
+        async with asyncio.timeout(self.connect_timeout):
+            sock = await connect(self.host, self.port)
         self.opened += 1
         return Connection(Stamped(asyncio.get_running_loop(), sock), connect_s=time.perf_counter() - t0), False
 

@@ -22,6 +22,7 @@ from tasks.inventory.models import Host, Lane
 from tasks.engines import engine_for
 from tasks.engines.facts import BootFacts
 from tasks.hosts.listener import Listeners
+from tasks.hosts.retry import retrying
 from tasks.hosts.transport import Spawned
 from tasks.serving import live
 from tasks.stages import topology
@@ -153,27 +154,24 @@ def wait_healthy(server: Server, lane: Lane, deadline_s: float) -> float:
     """Poll health until 200 or the deadline; connection refused while loading is expected, so retried."""
     engine = engine_for(lane.engine)
     t0 = time.monotonic()
-    delay = 0.1
-    last = "no answer yet"
-    while time.monotonic() - t0 < deadline_s:
+
+    def probe() -> str | None:
+        """None once healthy, else what was seen; a dead server or worker ends the wait."""
         if (code := server.process.poll()) is not None:
             raise _exited(server, code, lane.port)
         if dead := server.dead_workers():  # the group cannot form without every node
             raise BootError(f"{'; '.join(dead)} while the lane was booting")
         if _listening(server, lane.port) is False:  # not listening yet: nothing to ask
-            last = f"nothing listens on port {lane.port} yet"
-            time.sleep(delay)
-            delay = min(delay * 1.5, 2.0)
-            continue
+            return f"nothing listens on port {lane.port} yet"
         try:
             r = control().get(server.base_url + engine.health_path, timeout=5.0)
-            if engine.healthy(r.status_code, r.text):
-                return time.monotonic() - t0
-            last = f"HTTP {r.status_code}"
         except httpx.TransportError as e:
-            last = type(e).__name__
-        time.sleep(delay)
-        delay = min(delay * 1.5, 2.0)
+            return type(e).__name__
+        return None if engine.healthy(r.status_code, r.text) else f"HTTP {r.status_code}"
+
+    last = retrying(within_s=deadline_s, wait_s=0.1, growth=1.5, max_wait_s=2.0, until=lambda seen: seen is None)(probe)
+    if last is None:
+        return time.monotonic() - t0
     raise BootError(f"server not healthy after {deadline_s:.0f} s (last: {last}); "
                     f"last log lines:\n{_log_tail(server.log_path)}")
 

@@ -9,7 +9,7 @@ The group meets at the head's end of the nodes' link (else the head host's addre
 
 from __future__ import annotations
 
-from tasks.engines.base import Engine
+from tasks.engines import Engine, engine_for
 from tasks.inventory.models import Host, Inventory, Lane
 
 
@@ -34,7 +34,7 @@ def rendezvous_port(lane: Lane) -> int:
 
 def spans_nodes(lane: Lane) -> bool:
     """A multi-node lane whose engine takes node flags (llama.cpp spans nodes with rpc-server)."""
-    return lane.nodes is not None and lane.engine != "llamacpp"
+    return lane.nodes is not None and not engine_for(lane.engine).spans_nodes_by_rpc
 
 
 def at_rank(lane: Lane, engine: Engine, rank: int, master: str) -> Lane:
