@@ -263,6 +263,14 @@ class Lane(_Strict):
     agentic: Agentic | None = None
     correctness: Correctness | None = None
 
+    @property
+    def every_host(self) -> list[str]:
+        """Every host the lane occupies, its own first: its RPC workers' and its nodes' too. The one
+        list its host lock holds, its preflight reaches and `lanebench plan` checks, whichever flow runs it."""
+        workers = self.rpc.workers if self.rpc else []
+        nodes = self.nodes.hosts if self.nodes else []
+        return list(dict.fromkeys([self.host, *workers, *nodes]))
+
     @model_validator(mode="after")
     def _rpc_engine(self) -> Lane:
         if self.rpc is not None and self.engine != "llamacpp":

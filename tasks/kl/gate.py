@@ -80,8 +80,7 @@ class Gate:
         """Serve one lane the way every flow does (host lock, preflight, image pull, boot; teardown
         always); yields None when it cannot run, with the reason on its record."""
         rl, record = self.lanes[name], self.run.lane(name)
-        with host_lock([rl.lane.host, *(rl.lane.rpc.workers if rl.lane.rpc else [])],
-                       on_wait=lambda m: progress(name, m)) as hold:
+        with host_lock(rl.lane.every_host, on_wait=lambda m: progress(name, m)) as hold:
             record.host_lock = hold.model_dump()
             with served_lane(self.run, name, rl.lane, rl.host, rl.base_dir, rl.inventory, gates=False) as served:
                 if served is None:
@@ -184,7 +183,8 @@ class Gate:
     # --- record ------------------------------------------------------------------------------
 
     def finish(self) -> tuple[bool, list[str]]:
-        """Tables (validated), histogram, report.md and Prefect artifacts; returns (passed, reasons)."""
+        """Tables (validated), histogram, report.md and Prefect artifacts, in the run folder the flow's
+        lifecycle has finished (flows/lifecycle.py); returns (passed, reasons)."""
         spec, expected = self.spec, _expected(self.sequences)
         frames: dict[str, pd.DataFrame] = {}
         summary = []
@@ -253,7 +253,6 @@ class Gate:
         report += "".join(f"\n- **FLAG** {f}" for f in flags) + ("\n" if flags else "")
         (self.run.path / "report.md").write_text(report)
         self.run.register("", "report.md", "report")
-        self.run.finish()
         _publish(summary_df, pairs_df, report, self.run.path.name)
         return passed, reasons
 
