@@ -28,6 +28,7 @@ from tasks.hosts.transport import LocalTransport, Spawned, Transport
 from tasks.inventory.models import Host
 from tasks.record.run_folder import RunFolder, RunFolderWriteError
 from tasks.stages.deadlines import Late, check_alive
+from tasks.stages.topology import Launch
 
 
 class Endpoint(BaseModel):
@@ -68,6 +69,7 @@ class Placement:
     transport: Transport = field(default_factory=LocalTransport)
     image: str | None = None
     workers: list[Worker] = field(default_factory=list)
+    head: Launch | None = None  # the server's argv and env as `lanebench plan` prints them (topology.launches)
 
 
 @dataclass
