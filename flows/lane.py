@@ -26,6 +26,7 @@ from prefect import flow, get_run_logger
 from prefect.states import Completed, Failed, State
 
 from flows.stage_plan import NIGHTLY, StagePlan
+from tasks.client.metrics import SERVER_AGREE_PCT
 from tasks.client.prompts import Prompt, load_prompts
 from tasks.correctness import record as correctness
 from tasks.correctness.accuracy import accuracy_eval, in_words
@@ -43,9 +44,9 @@ from tasks.record.interrupted import stop_requested
 from tasks.record.rows import DecodeRow, GateResult, WarmupRow
 from tasks.record.run_folder import LaneRecord, RunFolder, RunFolderWriteError
 from tasks.stages.acceptance import acceptance_probe, draft_shape
-from tasks.stages import live
+from tasks.serving import live
 from tasks.stages.boot import NodeLost
-from tasks.stages.deadlines import ServerDied
+from tasks.serving.deadlines import ServerDied
 from tasks.stages.decode_curve import decode_curve
 from tasks.stages.gates import GateFailed, conservative_cap
 from tasks.stages.limits import with_bandwidth_share
@@ -84,7 +85,7 @@ def lane_flow(lane_name: str, lane: Lane, host: Host, base_dir: Path, run_dir: s
     record.config = secrets.redact(lane).model_dump(mode="json")
     prompts = _prompt_sets(lane, base_dir)
     # The stages' tasks take the server's endpoint and the run folder's path; each keeps its raw
-    # records in `requests.jsonl` and checks the server between waves itself (tasks/stages/live.py):
+    # records in `requests.jsonl` and checks the server between waves itself (tasks/serving/live.py):
     # a request past its wall deadline ends the lane at the next check, naming it.
     try:
         # 1-4. Preflight, image pull, boot, boot gates; teardown when the block ends, whatever happens.
@@ -174,6 +175,10 @@ class _OnServer:
                     f"decode {row.load_shape}: the client could not keep its clocks (event-loop lag p99 "
                     f"{1e3 * (row.client_loop_lag_p99_s or 0):.1f} ms, client CPU {row.client_cpu or 0:.2f} "
                     "cores): busy with its own work or starved by the host, it may have added its delay")
+            if row.server_gap_pct is not None and abs(row.server_gap_pct) > SERVER_AGREE_PCT:
+                self.record.warnings.append(
+                    f"decode {row.load_shape}: aggregate {row.aggregate_tok_s:.1f} tok/s is {row.server_gap_pct:+.1f} % "
+                    f"from the server's own timings ({row.server_tok_s:.1f} tok/s; bound {SERVER_AGREE_PCT:g} %)")
         if self.lane.speculative is not None and self.lane.bench.acceptance is not None:
             self.acceptance_probe()
 
@@ -187,7 +192,7 @@ class _OnServer:
                                  self.prompts.decode)
         cap_rows, check = capacity_plan(self.name, self.lane, self.served.facts, typical)
         self.run.write_table(self.name, "capacity", cap_rows)
-        self.record.capacity = check.model_dump()
+        self.record.capacity = check.model_dump(mode="json")
         if not check.fits:
             self.record.warnings.append(check.warning)
         self.run.save_manifest()
@@ -221,7 +226,7 @@ class _OnServer:
         rows = decode_curve(endpoint, run_dir, plan, lane.bench.repeats, self.prompts.decode,
                             unstable_spread_pct=lane.bench.unstable_spread_pct)
         live.check(endpoint)  # the last wave's requests past their deadline end the lane here, not in a table
-        model_bytes = next((m["bytes"] for m in record.models if m["role"] == "model"), None)
+        model_bytes = next((m.bytes for m in record.models if m.role == "model"), None)
         rows = with_bandwidth_share(rows, model_bytes, self.host.memory_gbps)
         if model_bytes and self.host.memory_gbps:
             record.bandwidth = {"model_bytes": model_bytes, "memory_gbps": self.host.memory_gbps}
@@ -285,8 +290,8 @@ class _OnServer:
             self.stage("needle ladder")
             ladder = needle_ladder(endpoint, str(run.path), lane)
             verdicts += [ladder] if ladder is not None else []
-        correctness.verdicts(run, self.name).extend(r.model_dump() for r in verdicts)
-        run.save_manifest()
+        with run.edit():
+            correctness.verdicts(run, self.name).extend(verdicts)
         if self.stages.accuracy and lane.bench.accuracy is not None:
             # A report, not a gate: the raw score only ever beside the share cut off at max_tokens.
             self.stage("accuracy eval")

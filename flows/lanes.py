@@ -3,7 +3,7 @@
 Every flow that measures lanes (nightly, matrix, tools) hands them here. Lanes are queued per
 host; the queues run concurrently as Prefect tasks, and inside a queue lanes run one at a time,
 each holding the Prefect global concurrency limit `gpu:<host>` of every host it touches (its own,
-its RPC workers', its nodes': `Lane.every_host`, the list the KL gate locks too) from preflight
+its RPC workers', its nodes': `every_host`, the list the KL gate locks too) from preflight
 to teardown (tasks/hosts/lock.py). So a second flow aimed at the
 same box waits in line, while a GB300 and a Spark pair measure in parallel.
 
@@ -25,6 +25,7 @@ from flows.stage_plan import NIGHTLY, StagePlan
 from tasks.hosts.lock import Hold, host_lock
 from tasks.inventory import secrets
 from tasks.record.interrupted import interrupts, mark_lanes, raise_if_stopped, signal_name, stop_requested
+from tasks.inventory.lane_hosts import every_host
 from tasks.inventory.models import Host, Inventory, Lane
 from tasks.record.progress import progress
 from tasks.record.run_folder import RunFolder
@@ -62,7 +63,7 @@ def run_lane(run_dir: str, job: LaneJob, before: Callable[[LaneJob], LaneJob] | 
     message = "did not finish"
     stopped: BaseException | None = None
     try:
-        with host_lock(job.lane.every_host, on_wait=lambda m: progress(job.name, m)) as hold:
+        with host_lock(every_host(job.lane), on_wait=lambda m: progress(job.name, m)) as hold:
             record.started_at = datetime.now(UTC).isoformat()
             if before is not None:
                 job = before(job)
@@ -76,7 +77,7 @@ def run_lane(run_dir: str, job: LaneJob, before: Callable[[LaneJob], LaneJob] | 
         stopped = e
         raise
     except Exception as e:  # the lock itself failed (timeout, lease lost, server gone)
-        message = f"host lock {', '.join(job.lane.every_host)}: {type(e).__name__}: {e}"
+        message = f"host lock {', '.join(every_host(job.lane))}: {type(e).__name__}: {e}"
     finally:
         record.finished_at = datetime.now(UTC).isoformat()
         if hold is not None:

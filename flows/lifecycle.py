@@ -81,7 +81,7 @@ def open_run(kind: str, artifacts_root: str, source: Path, reclaim: bool = False
     if reclaim:
         for line in reclaim_dead_runs(Path(artifacts_root), by=run.path.name):
             say(line)
-            run.manifest.flow.setdefault("reclaimed", []).append(line)
+            run.manifest.flow.reclaimed.append(line)
     return run
 
 
@@ -110,7 +110,7 @@ def run_lifecycle(run: RunFolder, kind: str, lanes: Sequence[str], closing: Clos
 def _end(run: RunFolder, closing: Closing[Any]) -> None:
     closing.settle(run)
     run.finish()
-    if run.manifest.flow.get("reclaimed"):  # the dead runs' servers wrote on until this run stopped them
+    if run.manifest.flow.reclaimed:  # the dead runs' servers wrote on until this run stopped them
         refresh_marked(run.path.parent, by=run.path.name)
 
 
@@ -123,7 +123,7 @@ def lanes_verdict(run: RunFolder, kind: str, problems: list[str], flagged: bool 
     """The verdict from the lanes' end states and `problems` beyond them (tasks/record/verdict.py),
     kept in the manifest; `flagged`: a pass names every flag (declared value, effective value, fix)."""
     verdict = night_verdict(kind, run.manifest.lanes, problems)
-    run.manifest.flow["verdict"] = {"outcome": verdict.outcome, "exit_code": verdict.exit_code, "line": verdict.line}
+    run.manifest.flow.verdict = verdict.recorded()
     run.save_manifest()
     if verdict.outcome == "failed":
         return Failed(message=verdict.line)

@@ -38,7 +38,7 @@ from prefect.states import Completed, Failed, State
 from flows.lanes import LaneJob, run_lane
 from flows.lifecycle import NOTIFY, Closing, in_artifacts, open_run, run_lifecycle, write_report
 from flows.stage_plan import MATRIX_ARM
-from tasks.engines.build import REPO
+from tasks.inventory.paths import REPO
 from tasks.hosts.files import model_sha256, sha256_of
 from tasks.hosts.lock import limit_name
 from tasks.inventory.models import Lane
@@ -48,8 +48,9 @@ from tasks.matrix.config import Arm, Matrix, arm_lane, arm_port, load_matrix
 from tasks.matrix.report import curves_png, k_png, render
 from tasks.matrix.verdict import collect, contention, drafter_verdicts, judge, model_drift
 from tasks.record.interrupted import raise_if_stopped
+from tasks.record.manifest import ArmFacts, FileRef, MatrixSection, MatrixVerdict
 from tasks.record.progress import progress
-from tasks.record.report import render as render_lanes
+from tasks.report.report import render as render_lanes
 from tasks.record.run_folder import RunFolder
 MATRIX_DIR = "matrix"  # run-folder folder of the cross-arm tables and plots
 
@@ -113,15 +114,15 @@ def _register_bars(run: RunFolder, m: Matrix, root: Path) -> None:
     for line in same_bytes:
         progress("matrix", f"FLAG: {line}")
         logger.warning(line)
-    run.manifest.flow["matrix"] = {
-        "subject": subject, "drafter_sha256": drafter_shas, "identical_drafters": same_bytes,
-        "name": m.name, "file": str(m.path), "file_sha256": sha256_of(m.path),
-        "inventory": {"path": str(m.inventory_path), "sha256": sha256_of(m.inventory_path)},
-        "target": m.spec.target, "registration_sha256": reg.sha256, "registration_file_sha256": reg_entry.sha256,
-        "registration": reg.model_dump(mode="json"), "earlier_run": earlier.model_dump() if earlier else None,
-        "host_lock": limit_name(m.host_name), "arms": {a.name: a.model_dump(mode="json") for a in m.arms},
-    }
-    run.save_manifest()
+    with run.edit() as manifest:
+        manifest.flow.matrix = MatrixSection(
+            subject=subject, drafter_sha256=drafter_shas, identical_drafters=same_bytes,
+            name=m.name, file=str(m.path), file_sha256=sha256_of(m.path),
+            inventory=FileRef(path=str(m.inventory_path), sha256=sha256_of(m.inventory_path)),
+            target=m.spec.target, registration_sha256=reg.sha256, registration_file_sha256=reg_entry.sha256,
+            registration=reg.model_dump(mode="json"), earlier_run=earlier.model_dump() if earlier else None,
+            host_lock=limit_name(m.host_name), arms={a.name: ArmFacts.model_validate(a.model_dump(mode="json"))
+                                                     for a in m.arms})
     progress("matrix", f"{m.name}: {len(m.arms)} arms x {len(m.prompt_sets)} classes, bars registered "
                        f"(sha256 {reg.sha256[:12]})")
     for line in earlier.lines() if earlier else [f"first registered run of matrix {m.name} here"]:
@@ -132,14 +133,14 @@ def _register_bars(run: RunFolder, m: Matrix, root: Path) -> None:
 
 def _arm(run: RunFolder, m: Matrix, arm: Arm) -> None:
     """One arm booted fresh through the lane flow under the host lock, its facts beside it."""
-    facts = run.manifest.flow["matrix"]["arms"][arm.name]
+    facts = _facts(run).arms[arm.name]
 
     def on_port(job: LaneJob) -> LaneJob:
         """Under the host lock, the only time a free port stays free: pick the arm's port."""
         port, why = arm_port(m.host.address, m.target.port)
-        facts.update(started_at=datetime.now(UTC).isoformat(), port=port, port_note=why,
-                     load_at_start=round(os.getloadavg()[0], 2))
-        run.save_manifest()
+        with run.edit():
+            facts.started_at, facts.port, facts.port_note = datetime.now(UTC).isoformat(), port, why
+            facts.load_at_start = round(os.getloadavg()[0], 2)
         if why:
             progress(job.name, why)
         return job.model_copy(update={"lane": job.lane.model_copy(update={"port": port})})
@@ -148,9 +149,9 @@ def _arm(run: RunFolder, m: Matrix, arm: Arm) -> None:
                   stages=MATRIX_ARM)
     message = run_lane(str(run.path), job, before=on_port)
     record = run.lane(arm.name)
-    facts.update(finished_at=datetime.now(UTC).isoformat(), load_at_end=round(os.getloadavg()[0], 2),
-                 host_lock=record.host_lock, state=record.status, message=message)
-    run.save_manifest()
+    with run.edit():
+        facts.finished_at, facts.load_at_end = datetime.now(UTC).isoformat(), round(os.getloadavg()[0], 2)
+        facts.host_lock, facts.state, facts.message = record.host_lock, record.status, message
 
 
 NO_SPEC = "no-speculation"
@@ -203,13 +204,13 @@ def against_no_speculation(run: RunFolder, speed: list) -> list[str]:
 
 def _registered_copy(run: RunFolder) -> tuple[Registration, str]:
     """The registration as written before the first boot, checked against the hashes in the manifest."""
-    facts = run.manifest.flow["matrix"]
+    facts = _facts(run)
     path = run.path / "registration.json"
     reg = Registration.model_validate_json(path.read_text())
     problems = []
-    if sha256_of(path) != facts["registration_file_sha256"]:
+    if sha256_of(path) != facts.registration_file_sha256:
         problems.append("registration.json changed after it was registered")
-    if reg.sha256 != facts["registration_sha256"] or reg.recomputed() != (reg.bars_sha256, reg.prompt_sets_sha256):
+    if reg.sha256 != facts.registration_sha256 or reg.recomputed() != (reg.bars_sha256, reg.prompt_sets_sha256):
         problems.append("the registered bars no longer match their hash")
     return reg, "; ".join(problems)
 
@@ -217,13 +218,13 @@ def _registered_copy(run: RunFolder) -> tuple[Registration, str]:
 def _finish(run: RunFolder, m: Matrix) -> tuple[bool, str]:
     """Tables (GX), plots, report and Prefect artifacts from whatever the arms left, in the finished
     run folder (flows/lifecycle.py); (complete, message)."""
-    facts = run.manifest.flow["matrix"]
+    facts = _facts(run)
     reg, altered = _registered_copy(run)
-    if sha256_of(m.path) != facts["file_sha256"]:
-        facts["file_changed_during_run"] = f"sha256 now {sha256_of(m.path)[:12]}, registered {facts['file_sha256'][:12]}"
+    if sha256_of(m.path) != facts.file_sha256:
+        facts.file_changed_during_run = f"sha256 now {sha256_of(m.path)[:12]}, registered {facts.file_sha256[:12]}"
     rows, speed, warnings = collect(run, m)
-    warnings[:0] = [f"FLAG: {line}" for line in facts.get("identical_drafters", [])]
-    facts["against_no_speculation"] = losing = against_no_speculation(run, speed)
+    warnings[:0] = [f"FLAG: {line}" for line in facts.identical_drafters]
+    facts.against_no_speculation = losing = against_no_speculation(run, speed)
     warnings[:0] = losing
     drift = model_drift(run, m)
     warnings[:0] = drift + contention(run, m)
@@ -249,17 +250,16 @@ def _finish(run: RunFolder, m: Matrix) -> tuple[bool, str]:
             plots[title] = rel
     incomplete = [a.name for a in m.arms if run.lane(a.name).status != "passed"]
     complete = not incomplete and not quarantined and not altered and not drift
-    facts["verdict"] = {
-        "complete": complete, "incomplete_arms": incomplete, "quarantined": quarantined, "registration_altered": altered,
-        "model_drift": drift,
-        "drafters": {d.drafter: {"verdict": d.verdict, **d.model_dump(exclude={"drafter"})} for d in drafters},
-        "bars_failed": sum(v.outcome == "fail" for v in verdict), "bars_passed": sum(v.outcome == "pass" for v in verdict),
-        "bars_no_data": sum(v.outcome == "no-data" for v in verdict),
-    }
+    facts.verdict = MatrixVerdict(
+        complete=complete, incomplete_arms=incomplete, quarantined=quarantined, registration_altered=altered,
+        model_drift=drift,
+        drafters={d.drafter: {"verdict": d.verdict, **d.model_dump(exclude={"drafter"})} for d in drafters},
+        bars_failed=sum(v.outcome == "fail" for v in verdict), bars_passed=sum(v.outcome == "pass" for v in verdict),
+        bars_no_data=sum(v.outcome == "no-data" for v in verdict))
     run.save_manifest()
     if altered:
         warnings.insert(0, f"NO VERDICT: {altered}")
-    report = render(run.path.name, json.loads(run.manifest.model_dump_json()), m, reg,
+    report = render(run.path.name, run.manifest, m, reg,
                     _earlier(facts), rows, speed, verdict, drafters, plots, warnings, quarantined, render_lanes(run))
     write_report(run, report)
     _publish(rows, verdict, report, run.path.name)
@@ -273,8 +273,14 @@ def _finish(run: RunFolder, m: Matrix) -> tuple[bool, str]:
     return False, f"incomplete matrix ({'; '.join(why)}); verdict so far: {summary}"
 
 
-def _earlier(facts: dict) -> EarlierRun | None:
-    return EarlierRun.model_validate(facts["earlier_run"]) if facts.get("earlier_run") else None
+def _facts(run: RunFolder) -> MatrixSection:
+    """The matrix section, written at registration before any arm ran."""
+    assert run.manifest.flow.matrix is not None
+    return run.manifest.flow.matrix
+
+
+def _earlier(facts: MatrixSection) -> EarlierRun | None:
+    return EarlierRun.model_validate(facts.earlier_run) if facts.earlier_run else None
 
 
 def _publish(rows: list, verdict: list, report: str, run_name: str) -> None:

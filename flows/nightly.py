@@ -30,7 +30,7 @@ from tasks.record.expectations import warm_up
 from tasks.record.progress import progress
 from tasks.record.regression import LaneComparison, RegressionPolicy, describe
 from tasks.record import plots
-from tasks.record.report import embed_images, render
+from tasks.report.report import embed_images, render
 
 TREND_RUNS = 30  # runs shown in a trend plot
 # Every suite a nightly checks, loaded with matplotlib before the first request (warm()).
@@ -116,7 +116,8 @@ def _against_baseline(run: RunFolder, artifacts_root: str, policy: RegressionPol
         record = run.lane(name)
         if comparison.refused:  # a changed model, engine or plan is no regression, and no "no change" either
             record.warnings.append(comparison.refused)
-            run.manifest.flow.setdefault("comparison_refused", {})[name] = comparison.refused
+            with run.edit() as m:
+                m.flow.comparison_refused[name] = comparison.refused
         if comparison.config_changes:
             record.warnings.append("lane config differs from the newest baseline run: "
                                    + "; ".join(comparison.config_changes))
@@ -152,7 +153,7 @@ def _nightly(hosts: str, lanes: list[str] | None, artifacts_root: str, regressio
     judged = _Judged(artifacts_root, policy)
     closing = Closing(settle=judged.against_baseline, report=judged.report, verdict=judged.verdict)
     run = open_run("nightly", artifacts_root, inventory_path, reclaim=True)
-    run.manifest.flow["regression_policy"] = policy.model_dump()
+    run.manifest.flow.regression_policy = policy.model_dump(mode="json")
     with run_lifecycle(run, "nightly", names, closing) as life:
         # Lanes on different hosts measure side by side; each host's lanes one at a time.
         run_lanes(run, [LaneJob.of(name, inventory, inventory_path, NIGHTLY) for name in names])
@@ -173,7 +174,7 @@ class _Judged:
         except Exception as e:  # a night that cannot be judged must not pass as a good one
             get_run_logger().exception("regression check failed")
             self.problems.append(f"regression check could not run: {type(e).__name__}: {e}")
-            run.manifest.flow["regression_error"] = self.problems[-1]
+            run.manifest.flow.regression_error = self.problems[-1]
 
     def report(self, run: RunFolder) -> None:
         try:

@@ -24,6 +24,7 @@ from pydantic import BaseModel
 from tasks.engines import engine_for, planned, release_flags
 from tasks.engines.releases import PINNED
 from tasks.inventory.load import load_inventory
+from tasks.inventory.lane_hosts import every_host
 from tasks.inventory.models import ConfigError, CounterGate, Inventory, Lane
 from tasks.stages import topology
 
@@ -102,10 +103,13 @@ def _processes(lane: Lane, inventory: Inventory) -> list[Process]:
             ports, image = [(lane.rpc.port if lane.rpc else 0, "rpc")], None
         else:
             ports, image = topology.node_ports(lane, engine, launch.rank, launch.argv), lane.image
+        env = dict(launch.env)
+        if launch.rank == 0 and (lane.api_key_env or lane.api_key_file):  # the key boot puts there, never shown
+            env |= topology.key_env(engine, secrets.REDACTED)
         out.append(Process(role=launch.role, host=launch.host_name, address=launch.address,
                            where=f"container {image}" if image else "bare",
                            argv=secrets.redact_argv(lane, launch.argv), ports=[p for p, _ in ports],
-                           port_uses=[u for _, u in ports], env=secrets.redact_env(lane, launch.env),
+                           port_uses=[u for _, u in ports], env=secrets.redact_env(lane, env),
                            cwd=topology.working_directory(launch.host, image, os.getcwd())))
     return out
 
@@ -129,7 +133,7 @@ def _preflight(lane: Lane, inventory: Inventory) -> list[str]:
         need = ", ".join(x for x in (f"MTU {link.mtu}" if link.mtu else "", f">= {link.min_gbps:g} Gb/s" if link.min_gbps else "") if x)
         out.append(f"link {name}: {link.a.host} {link.a.interface} {link.a.address} <-> {link.b.host} "
                    f"{link.b.interface} {link.b.address} up and reachable{', ' + need if need else ''}")
-    for name in lane.every_host:
+    for name in every_host(lane):
         host = inventory.hosts[name]
         parts = [f"host {name} ({host.transport} {host.address}) answers"]
         if lane.image:
@@ -241,7 +245,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def register_cli(subparsers: Any) -> None:
-    from tasks.engines.build import REPO
+    from tasks.inventory.paths import REPO
 
     p = subparsers.add_parser("plan", help="print every process the lanes would start, and what they check; run nothing")
     p.add_argument("--hosts", default=str(REPO / "hosts.yaml"), help="inventory file (default: the shipped hosts.yaml)")

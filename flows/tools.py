@@ -27,7 +27,7 @@ from flows.lanes import LaneJob, run_lanes
 from flows.lifecycle import NOTIFY, Closing, in_artifacts, lanes_verdict, open_run, run_lifecycle, write_report
 from tasks.correctness import record as correctness
 from tasks.inventory.load import load_inventory
-from tasks.record.report import render
+from tasks.report.report import render
 from tasks.record.run_folder import RunFolder
 
 
@@ -42,7 +42,7 @@ def _tools(hosts: str, lanes: list[str], artifacts_root: str, held_out: bool) ->
     inventory = load_inventory(inventory_path)
     closing = Closing(report=_report, verdict=lambda run, _: lanes_verdict(run, "tools", []))
     run = open_run("tools", artifacts_root, inventory_path)
-    run.manifest.flow["held_out_requested"] = held_out
+    run.manifest.flow.held_out_requested = held_out
     with run_lifecycle(run, "tools", lanes, closing) as life:
         run_lanes(run, [LaneJob.of(name, inventory, inventory_path, stage_plan.tools(held_out)) for name in lanes])
     return life.state

@@ -22,6 +22,7 @@ from flows.cli import main
 from tasks.engines import engine_for
 from tasks.hosts.connect import Reach
 from tasks.hosts.transport import LocalTransport
+from tasks.inventory.lane_hosts import every_host
 from tasks.inventory.load import load_inventory
 from tasks.inventory.secrets import REDACTED
 from tasks.stages import boot, serve, topology
@@ -75,7 +76,7 @@ def launched(name: str, path: Path, recorder: Path, tmp_path: Path) -> dict[str,
     pre = Preflight(ok=True, binary=str(recorder), master=topology.master_address(lane, inv),
                     node_binaries={n: str(recorder) for n in workers})
     served_as = serve.resolved(lane, host, path.parent, pre)
-    reach = Reach(lane.host, {n: LocalTransport(n) for n in lane.every_host})
+    reach = Reach(lane.host, {n: LocalTransport(n) for n in every_host(lane)})
     placement = serve.placement(served_as, host, reach, pre, inv)
     log = tmp_path / name / "boot.log"
     server = boot.start(name, served_as, pre.binary, host.address, log, placement)

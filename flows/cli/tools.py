@@ -9,7 +9,6 @@ run folder.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,8 @@ from flows.cli import _bad_input, run_flow
 def _selected(args: argparse.Namespace) -> tuple[Path, list[str]] | str:
     """The inventory and the lanes to run, or the one-line problem with them."""
     from tasks.inventory.models import ConfigError
-    from tasks.inventory.load import check_prompt_files, load_inventory
+    from tasks.inventory.load import load_inventory
+    from tasks.stages.input_files import check_prompt_files
 
     hosts = Path(args.hosts)
     try:
@@ -61,16 +61,17 @@ def cmd_tools(args: argparse.Namespace) -> int:
     from tasks.record.progress import closing_verdict, say
 
     if folder:
-        flow = json.loads((folder / "manifest.json").read_text())["flow"]
-        for lane, entry in (flow.get("correctness") or {}).items():
-            for gate in entry.get("gates", []):
-                colour = "green" if gate["passed"] else "red"
-                say(f"[bold]{lane}[/bold] [{colour}]{gate['gate']}[/{colour}]: {gate['detail']}")
+        from tasks.record.manifest import read_manifest
+
+        for lane, entry in read_manifest(folder).flow.correctness.items():
+            for gate in entry.gates:
+                colour = "green" if gate.passed else "red"
+                say(f"[bold]{lane}[/bold] [{colour}]{gate.gate}[/{colour}]: {gate.detail}")
     return closing_verdict(state, folder, "tools")
 
 
 def register_cli(subparsers: Any) -> None:
-    from tasks.engines.build import REPO
+    from tasks.inventory.paths import REPO
 
     p = subparsers.add_parser("tools", help="tool-call gate: boot each lane with a tool gate, smoke it, grade its suites")
     p.add_argument("--hosts", default=str(REPO / "hosts.yaml"), help="inventory file (default: the shipped hosts.yaml)")

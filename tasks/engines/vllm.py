@@ -46,8 +46,8 @@ import uuid
 
 from tasks.inventory.models import Agentic, Lane
 from tasks.engines.base import Engine, per_position_from_counts, parser_flags
-from tasks.kl.records import ForcedProbe, ForcedScore
-from tasks.client.records import RequestRecord, RequestSpec, StreamEvent
+from tasks.wire.kl_probes import ForcedProbe, ForcedScore
+from tasks.wire.records import RequestRecord, RequestSpec, StreamEvent
 from tasks.engines.facts import Acceptance, BootFacts, DraftPlan, LoggedAcceptance, Metrics, PlannedCap
 from tasks.engines import planned, vllm_args, vllm_boot
 
@@ -88,6 +88,7 @@ class VLLM(Engine):
     draft_tokens_counter = "vllm:spec_decode_num_draft_tokens_total"
     info_path = "/version"  # {"version": "0.33.0"}
     queue_gauge = "vllm:num_requests_waiting"
+    api_key_env = "VLLM_API_KEY"  # vllm/envs.py; the server takes `args.api_key or envs.VLLM_API_KEY`
 
     def acceptance_log_interval_s(self, env: dict[str, str]) -> float | None:
         """vLLM logs `SpecDecoding metrics` every VLLM_LOG_STATS_INTERVAL seconds (default 10) in

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from tasks.engines.base import Engine
+from tasks.engines import Engine, engine_for
 from tasks.inventory.models import Host, Inventory, Lane
 
 
@@ -37,7 +37,7 @@ def rendezvous_port(lane: Lane) -> int:
 
 def spans_nodes(lane: Lane) -> bool:
     """A multi-node lane whose engine takes node flags (llama.cpp spans nodes with rpc-server)."""
-    return lane.nodes is not None and lane.engine != "llamacpp"
+    return lane.nodes is not None and not engine_for(lane.engine).spans_nodes_by_rpc
 
 
 def at_rank(lane: Lane, engine: Engine, rank: int, master: str) -> Lane:
@@ -67,6 +67,11 @@ def node_argv(lane: Lane, engine: Engine, rank: int, master: str, binary: str, a
 def node_env(lane: Lane, host_name: str) -> dict[str, str]:
     """The environment of the lane's process on `host_name`: `env`, with `nodes.env[host]` over it."""
     return {**lane.env, **(lane.nodes.env.get(host_name, {}) if lane.nodes is not None else {})}
+
+
+def key_env(engine: Engine, key: str | None) -> dict[str, str]:
+    """The head's API key in the engine's own variable (never an argv flag: tasks/inventory/api_key.py)."""
+    return {engine.api_key_env: key} if key is not None and engine.api_key_env is not None else {}
 
 
 def node_ports(lane: Lane, engine: Engine, rank: int, argv: list[str]) -> list[tuple[int, str]]:
