@@ -155,7 +155,7 @@ class _Client:
                 self.pool.release(conn, keep)
         raise AssertionError("unreachable")
 
-    async def _guarded(self, exchange, acc: Assembler):  # type: ignore[no-untyped-def]
+    async def _guarded(self, exchange, acc: Assembler):
         """The exchange, cut when no token came for the wave's stall bound (a stopped or stuck
         server: a read timeout never fires, llama-server pings every 30 s)."""
         wave = self.wave
