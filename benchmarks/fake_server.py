@@ -20,6 +20,10 @@ Markers in the prompt script one request:
       connection drops mid-stream; midstall: half the tokens, then only pings; zerocount: the final usage claims 0 tokens.
 GET /stats returns {"connections": accepted so far, "requests": served so far}.
 
+`--step-ms S`: the server steps like a batching engine (llama-server, vLLM): every event is
+written on a grid of S ms shared by all streams, so the events of all running streams leave at the
+same tick and reach a client as one burst (what a client meets at C=64 on a GPU).
+
 `--busy-poll`: the loop polls its sockets with a zero timeout instead of sleeping on them, so
 its core never idles: a request's arrival is stamped without waiting for a halted (virtual) CPU
 to wake, and that wake-up is then not counted against the client under test.
@@ -33,6 +37,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import re
 import selectors
@@ -67,6 +72,7 @@ class Fake:
         self.ttft = 0.0 if args.zero_delay else args.ttft_ms / 1000
         self.itl = 0.0 if args.zero_delay else args.itl_ms / 1000
         self.ping = args.ping_s
+        self.step = args.step_ms / 1000 if args.step_ms else 0.0
         self.log = open(args.log, "a", buffering=1) if args.log else None
         self.connections = 0
         self.requests = 0
@@ -181,6 +187,8 @@ class Fake:
             t_next = t_recv + self.ttft
             sent = 0
             while sent < n:
+                if self.step:  # the next tick of the shared grid at or after t_next
+                    t_next = math.ceil(t_next / self.step - 1e-6) * self.step
                 if self.ttft or self.itl:
                     await asyncio.sleep(max(0.0, t_next - time.perf_counter()))
                 k = min(burst, n - sent)
@@ -233,6 +241,7 @@ def options() -> argparse.Namespace:
     p.add_argument("--ttft-ms", type=float, default=20.0)
     p.add_argument("--itl-ms", type=float, default=5.0)
     p.add_argument("--zero-delay", action="store_true")
+    p.add_argument("--step-ms", type=float, default=0.0, help="write every event on one shared grid (a batch step)")
     p.add_argument("--ping-s", type=float, default=30.0)
     p.add_argument("--cpu", type=int, default=None, help="pin the server to this core")
     p.add_argument("--log", default=None)

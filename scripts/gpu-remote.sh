@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What runs on the lent GPU machine (scripts/gpu-run.sh prepares the bundle; docs/gpu.md).
 # From the root of the checkout that travelled, with the bundle at .gpu-bundle:
-#   bash .gpu-bundle/gpu-remote.sh PHASE...         PHASE: build facts models fixtures nightly matrix kl, or all
+#   bash .gpu-bundle/gpu-remote.sh PHASE...         PHASE: client build facts models fixtures nightly matrix kl, or all
 #   bash .gpu-bundle/gpu-remote.sh detach PHASE...  the same, in its own session (it outlives the call)
 #   bash .gpu-bundle/gpu-remote.sh wait SECONDS     wait for a detached run, then pack and exit with its code
 # Each phase's exit code and seconds go to evidence/phases.tsv; the script exits non-zero when any
@@ -142,6 +142,10 @@ for phase in "${phases[@]}"; do
   t0=$SECONDS
   case "$phase" in
   build|facts|models|fixtures) "phase_$phase" > "$R/evidence/phase-$phase.log" 2>&1; rc=$? ;;
+  client)  # the wave client against a server stepping like llama-server at C=64 (benchmarks/client_bursts.py):
+    # run first, on quiet cores; --strict fails the phase when the client-bound flag fires at any level
+    python3 benchmarks/client_bursts.py --strict --levels "${CLIENT_LEVELS:-1,8,64}" --out "$R/evidence/client-bursts.json" \
+      > "$R/evidence/phase-client.log" 2>&1; rc=$? ;;
   nightly) lanebench nightly --hosts hosts.gpu.yaml --artifacts "$R/art" > "$R/evidence/phase-nightly.log" 2>&1; rc=$? ;;
   matrix) lanebench matrix matrix/gpu.yaml --artifacts "$R/art" > "$R/evidence/phase-matrix.log" 2>&1; rc=$? ;;
   kl) lanebench kl kl/gpu.yaml --artifacts "$R/art" > "$R/evidence/phase-kl.log" 2>&1; rc=$? ;;

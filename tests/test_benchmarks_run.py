@@ -38,6 +38,8 @@ SMOKE: dict[str, list[str]] = {
     "engines_side_by_side.py": ["--help"],  # four lanes' nightlies: tens of minutes
     "matrix_wall_time.py": ["--help"],
     "nightly_overhead.py": ["--help"],
+    "prefect_database.py": ["--help"],  # two Prefect servers and a PostgreSQL cluster: minutes on 2 cores
+    "team_load.py": ["--help"],  # five flow runs' lanes one at a time: tens of minutes (tests/test_team.py is its CI size)
     "rehearsal_wall_time.py": ["--help"],
 }
 

@@ -19,6 +19,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from tasks.engines import engine_for
 from tasks.inventory.paths import REPO
 from tasks.inventory.models import BenchPlan, ConfigError, DecodePlan, FileRef, Host, Inventory, Lane
 from tasks.inventory.base import _RefError
@@ -193,7 +194,7 @@ def resolve_lanes(spec: KlFile, kl_path: Path) -> dict[str, ResolvedLane]:
                               "name a host of the inventory, or leave 'host' out for this machine")
         source = None
         if k.quantize is not None:
-            if lane.engine != "llamacpp":
+            if not engine_for(lane.engine).serves_quantized_gguf:
                 raise ConfigError(kl_path, f"{field}.quantize", f"quantize needs a llamacpp lane, this one is {lane.engine}",
                                   "remove 'quantize' and point 'model' at the quantized checkpoint")
             source = resolve(kl_path.parent, k.quantize.source) if k.quantize.source else resolve(base_dir, lane.model.path)

@@ -30,6 +30,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from tasks.engines import engine_for
 from tasks.inventory.paths import REPO
 from tasks.inventory.models import _NAME, AcceptancePlan, BenchPlan, ConfigError, DecodePlan, FileRef, Host, Lane, Speculative
 from tasks.inventory.flag_conflicts import flag_values
@@ -245,7 +246,8 @@ def arm_lane(m: Matrix, arm: Arm) -> Lane:
     method = drafter.method or m.spec.method or (m.target.speculative.method if m.target.speculative else "draft-simple")
     data = m.target.model_dump()
     # An arm's own slot count is its declaration (the lane's would contradict the flag: a config error).
-    if m.target.engine == "llamacpp" and (slots := flag_values(list(arm.flags), ("--parallel", "-np"))):
+    slots_flags = engine_for(m.target.engine).slots_flags
+    if slots_flags and (slots := flag_values(list(arm.flags), slots_flags)):
         data["slots"] = int(slots[-1]) if slots[-1].isdigit() else data["slots"]
     data.update(
         drafter=FileRef(path=str(resolve(m.base_dir, drafter.path)), bytes=drafter.bytes, sha256=drafter.sha256,

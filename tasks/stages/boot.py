@@ -15,7 +15,9 @@ import httpx
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from tasks.client import auth
 from tasks.client.control import control
+from tasks.inventory import api_key
 from tasks.inventory.models import Host, Lane
 from tasks.engines import engine_for
 from tasks.engines.facts import BootFacts
@@ -105,8 +107,15 @@ def start(lane_name: str, lane: Lane, binary: str, address: str, log_path: Path,
     from tasks.hosts import containers
 
     where = placement or Placement()
-    argv = launch_argv(lane, binary, address, where.host)
-    env = topology.node_env(lane, lane.host)  # the head is node 0, on the lane's host
+    # The head (node 0, on the lane's host) as the lane's placement built it; a lone server
+    # started without one (scripts, tests) gets the same build for `address` on this machine.
+    argv, env = where.argv, where.env
+    if argv is None:
+        head = topology.launches(lane, engine_for(lane.engine), {lane.host: where.host.model_copy(update={"address": address})},
+                                 "", topology.Binaries(binary), [])[0]
+        argv, env = head.argv, head.env
+    key = api_key.resolve(lane, Path.cwd())  # the served lane's api_key_file is absolute (serve.resolved)
+    env = {**env, **topology.key_env(engine_for(lane.engine), key)}  # the key in the engine's variable, never argv
     log_path.parent.mkdir(parents=True, exist_ok=True)
     workers: list[Spawned] = []
     mounts = sorted({f"{d}:{d}:ro" for d in {str(Path(f.path).parent) for f in (lane.model, lane.drafter) if f}}
@@ -140,7 +149,9 @@ def start(lane_name: str, lane: Lane, binary: str, address: str, log_path: Path,
             w.stop()
         raise
     names = [f"{'rpc-server' if w.rank is None else f'node {w.rank}'} on {w.host_name}" for w in where.workers]
-    return Server(lane=lane_name, base_url=f"http://{address}:{lane.port}", argv=argv, log_path=log_path,
+    base_url = f"http://{address}:{lane.port}"
+    auth.serve_with(base_url, key)  # every request to it carries the key from now on (tasks/client/auth.py)
+    return Server(lane=lane_name, base_url=base_url, argv=argv, log_path=log_path,
                   process=process, engine=lane.engine, workers=workers, image=where.image, worker_names=names)
 
 
@@ -175,6 +186,7 @@ def stop(server: Server, grace_s: float = 10.0) -> None:
     try:
         server.process.stop(grace_s)
     finally:
+        auth.forget(server.base_url)
         for worker in server.workers:
             worker.stop(grace_s)
 

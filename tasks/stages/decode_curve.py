@@ -43,6 +43,7 @@ def summarize(lane_name: str, concurrency: int, waves: list[WaveResult], ttft_bo
     wave_rates = [w.output_tokens / w.wall_s for w in waves]
     # A wave with no steady window (every stream never ran at once) falls back to its all-in rate.
     aggregates = [win.tok_s if win.steady else rate for win, rate in zip(windows, wave_rates)]
+    server = _server_rates(waves, windows)
     records = [r for w in waves for r in w.records]
     ok = [r for r in records if r.ok]
     # per request, tokens after the first over the time after the first: 1 / TPOT (docs/metrics.md)
@@ -93,8 +94,22 @@ def summarize(lane_name: str, concurrency: int, waves: list[WaveResult], ttft_bo
         client_cpu=max(w.client_cpu for w in waves),
         client_saturated=any(w.client_saturated for w in waves),
         coalesced_share=metrics.coalesced_share(ok),
+        server_tok_s=statistics.median(server) if server else None,
+        server_gap_pct=100.0 * (median - statistics.median(server)) / statistics.median(server)
+        if server and statistics.median(server) > 0 else None,
         **_open_loop(waves) if request_rate is not None else {},
     )
+
+
+def _server_rates(waves: list[WaveResult], windows: list[metrics.Window]) -> list[float]:
+    """Per wave with a steady window: the tokens the server's own timings put in that window over
+    its length (metrics.server_window_tokens): the engine's side of the aggregate."""
+    rates = []
+    for w, win in zip(waves, windows):
+        tokens = metrics.server_window_tokens(w.records, win) if win.steady else None
+        if tokens is not None:
+            rates.append(tokens / (win.end_s - win.start_s))
+    return rates
 
 
 def _open_loop(waves: list[WaveResult]) -> dict[str, Any]:

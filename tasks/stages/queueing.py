@@ -22,6 +22,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel, ConfigDict
 
+from tasks.client import auth
 from tasks.client.metrics import percentile
 from tasks.client.prompts import Prompt
 from tasks.wire.records import RequestRecord
@@ -66,7 +67,7 @@ class _Sampler:
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
-        with httpx.Client(timeout=5.0) as client:
+        with httpx.Client(timeout=5.0, headers=auth.headers(self.url)) as client:
             while not self._stop.is_set():
                 try:
                     r = client.get(self.url)
