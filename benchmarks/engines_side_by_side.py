@@ -14,7 +14,6 @@ and is not a result.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import subprocess
@@ -24,6 +23,8 @@ import time
 from pathlib import Path
 
 import pandas as pd
+
+from tasks.record.manifest import read_manifest
 
 REPO = Path(__file__).resolve().parent.parent
 RUNS = [("llama.cpp", "hosts.yaml"), ("vLLM", "hosts.vllm.yaml")]
@@ -58,11 +59,11 @@ def main() -> None:
     for engine, hosts in RUNS:
         load = settle(args.quiet, args.settle_s)
         folder, wall = nightly(hosts, Path(tempfile.mkdtemp(prefix="lanebench-side-by-side-")))
-        manifest = json.loads((folder / "manifest.json").read_text())
+        manifest = read_manifest(folder)
         busy = " (busy: not a result)" if load >= args.quiet else ""
-        for lane, rec in manifest["lanes"].items():
-            extra = (rec.get("boot_facts") or {}).get("extra", {})
-            boots.append([engine, lane, rec["status"], f"{rec.get('boot_seconds') or 0:.1f}",
+        for lane, rec in manifest.lanes.items():
+            extra = rec.boot_facts.get("extra") or {}
+            boots.append([engine, lane, rec.status, f"{rec.boot_seconds or 0:.1f}",
                           f"{extra['init_engine_s']:.1f}" if "init_engine_s" in extra else "",
                           f"{load:.2f}{busy}", f"{wall:.0f}"])
             if (folder / lane / "decode.parquet").exists():

@@ -49,6 +49,8 @@ import time
 from datetime import datetime
 from pathlib import Path
 
+from tasks.record.manifest import read_manifest
+
 REPO = Path(__file__).resolve().parent.parent
 MEASURING = {"boot", "boot gates", "warmup", "decode curve", "acceptance probe", "tool gate", "needle ladder",
              "prefill ladder", "accuracy eval"}
@@ -85,7 +87,7 @@ def gate_requests(node: object) -> list[tuple[float, float]]:
 
 def measured(folder: Path) -> dict:
     """Measuring seconds of a run folder, and its stage breakdown where the timeline exists."""
-    m = json.loads((folder / "manifest.json").read_text())
+    m = read_manifest(folder).model_dump(mode="json")  # walked as JSON: gate requests wherever they sit
     out = {"boot_s": 0.0, "in_flight_s": 0.0, "stages": {}, "gx_s": 0.0}
     for lane, record in m["lanes"].items():
         out["boot_s"] += record.get("boot_seconds") or 0.0

@@ -33,6 +33,7 @@ from pathlib import Path
 import httpx
 import yaml
 
+from tasks.hosts.retry import retrying
 from tasks.inventory.paths import REPO
 
 PREFECT_FILE = REPO / "prefect.yaml"
@@ -76,17 +77,16 @@ def stop(proc: subprocess.Popen | None, grace_s: float = 30) -> None:
 
 def wait_healthy(api_url: str, proc: subprocess.Popen | None, timeout_s: float, poll_s: float = 0.5) -> None:
     """Until `api_url/health` answers 200; raises when `proc` exits first or `timeout_s` passes."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    def healthy() -> bool:
         if proc is not None and proc.poll() is not None:
             raise RuntimeError(f"prefect server exited with code {proc.returncode} while starting")
         try:
-            if httpx.get(f"{api_url}/health", timeout=2).status_code == 200:
-                return
+            return httpx.get(f"{api_url}/health", timeout=2).status_code == 200
         except httpx.HTTPError:
-            pass
-        time.sleep(poll_s)
-    raise TimeoutError(f"prefect server at {api_url} not healthy after {timeout_s:.0f} s")
+            return False
+
+    if not retrying(within_s=timeout_s, wait_s=poll_s, until=bool)(healthy):
+        raise TimeoutError(f"prefect server at {api_url} not healthy after {timeout_s:.0f} s")
 
 
 @contextmanager

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tasks.record.gpu_report import gpu_lines
+from tasks.record.manifest import read_manifest
 
 H200 = Path(__file__).resolve().parent / "fixtures" / "gpu-h200"
 RUNS = ("run1", "run2")
@@ -41,9 +42,10 @@ def test_a_cpu_declared_lane_on_the_cuda_build_holds_no_gpu_memory():
 @pytest.mark.parametrize("run", RUNS)
 def test_the_report_shows_each_gpu_lanes_gpu_and_bandwidth_share(run):
     m, report = _manifest(run), (H200 / f"report-{run}.md").read_text()
+    typed = read_manifest(H200 / f"manifest-{run}.json")
     for name, lane in m["lanes"].items():
         section = report.split(f"\n## {name}\n", 1)[1].split("\n## ", 1)[0]
-        assert "\n".join(gpu_lines(lane["gpu"], lane["boot_facts"])) in section
+        assert "\n".join(gpu_lines(typed.lanes[name].gpu, typed.lanes[name].boot_facts)) in section
         if name.startswith("random-8b"):
             assert "- GPU 0: **NVIDIA H200**" in section and lane["gpu"]["server_memory_mib"] > 10_000
             decode = section.split("### Decode curve\n", 1)[1]

@@ -91,10 +91,11 @@ class Pool:
             self._idle.pop().close()
 
 
-def request_bytes(host: str, port: int, path: str, body: bytes) -> bytes:
+def request_bytes(host: str, port: int, path: str, body: bytes, extra: bytes = b"") -> bytes:
+    """One POST; `extra`: more head lines, each ending in CRLF (the API key's header)."""
     head = (f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
-            f"Accept: text/event-stream\r\nContent-Length: {len(body)}\r\nConnection: keep-alive\r\n\r\n")
-    return head.encode() + body
+            f"Accept: text/event-stream\r\nContent-Length: {len(body)}\r\nConnection: keep-alive\r\n")
+    return head.encode() + extra + b"\r\n" + body
 
 
 async def _head(proto: Stamped) -> tuple[int, dict[str, str]]:

@@ -10,7 +10,9 @@ are reported apart. Goodput counts the requests that met the declared TTFT and T
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import overload
 
 import numpy as np
 
@@ -22,11 +24,21 @@ PERCENTILES = (50, 90, 95, 99)
 SERVER_AGREE_PCT = 2.0
 
 
-def percentiles(values: list[float]) -> dict[int, float | None]:
-    if not values:
-        return {q: None for q in PERCENTILES}
-    got = np.percentile(np.asarray(values, dtype=float), PERCENTILES)
-    return {q: float(v) for q, v in zip(PERCENTILES, got)}
+@overload
+def percentile(values: Sequence[float] | np.ndarray, q: float) -> float | None: ...
+@overload
+def percentile(values: Sequence[float] | np.ndarray, q: float, empty: float) -> float: ...
+def percentile(values: Sequence[float] | np.ndarray, q: float, empty: float | None = None) -> float | None:
+    """The q-th percentile of `values` (numpy's linear interpolation), `empty` when there are none:
+    the one percentile every table of lanebench reports."""
+    if len(values) == 0:
+        return empty
+    return float(np.percentile(np.asarray(values, dtype=float), q))
+
+
+def percentiles(values: Sequence[float]) -> dict[int, float | None]:
+    """p50, p90, p95 and p99 (None each when there are no values)."""
+    return {q: percentile(values, q) for q in PERCENTILES}
 
 
 def exact_gaps(r: RequestRecord) -> list[float]:

@@ -37,9 +37,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-import numpy as np
-
-from tasks.client import http
+from tasks.client import auth, http
+from tasks.client.metrics import percentile
 from tasks.client.prompts import Prompt, nonce, with_nonce
 from tasks.client.deadline import request_deadline_s
 from tasks.client.recorder import Builder, Recorder
@@ -140,6 +139,7 @@ class _Client:
         self.prefix = url.path.rstrip("/")
         self.engine, self.wave = engine, wave
         self.pool = http.Pool(self.host, self.port, wave.concurrency)
+        self.auth = auth.header_bytes(self.host, self.port)  # the server's API key, if it demands one
         self.t0 = time.perf_counter()
         self.late = False  # a request ran past its wall deadline or stalled: send no more
         self.flights: set[_Flight] = set()  # requests under the stall watchdog (wave.stall_s set)
@@ -198,7 +198,8 @@ class _Client:
         wave, engine = self.wave, self.engine
         tag = nonce()
         spec = engine.completion_request(with_nonce(prompt.text, tag), wave.max_tokens)
-        payload = http.request_bytes(self.host, self.port, self.prefix + spec.path, json.dumps(spec.body).encode())
+        payload = http.request_bytes(self.host, self.port, self.prefix + spec.path, json.dumps(spec.body).encode(),
+                                     self.auth)
         started = time.time()
         t_start = time.perf_counter()
         resp, t_send, connect_s, reused, error = None, None, None, False, None
@@ -370,7 +371,7 @@ async def _run_wave(base_url: str, engine: Engine, wave: Wave, prompts: list[Pro
     records.sort(key=lambda r: r.sent_s or 0.0)
     return WaveResult(records=records, wall_s=wall, connections_opened=client.pool.opened,
                       server_closed=client.pool.server_closed,
-                      loop_lag_p99_s=float(np.percentile(lags, 99)) if lags else 0.0,
+                      loop_lag_p99_s=percentile(lags, 99, 0.0),
                       loop_lag_max_s=max(lags, default=0.0), client_cpu=cpu / wall if wall > 0 else 0.0,
                       client_cpu_s=cpu,
                       shape=shape.describe())

@@ -42,7 +42,14 @@ _POSITION = re.compile(r'^llamacpp:spec_decode_num_accepted_tokens_per_pos_total
 
 class LlamaCpp(Engine):
     name = "llamacpp"
+    pinned_build = True
+    spans_nodes_by_rpc = True
+    loads_model_folder = False
+    model_magic = b"GGUF"
+    serves_quantized_gguf = True
+    slots_flags = ("--parallel", "-np")
     info_path = "/slots"
+    api_key_env = "LLAMA_API_KEY"  # common/arg.cpp: --api-key ... set_env("LLAMA_API_KEY"); only /health is exempt
     draft_counter = _P + "spec_decode_num_drafts_total"
     draft_tokens_counter = _P + "spec_decode_num_draft_tokens_total"
 

@@ -156,6 +156,8 @@ class SGLang(Engine):
     draft_counter = "sglang:spec_verify_calls_total"  # srt/observability/metrics_collector.py
     queue_gauge = "sglang:num_queue_reqs"
     info_path = "/server_info"  # /get_server_info before it was renamed
+    # No api_key_env: 0.5.23 reads its key only from --api-key or a --config YAML (server_args.py,
+    # arg_groups/fields/serving.py), and logs its server args at boot; a keyed lane is refused.
 
     def launch_command(self, lane: Lane, binary: str, host: str) -> list[str]:
         argv = [

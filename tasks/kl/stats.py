@@ -16,10 +16,12 @@ Definitions (the seeds' table "mean |Δlogp| vs FP8, median, p95, argmax ≠ FP8
 from __future__ import annotations
 
 from itertools import combinations
+from math import nan
 
 import numpy as np
 import pandas as pd
 
+from tasks.client.metrics import percentile
 from tasks.kl.config import Bars
 from tasks.wire.kl_probes import ForcedScore, KlPairRow, KlPositionRow, KlSummaryRow, Sequence
 
@@ -46,7 +48,7 @@ def describe(df: pd.DataFrame) -> dict[str, float | None]:
                               "argmax_flip_share"))
     d = df["abs_dlogprob"].to_numpy(dtype=float)
     return {"mean_abs_dlogprob": float(d.mean()), "median_abs_dlogprob": float(np.median(d)),
-            "p95_abs_dlogprob": float(np.percentile(d, 95)), "max_abs_dlogprob": float(d.max()),
+            "p95_abs_dlogprob": percentile(d, 95), "max_abs_dlogprob": float(d.max()),
             "argmax_flip_share": float(df["flip"].mean())}
 
 
@@ -97,7 +99,7 @@ def pair_row(a: str, b: str, da: pd.DataFrame, db: pd.DataFrame, resamples: int,
     return KlPairRow(
         lane_a=a, lane_b=b, prompts=len(per), positions=len(m),
         mean_abs_dlogprob=float(between.mean()), median_abs_dlogprob=float(np.median(between)),
-        p95_abs_dlogprob=float(np.percentile(between, 95)),
+        p95_abs_dlogprob=percentile(between, 95, nan),
         argmax_differs_share=float((m["argmax_a"] != m["argmax_b"]).mean()),
         same_wrong_flip_share=float(both_same_wrong.mean()),
         gap_mean_abs_dlogprob=gap, gap_ci_low=low, gap_ci_high=high, gap_ci_excludes_zero=bool(low > 0 or high < 0),

@@ -206,8 +206,8 @@ def model_drift(run: RunFolder, m: Matrix) -> list[str]:
     for arm in m.arms:
         record = run.manifest.lanes.get(arm.name)
         for f in (record.models if record else []):
-            label = "target model" if f.get("role") == "model" else f"drafter {arm.drafter}"
-            seen.setdefault(label, {}).setdefault(str(f.get("sha256")), []).append(arm.name)
+            label = "target model" if f.role == "model" else f"drafter {arm.drafter}"
+            seen.setdefault(label, {}).setdefault(str(f.sha256), []).append(arm.name)
     out = []
     for label, by_sha in seen.items():
         if len(by_sha) > 1:
@@ -226,9 +226,9 @@ def contention(run: RunFolder, m: Matrix) -> list[str]:
     keeps about `threads` cores busy; a 1-minute load average well above the host's cores at the
     end of an arm means other processes competed for the CPU while it was timed. Acceptance (counter
     deltas, greedy) is unaffected; tok/s is not."""
-    cores = run.manifest.host.get("cores") or 1
-    busy = {name: f.get("load_at_end") for name, f in run.manifest.flow.get("matrix", {}).get("arms", {}).items()
-            if (f.get("load_at_end") or 0) > 1.5 * cores}
+    cores = run.manifest.host.cores or 1
+    arms = run.manifest.flow.matrix.arms if run.manifest.flow.matrix else {}
+    busy = {name: f.load_at_end for name, f in arms.items() if (f.load_at_end or 0) > 1.5 * cores}
     if not busy:
         return []
     return [f"speed rows and single-stream tok/s are not comparable across arms: other processes competed for the "

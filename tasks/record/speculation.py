@@ -9,20 +9,21 @@ speculative lane whose target no plain lane serves gets "no verdict", never sile
 
 from __future__ import annotations
 
-from typing import Any
-
 import pandas as pd
 
+from tasks.record.manifest import LaneRecord
+from tasks.record.run_folder import RunFolder
 
-def _speculative(record: Any) -> bool:
+
+def _speculative(record: LaneRecord) -> bool:
     return bool(record.config.get("drafter") or record.config.get("speculative"))
 
 
-def _target(record: Any) -> str | None:
-    return next((m.get("sha256") for m in record.models if m.get("role") == "model"), None)
+def _target(record: LaneRecord) -> str | None:
+    return next((m.sha256 for m in record.models if m.role == "model"), None)
 
 
-def _decode(run: Any, lane: str) -> dict[int, float] | None:
+def _decode(run: RunFolder, lane: str) -> dict[int, float] | None:
     entry = next((a for a in run.manifest.artifacts if a.lane == lane and a.kind == "decode"
                   and a.validation == "passed"), None)
     if entry is None:
@@ -30,7 +31,7 @@ def _decode(run: Any, lane: str) -> dict[int, float] | None:
     return {int(r.concurrency): float(r.aggregate_tok_s) for r in pd.read_parquet(run.path / entry.path).itertuples()}
 
 
-def speculation_verdicts(run: Any) -> list[str]:
+def speculation_verdicts(run: RunFolder) -> list[str]:
     """One line per speculative lane, plain lane of the same target and shared concurrency:
     `SPECULATION LOSES at C=2: ...` or `speculation wins at C=1: ...` (aggregate tok/s)."""
     passed = {n: r for n, r in run.manifest.lanes.items() if r.status == "passed"}

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
 import os
 import shutil
 import uuid
@@ -27,6 +26,9 @@ from urllib.parse import urlsplit
 
 from fsspec import AbstractFileSystem
 from fsspec.implementations.sftp import SFTPFileSystem
+
+from tasks.hosts.files import file_sha256
+from tasks.record.manifest import ManifestError, read_manifest
 
 INCOMING = ".incoming"
 MIRRORS_ENV = "LANEBENCH_STORE_MIRRORS"  # where this machine keeps its mirrors of stores
@@ -69,11 +71,8 @@ class _VerifiedSFTP(SFTPFileSystem):
 
 
 def _sha256(fs: AbstractFileSystem, path: str) -> str:
-    digest = hashlib.sha256()
     with fs.open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
+        return file_sha256(f)
 
 
 class Store:
@@ -112,8 +111,7 @@ class Store:
         folder = Path(folder)
         if not self.remote:
             return str(folder)
-        manifest = json.loads((folder / "manifest.json").read_text())
-        listed = {a["path"]: a["sha256"] for a in manifest["artifacts"]}
+        listed = {a.path: a.sha256 for a in read_manifest(folder).artifacts}
         final = f"{self.path}/{folder.name}"
         if self.fs.exists(final):
             raise StoreError(f"{self.url}: {folder.name} is already published; a run folder is written once")
@@ -128,8 +126,7 @@ class Store:
                 if (got := _sha256(self.fs, f"{staging}/{rel}")) != digest:
                     raise StoreError(f"{self.url}/{INCOMING}: {folder.name}/{rel} sha256 {got[:12]} after the copy, "
                                      f"manifest says {digest[:12]}")
-            manifest_bytes = (folder / "manifest.json").read_bytes()
-            if _sha256(self.fs, f"{staging}/manifest.json") != hashlib.sha256(manifest_bytes).hexdigest():
+            if _sha256(self.fs, f"{staging}/manifest.json") != file_sha256(folder / "manifest.json"):
                 raise StoreError(f"{self.url}/{INCOMING}: {folder.name}/manifest.json changed in the copy")
             self.fs.mv(staging, final)  # one rename: the folder appears whole
         except BaseException:
@@ -170,11 +167,14 @@ class Store:
         tmp = Path(into) / f".{name}.{uuid.uuid4().hex[:8]}.partial"
         try:
             self.fs.get(f"{self.path}/{name}/", str(tmp), recursive=True)
-            manifest = json.loads((tmp / "manifest.json").read_text())
-            for a in manifest["artifacts"]:
-                path = tmp / a["path"]
-                if not path.is_file() or hashlib.sha256(path.read_bytes()).hexdigest() != a["sha256"]:
-                    raise StoreError(f"{self.url}/{name}/{a['path']}: missing or not the sha256 its manifest lists. "
+            try:
+                manifest = read_manifest(tmp)
+            except ManifestError as e:
+                raise StoreError(f"{self.url}/{name}/manifest.json: {e.why}. Fix: lanebench verify {self.url}/{name}") from None
+            for a in manifest.artifacts:
+                path = tmp / a.path
+                if not path.is_file() or file_sha256(path) != a.sha256:
+                    raise StoreError(f"{self.url}/{name}/{a.path}: missing or not the sha256 its manifest lists. "
                                      f"Fix: lanebench verify {self.url}/{name}")
             tmp.rename(target)
         finally:

@@ -21,6 +21,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel, ConfigDict
 
+from tasks.client import auth
 from tasks.client.prompts import Prompt, nonce, with_nonce
 from tasks.correctness.needles import token_counter
 from tasks.engines import Engine, engine_for
@@ -99,7 +100,8 @@ def _send(base_url: str, engine: Engine, lane: str, rung: int, hit: Literal["col
     started, t0 = time.time(), time.perf_counter()
     ttft = done = status = error = None
     try:
-        with httpx.stream("POST", base_url + spec.path, json=body, timeout=_TIMEOUT) as resp:
+        with httpx.stream("POST", base_url + spec.path, json=body, timeout=_TIMEOUT,
+                          headers=auth.headers(base_url)) as resp:
             status = resp.status_code
             if status >= 400:
                 error = f"HTTP {status}: {resp.read().decode(errors='replace')[:300]}"
