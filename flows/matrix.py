@@ -36,16 +36,18 @@ from prefect.runtime import flow_run
 from prefect.states import Completed, Failed, State
 
 from flows.lanes import LaneJob, run_lane
+from flows.lifecycle import NOTIFY, Closing, in_artifacts, open_run, run_lifecycle, write_report
+from flows.stage_plan import MATRIX_ARM
 from tasks.inventory.paths import REPO
 from tasks.hosts.files import model_sha256, sha256_of
 from tasks.hosts.lock import limit_name
 from tasks.inventory.models import Lane
 from tasks.kl.config import strip_speculation
 from tasks.matrix.bars import EarlierRun, Registration, earlier_run, register
-from tasks.matrix.config import Matrix, arm_lane, arm_port, load_matrix
+from tasks.matrix.config import Arm, Matrix, arm_lane, arm_port, load_matrix
 from tasks.matrix.report import curves_png, k_png, render
 from tasks.matrix.verdict import collect, contention, drafter_verdicts, judge, model_drift
-from tasks.record.interrupted import interrupts, raise_if_stopped, record_stop
+from tasks.record.interrupted import raise_if_stopped
 from tasks.record.manifest import ArmFacts, FileRef, MatrixSection, MatrixVerdict
 from tasks.record.progress import progress
 from tasks.report.report import render as render_lanes
@@ -63,24 +65,39 @@ def _run_name() -> str:
     return f"matrix-{Path(str(flow_run.parameters.get('matrix_file', 'matrix'))).stem}"
 
 
-@flow(name="matrix", flow_run_name=_run_name)
+@flow(name="matrix", flow_run_name=_run_name, **NOTIFY)
 def matrix(matrix_file: str, artifacts_root: str = "artifacts") -> State:
     """One run of `matrix_file` into a new `*_matrix_*` run folder under `artifacts_root` (a folder,
     or a store URL the run folder is published to: tasks/record/store.py)."""
-    from tasks.record.store import in_store
-
-    return in_store(artifacts_root, "matrix", str(flow_run.get_id()), lambda root: _matrix(matrix_file, root))
+    return in_artifacts("matrix", artifacts_root, lambda root: _matrix(matrix_file, root))
 
 
 def _matrix(matrix_file: str, artifacts_root: str) -> State:
-    logger = get_run_logger()
     path = _in_repo(matrix_file)
     m = load_matrix(path)  # a ConfigError fails the flow with its one line
     root = _in_repo(artifacts_root)
-    run = RunFolder(root, "matrix", str(flow_run.get_id()), path)
-    logger.info("run folder %s", run.path)
+    run = open_run("matrix", str(root), path)
+    _register_bars(run, m, root)  # before anything is measured: hash, file, manifest
+    closing = Closing(report=lambda run: _finish(run, m), verdict=_verdict)
+    with run_lifecycle(run, "matrix", [*(a.name for a in m.arms), NO_SPEC], closing) as life:
+        for i, arm in enumerate(m.arms, 1):
+            progress("matrix", f"arm {i}/{len(m.arms)}: {arm.name} (drafter {arm.drafter} @ {arm.revision}, K={arm.k})")
+            _arm(run, m, arm)
+            raise_if_stopped()
+        # The arm every speculation verdict needs: the same target with no drafter at all.
+        _no_speculation_arm(run, m)
+    return life.state
 
-    # Register the bars before anything is measured: hash, file, manifest.
+
+def _verdict(run: RunFolder, judged: tuple[bool, str]) -> State:
+    complete, message = judged
+    return Completed(message=message) if complete else Failed(message=message)
+
+
+def _register_bars(run: RunFolder, m: Matrix, root: Path) -> None:
+    """Bars and prompt sets hashed and written, with what they are about (the target's and the
+    drafters' bytes) and any earlier run of the same registration, into the manifest."""
+    logger = get_run_logger()
     reg = register(m.name, m.path, m.bars, m.spec.baseline, m.prompt_sets, m.prompt_counts, m.spec.prompts_per_class)
     (run.path / "registration.json").write_text(reg.model_dump_json(indent=2))
     reg_entry = run.register("", "registration.json", "registration")
@@ -113,40 +130,28 @@ def _matrix(matrix_file: str, artifacts_root: str) -> State:
         if "CHANGED" in line:
             logger.warning(line)
 
-    try:
-        for i, arm in enumerate(m.arms, 1):
-            progress("matrix", f"arm {i}/{len(m.arms)}: {arm.name} (drafter {arm.drafter} @ {arm.revision}, K={arm.k})")
-            facts = _facts(run).arms[arm.name]
 
-            def on_port(job: LaneJob, facts: ArmFacts = facts) -> LaneJob:
-                """Under the host lock, the only time a free port stays free: pick the arm's port."""
-                port, why = arm_port(m.host.address, m.target.port)
-                with run.edit():
-                    facts.started_at, facts.port, facts.port_note = datetime.now(UTC).isoformat(), port, why
-                    facts.load_at_start = round(os.getloadavg()[0], 2)
-                if why:
-                    progress(job.name, why)
-                return job.model_copy(update={"lane": job.lane.model_copy(update={"port": port})})
+def _arm(run: RunFolder, m: Matrix, arm: Arm) -> None:
+    """One arm booted fresh through the lane flow under the host lock, its facts beside it."""
+    facts = _facts(run).arms[arm.name]
 
-            job = LaneJob(name=arm.name, lane=arm_lane(m, arm), host=m.host, base_dir=str(m.inventory_path.parent))
-            message = run_lane(str(run.path), job, before=on_port)
-            record = run.lane(arm.name)
-            with run.edit():
-                facts.finished_at, facts.load_at_end = datetime.now(UTC).isoformat(), round(os.getloadavg()[0], 2)
-                facts.host_lock, facts.state, facts.message = record.host_lock, record.status, message
-            raise_if_stopped()
-        # The arm every speculation verdict needs: the same target with no drafter at all.
-        _no_speculation_arm(run, m)
-        raise_if_stopped()
-    except interrupts() as e:  # no verdict from a matrix cut short: the arms' records are kept
-        stopped = record_stop(run, "matrix", e, [*(a.name for a in m.arms), NO_SPEC])
-        run.finish()
-        return Failed(name="Interrupted", message=stopped)
-    except BaseException:
-        _finish(run, m)
-        raise
-    complete, message = _finish(run, m)
-    return Completed(message=message) if complete else Failed(message=message)
+    def on_port(job: LaneJob) -> LaneJob:
+        """Under the host lock, the only time a free port stays free: pick the arm's port."""
+        port, why = arm_port(m.host.address, m.target.port)
+        with run.edit():
+            facts.started_at, facts.port, facts.port_note = datetime.now(UTC).isoformat(), port, why
+            facts.load_at_start = round(os.getloadavg()[0], 2)
+        if why:
+            progress(job.name, why)
+        return job.model_copy(update={"lane": job.lane.model_copy(update={"port": port})})
+
+    job = LaneJob(name=arm.name, lane=arm_lane(m, arm), host=m.host, base_dir=str(m.inventory_path.parent),
+                  stages=MATRIX_ARM)
+    message = run_lane(str(run.path), job, before=on_port)
+    record = run.lane(arm.name)
+    with run.edit():
+        facts.finished_at, facts.load_at_end = datetime.now(UTC).isoformat(), round(os.getloadavg()[0], 2)
+        facts.host_lock, facts.state, facts.message = record.host_lock, record.status, message
 
 
 NO_SPEC = "no-speculation"
@@ -166,7 +171,8 @@ def _no_speculation_arm(run: RunFolder, m: Matrix) -> None:
         port, _ = arm_port(m.host.address, m.target.port)
         return job.model_copy(update={"lane": job.lane.model_copy(update={"port": port})})
 
-    job = LaneJob(name=NO_SPEC, lane=Lane.model_validate(data), host=m.host, base_dir=str(m.inventory_path.parent))
+    job = LaneJob(name=NO_SPEC, lane=Lane.model_validate(data), host=m.host, base_dir=str(m.inventory_path.parent),
+                  stages=MATRIX_ARM)
     run_lane(str(run.path), job, before=on_port)
 
 
@@ -210,7 +216,8 @@ def _registered_copy(run: RunFolder) -> tuple[Registration, str]:
 
 
 def _finish(run: RunFolder, m: Matrix) -> tuple[bool, str]:
-    """Tables (GX), plots, report and Prefect artifacts from whatever the arms left; (complete, message)."""
+    """Tables (GX), plots, report and Prefect artifacts from whatever the arms left, in the finished
+    run folder (flows/lifecycle.py); (complete, message)."""
     facts = _facts(run)
     reg, altered = _registered_copy(run)
     if sha256_of(m.path) != facts.file_sha256:
@@ -249,13 +256,12 @@ def _finish(run: RunFolder, m: Matrix) -> tuple[bool, str]:
         drafters={d.drafter: {"verdict": d.verdict, **d.model_dump(exclude={"drafter"})} for d in drafters},
         bars_failed=sum(v.outcome == "fail" for v in verdict), bars_passed=sum(v.outcome == "pass" for v in verdict),
         bars_no_data=sum(v.outcome == "no-data" for v in verdict))
-    run.finish()
+    run.save_manifest()
     if altered:
         warnings.insert(0, f"NO VERDICT: {altered}")
     report = render(run.path.name, run.manifest, m, reg,
                     _earlier(facts), rows, speed, verdict, drafters, plots, warnings, quarantined, render_lanes(run))
-    (run.path / "report.md").write_text(report)
-    run.register("", "report.md", "report")
+    write_report(run, report)
     _publish(rows, verdict, report, run.path.name)
     summary = "; ".join(f"{d.drafter} {d.verdict} ({d.failed}/{d.checks} failed)" for d in drafters if d.checks)
     if complete:

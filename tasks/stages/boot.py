@@ -107,10 +107,15 @@ def start(lane_name: str, lane: Lane, binary: str, address: str, log_path: Path,
     from tasks.hosts import containers
 
     where = placement or Placement()
-    argv = launch_argv(lane, binary, address, where.host)
+    # The head (node 0, on the lane's host) as the lane's placement built it; a lone server
+    # started without one (scripts, tests) gets the same build for `address` on this machine.
+    argv, env = where.argv, where.env
+    if argv is None:
+        head = topology.launches(lane, engine_for(lane.engine), {lane.host: where.host.model_copy(update={"address": address})},
+                                 "", topology.Binaries(binary), [])[0]
+        argv, env = head.argv, head.env
     key = api_key.resolve(lane, Path.cwd())  # the served lane's api_key_file is absolute (serve.resolved)
-    # The head is node 0, on the lane's host; its API key goes in the engine's variable, never argv.
-    env = {**topology.node_env(lane, lane.host), **topology.key_env(engine_for(lane.engine), key)}
+    env = {**env, **topology.key_env(engine_for(lane.engine), key)}  # the key in the engine's variable, never argv
     log_path.parent.mkdir(parents=True, exist_ok=True)
     workers: list[Spawned] = []
     mounts = sorted({f"{d}:{d}:ro" for d in {str(Path(f.path).parent) for f in (lane.model, lane.drafter) if f}}

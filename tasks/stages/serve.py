@@ -91,20 +91,18 @@ def resolved(lane: Lane, host: Host, base_dir: Path, pre: Preflight) -> Lane:
 
 def placement(lane: Lane, host: Host, reach: Reach, pre: Preflight, inventory: Inventory | None = None) -> Placement:
     """Where the server and its workers run, and through which transports: llama.cpp's RPC
-    workers, or node ranks 1.. of a vLLM/SGLang lane across hosts (tasks/stages/topology.py)."""
-    engine = engine_for(lane.engine)
-    workers = []
-    for rank, name in topology.worker_ranks(lane):
-        node = inventory.hosts[name] if inventory is not None else Host()
-        binary = lane.container.entrypoint_binary if lane.image else pre.node_binaries[name]
-        argv = topology.node_argv(lane, engine, rank, pre.master, binary, node.address, node)
-        workers.append(Worker(name, reach.transports[name], argv, rank=rank, image=lane.image, host=node,
-                              env=topology.node_env(lane, name)))
-    for worker, endpoint in zip(lane.rpc.workers if lane.rpc else [], pre.rpc_endpoints):
-        address, port = endpoint.rsplit(":", 1)
-        workers.append(Worker(worker, reach.transports[worker],
-                              engine.rpc_worker_command(pre.rpc_binaries[worker], address, int(port), lane.threads)))
-    return Placement(reach.host_name, host, reach.transport, image=lane.image, workers=workers)
+    workers, or node ranks 1.. of a vLLM/SGLang lane across hosts, each process as
+    `topology.launches` builds it for boot and `lanebench plan` alike."""
+    hosts = {**(inventory.hosts if inventory is not None else {}), lane.host: host}
+    head, *others = topology.launches(lane, engine_for(lane.engine), hosts, pre.master,
+                                      topology.Binaries(pre.binary, pre.node_binaries, pre.rpc_binaries),
+                                      pre.rpc_endpoints)
+    # An rpc-server starts as on a host of no declared GPUs (its CUDA hidden), as it always has.
+    workers = [Worker(w.host_name, reach.transports[w.host_name], w.argv, rank=w.rank, image=lane.image, host=w.host,
+                      env=w.env) if w.rank is not None else Worker(w.host_name, reach.transports[w.host_name], w.argv)
+               for w in others]
+    return Placement(reach.host_name, host, reach.transport, image=lane.image, workers=workers,
+                     argv=head.argv, env=head.env)
 
 
 def boot_gates(run: RunFolder, served: Served, probe: Prompt | None) -> None:
@@ -187,9 +185,8 @@ def served_lane(run: RunFolder, name: str, lane: Lane, host: Host, base_dir: Pat
                 return
 
         stage("boot")
-        head = topology.at_rank(served_as, engine_for(lane.engine), 0, pre.master)  # node 0 of a lane across hosts
-        handles.placement = placement(served_as, host, reach, pre, inventory)
-        _, facts, seconds = boot(name, head, pre.binary, host.address, run.lane_dir(name) / "boot.log")
+        handles.placement = placement(served_as, host, reach, pre, inventory)  # node 0 first, as plan prints it
+        _, facts, seconds = boot(name, served_as, pre.binary, host.address, run.lane_dir(name) / "boot.log")
         server = handles.server
         assert server is not None  # a boot that returns has registered its healthy server
         record.launch_command, record.boot_seconds = secrets.scrub(server.command), seconds
