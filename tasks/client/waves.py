@@ -8,11 +8,11 @@ connections are reused; the wave records how many it opened.
 
 Clocks (docs/metrics.md): send time is taken just before the request's bytes are written, after
 any connect (timed apart); each piece of received bytes carries the kernel's receive time
-(tasks/client/stamped.py), and only later, in the
-reading task, are its events split and parsed (overlapping the wait for the next bytes). While a
-wave runs, the objects alive before it are frozen out of the cycle collector (a full collection
-of the imported heap stopped the loop for tens of ms). The loop is asyncio's own: uvloop was
-measured and dropped (docs/benchmarks.md, 2026-12-01 13:18 UTC). A wall deadline, not a read timeout, bounds each request: llama-server
+(tasks/client/stamped.py), and only later, in the reading task, are its events split and parsed
+(overlapping the wait for the next bytes). While a wave runs, the objects alive before it are
+frozen out of the cycle collector (a full collection of the imported heap stopped the loop for
+tens of ms). The loop is asyncio's own: uvloop was measured and dropped (docs/benchmarks.md,
+2026-12-01 13:18 UTC). A wall deadline, not a read timeout, bounds each request: llama-server
 pings an idle stream every 30 s, so a read timeout would never fire. Once a request has run past
 it, the wave sends no new request (those in flight end by their own deadlines): the lane ends at
 its next check, so a fault costs one request deadline, not one per request left in the stream.
@@ -136,10 +136,9 @@ class _Client:
     def __init__(self, base_url: str, engine: Engine, wave: Wave):
         url = urlsplit(base_url)
         self.host, self.port = url.hostname or "127.0.0.1", url.port or 80
-        self.prefix = url.path.rstrip("/")
+        self.prefix, self.auth = url.path.rstrip("/"), auth.header_bytes(self.host, self.port)  # API key, if any
         self.engine, self.wave = engine, wave
         self.pool = http.Pool(self.host, self.port, wave.concurrency)
-        self.auth = auth.header_bytes(self.host, self.port)  # the server's API key, if it demands one
         self.t0 = time.perf_counter()
         self.late = False  # a request ran past its wall deadline or stalled: send no more
         self.flights: set[_Flight] = set()  # requests under the stall watchdog (wave.stall_s set)
@@ -198,8 +197,7 @@ class _Client:
         wave, engine = self.wave, self.engine
         tag = nonce()
         spec = engine.completion_request(with_nonce(prompt.text, tag), wave.max_tokens)
-        payload = http.request_bytes(self.host, self.port, self.prefix + spec.path, json.dumps(spec.body).encode(),
-                                     self.auth)
+        payload = http.request_bytes(self.host, self.port, self.prefix + spec.path, json.dumps(spec.body).encode(), self.auth)
         started = time.time()
         t_start = time.perf_counter()
         resp, t_send, connect_s, reused, error = None, None, None, False, None
