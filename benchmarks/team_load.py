@@ -21,7 +21,6 @@ run's queue, wall and host-lock wait, the whole set's wall, and the 1-minute loa
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import signal
@@ -38,6 +37,8 @@ from pg_fixture import Cluster  # noqa: E402  (the tests' real PostgreSQL, reuse
 from prefect_stack import free_port  # noqa: E402
 from test_deployments import _Lines  # noqa: E402
 from test_team import TERMINAL, _inventory, _launch, _matrix, _spans  # noqa: E402  (the CI test's lanes)
+
+from tasks.record.manifest import read_manifest  # noqa: E402
 
 NIGHTLY_PORT, MATRIX_PORT = 18770, 18780  # this script's lanes (the matrix's arms may move up)
 
@@ -134,7 +135,7 @@ def main() -> int:
                                     text=True, cwd=REPO, timeout=300, env=side["site-a"])
             if verify.returncode != 0:
                 problems.append(f"verify {folders[0].name}: {verify.stdout.strip()[:300]}")
-            manifest = json.loads((folders[0] / "manifest.json").read_text())
+            manifest = read_manifest(folders[0]).model_dump(mode="json")  # as the CI test's _spans reads it
             spans += _spans(manifest)
             waits = [(lane.get("host_lock") or {}).get("waited_s") or 0.0 for lane in manifest["lanes"].values()]
             rows.append((manifest["flow"]["name"], queue, run.get("total_run_time") or 0.0, sum(waits), len(waits)))

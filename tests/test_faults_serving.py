@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import secrets as pysecrets
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -23,7 +24,7 @@ import httpx
 import pytest
 
 from tests.conftest import REPO, llama_server_pid, shipped_inventory, write_inventory
-from tests.fault_lane import LONG_CURVE, Nightly, kill, pidfile_pid, tiny_inventory, verify, wait_for
+from tests.fault_lane import Nightly, kill, pidfile_pid, tiny_inventory, verify, wait_for
 
 PORTS = range(18750, 18760)
 
@@ -54,21 +55,24 @@ def test_a_keyed_lane_passes_its_bench_and_its_key_is_nowhere(tmp_path, llama_bi
              "prefill": {"rungs": [32]}, "capacity": {}}
     hosts = tiny_inventory(tmp_path, port, bench=bench, agentic=inv["agentic"], api_key_env="LB_TEST_SERVER_KEY")
     n = Nightly(hosts, tmp_path / "artifacts", tmp_path / "prefect")
-    n.wait_stage(("capacity plan", "warmup", "decode curve"))  # booted, gates passed: the key was sent
-    pid = wait_for(lambda: pidfile_pid("rehearsal", port), 10, "the server's pidfile")
-    cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    assert b"llama-server" in cmdline and key.encode() not in cmdline and b"--api-key" not in cmdline
-    assert f"LLAMA_API_KEY={key}".encode() in environ  # the engine's own variable carries it
-    base = f"http://127.0.0.1:{port}"
-    body = {"prompt": "Once", "max_tokens": 1}
-    assert httpx.get(f"{base}/health", timeout=10).status_code == 200  # llama-server exempts health
-    for ask in (lambda h: httpx.post(f"{base}/v1/completions", json=body, headers=h, timeout=60),
-                lambda h: httpx.get(f"{base}/metrics", headers=h, timeout=10)):
-        assert ask({}).status_code == 401  # the key is enforced: a client without it is refused
-        assert ask({"Authorization": "Bearer not-the-key"}).status_code == 401
-        assert ask({"Authorization": f"Bearer {key}"}).status_code == 200
-    rc = n.wait(timeout=600)
+    try:
+        n.wait_stage(("capacity plan", "warmup", "decode curve"), timeout=900)  # booted, gates passed: the key was sent
+        pid = wait_for(lambda: pidfile_pid("rehearsal", port), 10, "the server's pidfile")
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        assert b"llama-server" in cmdline and key.encode() not in cmdline and b"--api-key" not in cmdline
+        assert f"LLAMA_API_KEY={key}".encode() in environ  # the engine's own variable carries it
+        base = f"http://127.0.0.1:{port}"
+        body = {"prompt": "Once", "max_tokens": 1}
+        assert httpx.get(f"{base}/health", timeout=10).status_code == 200  # llama-server exempts health
+        for ask in (lambda h: httpx.post(f"{base}/v1/completions", json=body, headers=h, timeout=60),
+                    lambda h: httpx.get(f"{base}/metrics", headers=h, timeout=10)):
+            assert ask({}).status_code == 401  # the key is enforced: a client without it is refused
+            assert ask({"Authorization": "Bearer not-the-key"}).status_code == 401
+            assert ask({"Authorization": f"Bearer {key}"}).status_code == 200
+        rc = n.wait(timeout=900)
+    finally:
+        _ended(n)
     out = n.output()
     assert rc == 0, out
     lane = n.manifest()["lanes"]["rehearsal"]
@@ -147,22 +151,38 @@ def _decode(folder: Path) -> list[dict]:
     return [r for r in map(json.loads, lines) if r["stage"] == "decode"]
 
 
+def _ended(n: Nightly) -> None:
+    """A test that failed half-way leaves no nightly (nor the server it started) behind."""
+    if n.proc.poll() is None:
+        n.signal_group(signal.SIGTERM)
+        n.proc.wait(120)
+
+
+# Short requests, two a stream: after the first decode record (C=1) the fault lands in C=1 or C=2,
+# so C=3 is a later wave that must not be sent.
+FIVE_XX_CURVE = {"repeats": 1, "decode": {"concurrency": [1, 2, 3], "max_tokens": 16, "requests_per_stream": 2,
+                                          "prompts": "testbed/prompts/prose.jsonl"}}
+
+
 def test_a_server_answering_5xx_fails_the_lane_and_no_later_wave_is_sent(tmp_path, llama_bin):
     """The front answers every completion HTTP 500 from the first decode record on: the lane fails
     with one line naming how many requests got which status, exit 1; every 500 the front sent is
     in the records of one wave and no request of a later wave reached the server."""
     port = PORTS[3]
     binary, fail, failed = _front(tmp_path, llama_bin)
-    n = Nightly(tiny_inventory(tmp_path, port, bench=LONG_CURVE, binary=str(binary)), tmp_path / "artifacts",
+    n = Nightly(tiny_inventory(tmp_path, port, bench=FIVE_XX_CURVE, binary=str(binary)), tmp_path / "artifacts",
                 tmp_path / "prefect")
-    folder = n.wait_stage(("decode curve",))
-    wait_for(lambda: len(_decode(folder)) >= 1, 120, "a first decode record", step=0.02)
-    fail.touch()
-    rc = n.wait(timeout=300)
+    try:
+        folder = n.wait_stage(("decode curve",), timeout=900)
+        wait_for(lambda: len(_decode(folder)) >= 1, 300, "a first decode record", step=0.02)
+        fail.touch()
+        rc = n.wait(timeout=600)
+    finally:
+        _ended(n)
     out = n.output()
     assert rc == 1, out
     lane = n.manifest()["lanes"]["rehearsal"]
-    sent_500 = len(failed.read_text().splitlines())
+    sent_500 = len(failed.read_text().splitlines()) if failed.exists() else 0
     assert sent_500 >= 1, "the front never failed a request: the test proves nothing"
     assert lane["status"] == "failed" and f"{sent_500} x HTTP 500" in lane["reason"], (sent_500, lane["reason"])
     assert "later waves are not sent" in lane["reason"] and "\n" not in lane["reason"]
@@ -174,10 +194,11 @@ def test_a_server_answering_5xx_fails_the_lane_and_no_later_wave_is_sent(tmp_pat
     assert len(failing) == 1, failing  # one wave met the failure ...
     ((repeat, level),) = failing
     later = [r for r in decode if (r["repeat"], r["concurrency"]) > (repeat, level)]
-    assert level < max(LONG_CURVE["decode"]["concurrency"]), "the failure hit the last wave: nothing to hold back"
+    assert level < max(FIVE_XX_CURVE["decode"]["concurrency"]), "the failure hit the last wave: nothing to hold back"
     assert later == []  # ... and no later wave was sent
     assert verify(n.folder).returncode == 0, verify(n.folder).stdout
     if (pid := pidfile_pid("rehearsal", port)) is not None:
         kill(pid)
         pytest.fail("the front (and its llama-server) were left running")
-    print(f"\n[reliability] HTTP 500 mid-curve: {sent_500} failed in wave C={level}; reason: {lane['reason'][:160]}")
+    print(f"\n[reliability] HTTP 500 mid-curve: {sent_500} failed in wave C={level}; load "
+          f"{Path('/proc/loadavg').read_text().split()[0]}; reason: {lane['reason'][:200]}")
