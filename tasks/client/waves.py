@@ -81,7 +81,7 @@ class Wave:
     def shape(self) -> LoadShape:
         return LoadShape(kind="open" if self.rate else "closed", concurrency=self.concurrency,
                          requests=self.concurrency * self.requests_per_stream, stagger_s=self.stagger_s,
-                         rate=self.rate, arrival=self.arrival, seed=self.seed)  # type: ignore[arg-type]
+                         rate=self.rate, arrival=self.arrival, seed=self.seed)
 
 
 STALL_POLL_S = 0.25  # how often the stall watchdog looks at each request's last token
@@ -252,7 +252,7 @@ class _Client:
         ttft = out.ttft_s if out else None
         tokens = out.output_tokens if ok and out else 0
         return RequestRecord(
-            lane=wave.lane, stage=wave.stage,  # type: ignore[arg-type]
+            lane=wave.lane, stage=wave.stage,
             repeat=wave.repeat, concurrency=wave.concurrency, prompt_class=m.prompt.prompt_class,
             prompt_id=m.prompt.id, nonce=m.tag, max_tokens=wave.max_tokens, ok=ok,
             http_status=resp.status if resp else None, error=error,
