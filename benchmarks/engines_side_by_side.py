@@ -79,7 +79,8 @@ def main() -> None:
                     accs.append([engine, lane, row.prompt_class, int(row.k), f"{row.acceptance_length:.2f}",
                                  " · ".join(f"{p:.2f}" for p in row.per_position),
                                  "" if logged is None or pd.isna(logged) else f"{logged:.2f}"])
-    table: list[tuple[str, list[str], list]] = [("boot", ["engine", "lane", "status", "boot s", "engine init s", "load at start", "nightly wall s"], boots),
+    table: list[tuple[str, list[str], list]]
+    table = [("boot", ["engine", "lane", "status", "boot s", "engine init s", "load at start", "nightly wall s"], boots),
              ("decode curve", ["engine", "lane", "C", "agg tok/s", "spread %", "per-user tok/s", "TTFT p50 ms"], curves),
              ("acceptance", ["engine", "lane", "class", "K", "acceptance length", "per position", "engine's own log"], accs)]
     for title, head, rows in table:
