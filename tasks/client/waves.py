@@ -1,29 +1,28 @@
 """Send waves of streamed requests and keep one raw record per request.
 
 One client path for every stage: a closed-loop wave is `concurrency` streams, each sending
-`requests_per_stream` requests one after another (starts optionally staggered); an open-loop
-wave sends on a Poisson or constant schedule with at most `concurrency` in flight. Either way
-the pool opens at most `concurrency` connections and every body is read to its end, so
-connections are reused; the wave records how many it opened.
+`requests_per_stream` requests one after another (starts optionally staggered); an open-loop wave sends
+on a Poisson or constant schedule with at most `concurrency` in flight. Either way the pool opens at
+most `concurrency` connections and every body is read to its end, so connections are reused; the wave
+records how many it opened.
 
-Clocks (docs/metrics.md): send time is taken just before the request's bytes are written, after
-any connect (timed apart); each piece of received bytes carries the kernel's receive time
-(tasks/client/stamped.py), and only later, in the
-reading task, are its events split and parsed (overlapping the wait for the next bytes). While a
-wave runs, the objects alive before it are frozen out of the cycle collector (a full collection
-of the imported heap stopped the loop for tens of ms). The loop is asyncio's own: uvloop was
-measured and dropped (docs/benchmarks.md, 2026-12-01 13:18 UTC). A wall deadline, not a read timeout, bounds each request: llama-server
-pings an idle stream every 30 s, so a read timeout would never fire. Once a request has run past
-it, the wave sends no new request (those in flight end by their own deadlines): the lane ends at
-its next check, so a fault costs one request deadline, not one per request left in the stream.
+Clocks (docs/metrics.md): send time is taken just before the request's bytes are written, after any
+connect (timed apart); each piece of received bytes carries the kernel's receive time
+(tasks/client/stamped.py), and only later, in the reading task, are its events split and parsed
+(overlapping the wait for the next bytes). While a wave runs, the objects alive before it are frozen out
+of the cycle collector (a full collection of the imported heap stopped the loop for tens of ms). The
+loop is asyncio's own: uvloop was measured and dropped (docs/benchmarks.md, 2026-12-01 13:18 UTC). A
+wall deadline, not a read timeout, bounds each request: llama-server pings an idle stream every 30 s, so
+a read timeout would never fire. Once a request has run past it, the wave sends no new request (those in
+flight end by their own deadlines): the lane ends at its next check, so a fault costs one request
+deadline, not one per request left in the stream.
 
-While a wave runs, a probe measures the event loop's lag and the process's CPU: a client that
-is itself the bottleneck says so (WaveResult.client_saturated) instead of reporting its own
-queueing as the server's latency. So the loop does per request only what the clocks need: a
-finished request's record is built and kept later, one per loop turn (tasks/client/recorder.py), and one
-watchdog task per wave, not one per request, looks for stalls (issue 23: at C=64 on an H200 the
-64 streams end in one decode step, and building and writing their records in one loop turn
-held it for 10-20 ms).
+While a wave runs, a probe measures the event loop's lag and the process's CPU: a client that is itself
+the bottleneck says so (WaveResult.client_saturated) instead of reporting its own queueing as the
+server's latency. So the loop does per request only what the clocks need: a finished request's record is
+built and kept later, one per loop turn (tasks/client/recorder.py), and one watchdog task per wave, not
+one per request, looks for stalls (issue 23: at C=64 on an H200 the 64 streams end in one decode step,
+and building and writing their records in one loop turn held it for 10-20 ms).
 """
 
 from __future__ import annotations
@@ -81,9 +80,8 @@ class Wave:
 
     @property
     def shape(self) -> LoadShape:
-        return LoadShape(kind="open" if self.rate else "closed", concurrency=self.concurrency,
-                         requests=self.concurrency * self.requests_per_stream, stagger_s=self.stagger_s,
-                         rate=self.rate, arrival=self.arrival, seed=self.seed)  # type: ignore[arg-type]
+        return LoadShape(kind="open" if self.rate else "closed", concurrency=self.concurrency, stagger_s=self.stagger_s,
+                         requests=self.concurrency * self.requests_per_stream, rate=self.rate, arrival=self.arrival, seed=self.seed)
 
 
 STALL_POLL_S = 0.25  # how often the stall watchdog looks at each request's last token
@@ -254,7 +252,7 @@ class _Client:
         ttft = out.ttft_s if out else None
         tokens = out.output_tokens if ok and out else 0
         return RequestRecord(
-            lane=wave.lane, stage=wave.stage,  # type: ignore[arg-type]
+            lane=wave.lane, stage=wave.stage,
             repeat=wave.repeat, concurrency=wave.concurrency, prompt_class=m.prompt.prompt_class,
             prompt_id=m.prompt.id, nonce=m.tag, max_tokens=wave.max_tokens, ok=ok,
             http_status=resp.status if resp else None, error=error,
