@@ -385,11 +385,8 @@ def run_part(base_url: str, engine: Engine, wave: Wave, prompts: list[Prompt],
     # is set aside from the cycle collector while it runs: a full collection scanned all of it,
     # stopping the event loop for tens of ms in the middle of the wave's clocks.
     gc.freeze()
-    # Other threads of the process (a Prefect flow's log and event workers, server-log readers)
-    # hold the GIL while they run Python; when the loop wakes it waits for them up to the switch
-    # interval, 5 ms by default. In the nightly on the H200 the loop lagged 2.8-4.1 ms (p99) at
-    # 0.25-0.37 of a core while the same client alone lagged 1.1 ms: a wave asks for the GIL
-    # back within SWITCH_INTERVAL_S instead.
+    # Other threads (a flow's log and event workers) keep the GIL from a waking loop up to the
+    # switch interval, 5 ms by default (issue 23: nightly lag p99 2.8-4.1 ms, the client alone 1.1).
     switch = sys.getswitchinterval()
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     try:
