@@ -31,7 +31,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -50,7 +49,6 @@ from tasks.engines.base import Engine
 LAG_PROBE_S = 0.005  # how often the loop-lag probe wakes
 LAG_LIMIT_S = 0.002  # p99 loop lag above this: stamps may be off by as much; the client is saturated
 CPU_LIMIT = 0.9  # fraction of one core the client process used over the wave
-SWITCH_INTERVAL_S = 0.0002  # while a wave runs: how long another thread may keep the GIL from the loop
 
 
 @dataclass(frozen=True)
@@ -385,14 +383,9 @@ def run_part(base_url: str, engine: Engine, wave: Wave, prompts: list[Prompt],
     # is set aside from the cycle collector while it runs: a full collection scanned all of it,
     # stopping the event loop for tens of ms in the middle of the wave's clocks.
     gc.freeze()
-    # Other threads (a flow's log and event workers) keep the GIL from a waking loop up to the
-    # switch interval, 5 ms by default (issue 23: nightly lag p99 2.8-4.1 ms, the client alone 1.1).
-    switch = sys.getswitchinterval()
-    sys.setswitchinterval(SWITCH_INTERVAL_S)
     try:
         return asyncio.run(_run_wave(base_url, engine, wave, prompts, on_record, part, t0))
     finally:
-        sys.setswitchinterval(switch)
         gc.unfreeze()
 
 
