@@ -55,7 +55,7 @@ class _StampedReader(asyncio.StreamReader):
         self.fed = 0  # bytes received so far on this connection
         self.stamps: list[tuple[int, float]] = []  # (offset just past a received chunk, its arrival)
 
-    def feed_data(self, data: bytes) -> None:
+    def feed_data(self, data: bytes) -> None:  # type: ignore[override]  # the event loop feeds bytes
         self.fed += len(data)
         self.stamps.append((self.fed, time.perf_counter()))
         super().feed_data(data)
@@ -77,7 +77,9 @@ class Fake:
         self.connections = 0
         self.requests = 0
 
-    async def handle(self, reader: _StampedReader, writer: asyncio.StreamWriter) -> None:
+    async def handle(self, stream: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        assert isinstance(stream, _StampedReader)  # the protocol below reads with one
+        reader = stream
         self.connections += 1
         consumed = 0  # bytes of this connection's requests read so far
         try:
@@ -160,8 +162,8 @@ class Fake:
             else:
                 choice = {"index": 0, "text": " tok" if finish is None else "", "token_ids": [i] if finish is None else [],
                           "finish_reason": finish}
-            data = {"id": f"cmpl-{rid}", "object": "chat.completion.chunk" if chat else "text_completion",
-                    "created": 0, "model": "fake", "choices": [choice]}
+            data: dict[str, object] = {"id": f"cmpl-{rid}", "object": "chat.completion.chunk" if chat else "text_completion",
+                                       "created": 0, "model": "fake", "choices": [choice]}
             if usage is not None:
                 data["usage"] = usage
             return b"data: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"

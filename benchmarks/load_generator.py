@@ -52,6 +52,7 @@ class FakeServer:
         self.log = log
         self.proc = subprocess.Popen([sys.executable, str(ROOT / "benchmarks/fake_server.py"), "--port", str(port),
                                       "--cpu", str(cpu), "--log", str(log), *flags], stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None  # stdout=PIPE
         if "listening" not in self.proc.stdout.readline():
             raise SystemExit(f"load_generator.py: the fake server did not start on port {port} (--port picks another)")
         self.url = f"http://127.0.0.1:{port}"

@@ -152,7 +152,7 @@ async def read_response(conn: Connection, sink: Callable[[float, bytes], None] |
                 raise HTTPError("connection closed inside a chunked body")
             buf = buf[pos:] + data if pos < len(buf) else data
             pos, end = 0, len(buf)
-            out = []
+            out: list[bytes] = []
             while True:
                 if need < 0:
                     i = buf.find(_CRLF, pos)

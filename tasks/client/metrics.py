@@ -100,19 +100,19 @@ def steady_window(records: list[RequestRecord], wall_s: float) -> Window:
         if r.stream is not None:
             streams.setdefault(r.stream, []).append(r)
     if streams:
-        start = max(min(r.sent_s for r in rs) for rs in streams.values())  # type: ignore[type-var]
-        end = min(max(r.ended_s for r in rs) for rs in streams.values())  # type: ignore[type-var]
+        start = max(min(r.sent_s or 0.0 for r in rs) for rs in streams.values())  # `or`: never None in `timed`
+        end = min(max(r.ended_s or 0.0 for r in rs) for rs in streams.values())
     else:
-        start = min(r.ended_s for r in timed)  # type: ignore[type-var]
-        end = max(r.sent_s for r in timed)  # type: ignore[type-var]
-    tokens = 0
+        start = min(r.ended_s or 0.0 for r in timed)
+        end = max(r.sent_s or 0.0 for r in timed)
+    tokens = 0.0
     for r in timed:
         if not r.ok or not r.chunk_arrivals_s:
             continue
         known = all(n > 0 for n in r.chunk_tokens)
         share = r.output_tokens / len(r.chunk_arrivals_s)
         for i, t in enumerate(r.chunk_arrivals_s):
-            if start <= r.sent_s + t <= end:  # type: ignore[operator]
+            if start <= (r.sent_s or 0.0) + t <= end:
                 tokens += r.chunk_tokens[i] if known else share
     return Window(float(start), float(end), wall_s, int(round(tokens)))
 

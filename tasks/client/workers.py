@@ -21,6 +21,7 @@ import multiprocessing as mp
 import os
 import time
 from collections.abc import Callable
+from typing import cast
 from multiprocessing.connection import Connection, wait
 
 from tasks.client import auth
@@ -77,7 +78,7 @@ def run_spread(base_url: str, engine: Engine, wave: Wave, prompts: list[Prompt],
         parts: dict[int, WaveResult] = {}
         live = {conn: index for index, conn in enumerate(conns)}
         while live:
-            for conn in wait(list(live)):
+            for conn in cast("list[Connection]", wait(list(live))):  # wait() returns what it was given
                 try:
                     kind, payload = conn.recv()
                 except EOFError:

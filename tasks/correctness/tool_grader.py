@@ -152,7 +152,7 @@ def wire_name(name: str) -> str:
 def _json_schema(schema: Any) -> Any:
     if not isinstance(schema, dict):
         return schema
-    out = {}
+    out: dict[str, Any] = {}
     for key, value in schema.items():
         if key == "type" and isinstance(value, str):
             out[key] = _TO_JSON_SCHEMA.get(value, value)

@@ -200,7 +200,7 @@ class LlamaCpp(Engine):
             return StreamEvent(text=data.get("content", ""), tokens=len(data.get("tokens") or []) or 1,
                                tokens_total=total)
         timings = data.get("timings") or {}
-        spec = None
+        spec: dict[str, float | list[float]] | None = None
         if "draft_n" in timings:
             spec = {"draft_n": float(timings["draft_n"]), "draft_n_accepted": float(timings.get("draft_n_accepted", 0))}
         return StreamEvent(

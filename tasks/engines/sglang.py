@@ -226,9 +226,9 @@ class SGLang(Engine):
         """Per release (tasks/engines/sglang_boot.py): server args, per-worker caps x DP workers."""
         return sglang_boot.boot_facts(log, version)
 
-    def info_facts(self, facts: BootFacts, info: dict) -> BootFacts:
+    def info_facts(self, facts: BootFacts, info: dict | list) -> BootFacts:
         """/server_info's cap, speculation type and version beside the log's (the lowest cap wins)."""
-        return sglang_boot.info_facts(facts, info)
+        return sglang_boot.info_facts(facts, info) if isinstance(info, dict) else facts
 
     def planned_cap(self, lane: Lane) -> PlannedCap | None:
         return planned.sglang_cap(lane, self.launch_command(lane, "python3", "0.0.0.0"))

@@ -61,9 +61,9 @@ class Hold(BaseModel):
     reclaimed: int = 0  # expired leases of dead holders handed back while waiting
 
 
-def _register_holder():  # type: ignore[no-untyped-def]
+def _register_holder():
     """The lease holder (this flow run, or a fresh id outside one), its process written beside the leases."""
-    from uuid import uuid4
+    from uuid import UUID, uuid4
 
     from prefect.client.schemas.objects import ConcurrencyLeaseHolder
     from prefect.runtime import flow_run
@@ -77,7 +77,7 @@ def _register_holder():  # type: ignore[no-untyped-def]
         (folder / f"{run_id}.json").write_text(Owner.here().model_dump_json())
     except OSError:
         pass
-    return ConcurrencyLeaseHolder(type="flow_run", id=run_id)
+    return ConcurrencyLeaseHolder(type="flow_run", id=UUID(run_id))
 
 
 def limit_name(host: str) -> str:

@@ -25,6 +25,8 @@ from tenacity import (
     stop_never,
     wait_exponential,
 )
+from tenacity.retry import retry_base
+from tenacity.stop import stop_base
 
 Faults = type[BaseException] | tuple[type[BaseException], ...]
 
@@ -39,12 +41,12 @@ def retrying(*, tries: int | None = None, within_s: float | None = None, wait_s:
     """Tries of one step: at most `tries`, and none started after `within_s` seconds; the n-th
     wait is `wait_s * growth**(n-1)`, at most `max_wait_s`. Call it with the step and its
     arguments (`retrying(...)(step, *args)`), or iterate it (`for attempt in retrying(...)`)."""
-    stop = stop_never
+    stop: stop_base = stop_never
     if tries is not None:
         stop = stop | stop_after_attempt(tries)
     if within_s is not None:
         stop = stop | stop_after_delay(within_s)
-    retry = retry_if_exception_type(on)
+    retry: retry_base = retry_if_exception_type(on)
     if until is not None:
         retry = retry | retry_if_result(lambda result: not until(result))
     return Retrying(stop=stop, wait=wait_exponential(multiplier=wait_s, exp_base=growth, max=max_wait_s),

@@ -25,7 +25,7 @@ from tasks.serving.live import Server
 from tasks.stages.serve import served_lane
 from tasks.kl.stages import LaneDied, checksum, generate, quantize, score, tokenize, tokenizer_difference
 from tasks.kl.config import TOKENIZER_PROBE, KlFile, ResolvedLane
-from tasks.wire.kl_probes import ForcedScore, ScoreRecord, Sequence
+from tasks.wire.kl_probes import ForcedScore, KlStatus, KlVerdict, ScoreRecord, Scoring, Sequence
 from tasks.kl.report import histogram, render
 from tasks.kl.stats import bar_failures, pair_rows, position_rows, summary_row
 from tasks.record.progress import progress
@@ -36,7 +36,7 @@ GATE_DIR = "gate"  # run-folder folder of the cross-lane tables, beside one fold
 
 @dataclass
 class Outcome:
-    status: str  # complete | partial | refused | skipped | failed
+    status: KlStatus
     reason: str = ""
     scores: dict[str, list[ForcedScore]] = field(default_factory=dict)
 
@@ -70,6 +70,7 @@ class Gate:
                 continue
             self._stage(name, f"quantize {rl.quantize.type}")
             try:
+                assert rl.quantize_source is not None  # resolved with `quantize` (tasks/kl/config.py)
                 out = quantize(rl.quantize_source, rl.quantize.type, self.run.lane_dir(name) / "quantize.log")
             except Exception as e:  # noqa: BLE001 - the reason goes to the record
                 self.outcomes[name] = Outcome("skipped", f"quantize: {e}")
@@ -98,7 +99,7 @@ class Gate:
                     yield served.server, client
             record.host_lock = hold.model_dump()
 
-    def _keep(self, lane: str, scoring: str):
+    def _keep(self, lane: str, scoring: Scoring):
         def on_prompt(prompt_id: str, scores: list[ForcedScore], seconds: float) -> None:
             self.run.append_jsonl(lane, "scores.jsonl", ScoreRecord(
                 lane=lane, scoring=scoring, prompt_id=prompt_id, positions=[s.position for s in scores],
@@ -207,6 +208,7 @@ class Gate:
         for name in spec.candidates:
             out = self.outcomes.get(name) or Outcome("skipped", "not scored: " + (self.refusal or "the gate stopped"))
             record = self.run.lane(name)
+            verdict: KlVerdict
             df = self._table(name, position_rows(name, self.sequences, self.ref, out.scores)) if out.scores else pd.DataFrame()
             if self.refusal:
                 verdict, reason = "no verdict", out.reason
@@ -242,7 +244,7 @@ class Gate:
                 if (self.run.path / name / raw).exists():
                     self.run.register(name, f"{name}/{raw}", kind)
         passed = not reasons
-        verdict = "PASS" if passed else ("NO VERDICT" if self.refusal else "FAIL")
+        headline = "PASS" if passed else ("NO VERDICT" if self.refusal else "FAIL")
         flags = self._flags()
         # The headline states what the verdict rests on: positions scored against those asked, and
         # a reference that is not what it claims (kl/suspicious.py).
@@ -251,8 +253,8 @@ class Gate:
             if {"positions", "positions_expected"} <= set(summary_df.columns) else []
         suffix = (f" (ONLY {'; '.join(short)})" if short else "") + \
             (f", FLAGGED: {'; '.join(f.split(':')[0] for f in flags)}" if flags else "")
-        report = render(self.title, self._facts(verdict + suffix, flags), summary_df, pairs_df, verdict, reasons, plot)
-        report = report.replace(f"**{verdict}**", f"**{verdict}**{suffix}", 1)
+        report = render(self.title, self._facts(headline + suffix, flags), summary_df, pairs_df, headline, reasons, plot)
+        report = report.replace(f"**{headline}**", f"**{headline}**{suffix}", 1)
         report += "".join(f"\n- **FLAG** {f}" for f in flags) + ("\n" if flags else "")
         (self.run.path / "report.md").write_text(report)
         self.run.register("", "report.md", "report")

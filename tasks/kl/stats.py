@@ -23,7 +23,8 @@ import pandas as pd
 
 from tasks.client.metrics import percentile
 from tasks.kl.config import Bars
-from tasks.wire.kl_probes import ForcedScore, KlPairRow, KlPositionRow, KlSummaryRow, Sequence
+from tasks.wire.kl_probes import (ForcedScore, KlPairRow, KlPositionRow, KlRole, KlStatus, KlSummaryRow, KlVerdict,
+                                   Sequence)
 
 
 def position_rows(lane: str, sequences: list[Sequence], ref: dict[str, list[ForcedScore]],
@@ -63,7 +64,7 @@ def bar_failures(stats: dict[str, float | None], bars: Bars) -> list[str]:
     return out
 
 
-def summary_row(lane: str, role: str, status: str, df: pd.DataFrame, expected: int, verdict: str,
+def summary_row(lane: str, role: KlRole, status: KlStatus, df: pd.DataFrame, expected: int, verdict: KlVerdict,
                 reason: str = "") -> KlSummaryRow:
     return KlSummaryRow(lane=lane, role=role, status=status, prompts=int(df["prompt_id"].nunique()) if not df.empty else 0,
                         positions=len(df), positions_expected=expected, verdict=verdict, reason=reason, **describe(df))

@@ -47,7 +47,7 @@ class ArmClassRow(_Row):
     revision: str
     k: int
     baseline: bool
-    status: Literal["passed", "failed", "skipped", "running"]
+    status: Literal["passed", "failed", "skipped", "running", "interrupted"]  # the arm lane's own status
     reason: str
     prompt_class: str
     repeats: int | None = None
@@ -261,6 +261,7 @@ def judge(reg: Registration, m: Matrix, rows: list[ArmClassRow], speed: list[Spe
             base = baseline_arm(arm, m.arms) if bar.relative_to else None
             base_value = _measure(bar, base, rows, speed)[0] if base else None
             notes = []
+            outcome: Literal["pass", "fail", "no-data"]
             if bar.relative_to:
                 threshold = base_value + bar.margin if base_value is not None else None
             else:
@@ -279,7 +280,8 @@ def judge(reg: Registration, m: Matrix, rows: list[ArmClassRow], speed: list[Spe
                     notes.append("the bound lies inside the repeats' range: a close call")
                 if base is not None:
                     b_lo, b_hi = _measure(bar, base, rows, speed)[1:]
-                    if b_lo is not None and lo is not None and not (hi < b_lo or lo > b_hi):
+                    if (lo is not None and hi is not None and b_lo is not None and b_hi is not None
+                            and not (hi < b_lo or lo > b_hi)):
                         notes.append("arm and baseline ranges overlap")
             out.append(VerdictRow(
                 bar_index=i, bar=words, bars_sha256=reg.bars_sha256, arm=arm.name, drafter=arm.drafter, k=arm.k,

@@ -11,6 +11,7 @@ flagged (client_saturated).
 from __future__ import annotations
 
 import statistics
+from typing import Any
 from collections.abc import Callable
 
 from prefect import task
@@ -111,7 +112,7 @@ def _server_rates(waves: list[WaveResult], windows: list[metrics.Window]) -> lis
     return rates
 
 
-def _open_loop(waves: list[WaveResult]) -> dict[str, float | None]:
+def _open_loop(waves: list[WaveResult]) -> dict[str, Any]:
     """The rate the waves really sent at, and the load generator's own lateness per request."""
     rates = []
     late = []

@@ -136,7 +136,7 @@ def effective_findings(lane: Lane, facts: BootFacts, models: list[ModelFacts], i
                            severity="failure", message=f"declared drafter {_name(lane.drafter.path)}, the server "
                            f"loaded {_name(loaded)}; fix: remove the flag that names another drafter"))
     temperature, top_k = facts.extra.get("temperature"), facts.extra.get("top_k")
-    if (temperature is not None and temperature > 0) or (top_k is not None and top_k > 1):
+    if (temperature is not None and float(temperature) > 0) or (top_k is not None and float(top_k) > 1):
         out.append(Finding(check="sampling", declared="greedy (temperature 0, top_k 1)",
                            effective=f"temperature {temperature}, top_k {top_k}", severity="failure",
                            message=f"lanebench measures greedy requests, the server ran temperature {temperature}, "
@@ -216,7 +216,7 @@ def as_gate(finding: Finding) -> GateResult:
 def noise_findings(lane: Lane, decode: list[Any], warmup: list[Any]) -> list[Finding]:
     """Decode levels whose repeats disagree beyond the declared bound, and warmup rows whose
     first hit was faster than steady: the host's noise, to be re-measured, never a result."""
-    out = []
+    out: list[Finding] = []
     if waived(lane, "unstable"):
         return out
     bound = lane.bench.unstable_spread_pct
