@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -49,7 +48,6 @@ from tasks.engines.base import Engine
 LAG_PROBE_S = 0.005  # how often the loop-lag probe wakes
 LAG_LIMIT_S = 0.002  # p99 loop lag above this: stamps may be off by as much; the client is saturated
 CPU_LIMIT = 0.9  # fraction of one core the client process used over the wave
-SWITCH_INTERVAL_S = 0.0002  # while a wave runs: how long another thread may keep the GIL from the loop
 
 
 @dataclass(frozen=True)
@@ -383,17 +381,9 @@ def run_part(base_url: str, engine: Engine, wave: Wave, prompts: list[Prompt],
     # is set aside from the cycle collector while it runs: a full collection scanned all of it,
     # stopping the event loop for tens of ms in the middle of the wave's clocks.
     gc.freeze()
-    # Other threads of the process (a Prefect flow's log and event workers, server-log readers)
-    # hold the GIL while they run Python; when the loop wakes it waits for them up to the switch
-    # interval, 5 ms by default. In the nightly on the H200 the loop lagged 2.8-4.1 ms (p99) at
-    # 0.25-0.37 of a core while the same client alone lagged 1.1 ms: a wave asks for the GIL
-    # back within SWITCH_INTERVAL_S instead.
-    switch = sys.getswitchinterval()
-    sys.setswitchinterval(SWITCH_INTERVAL_S)
     try:
         return asyncio.run(_run_wave(base_url, engine, wave, prompts, on_record, part, t0))
     finally:
-        sys.setswitchinterval(switch)
         gc.unfreeze()
 
 
