@@ -36,7 +36,7 @@ _TURNS: list[float] = []  # wall seconds of each loop turn (from one epoll retur
 _select, _left = selectors.EpollSelector.select, [0.0]
 
 
-def _timed_select(self, timeout=None):  # type: ignore[no-untyped-def]
+def _timed_select(self, timeout=None):
     t = time.perf_counter()
     if _left[0]:
         _TURNS.append(t - _left[0])

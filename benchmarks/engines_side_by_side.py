@@ -62,7 +62,8 @@ def main() -> None:
         manifest = read_manifest(folder)
         busy = " (busy: not a result)" if load >= args.quiet else ""
         for lane, rec in manifest.lanes.items():
-            extra = rec.boot_facts.get("extra") or {}
+            extra = rec.boot_facts.get("extra")
+            extra = extra if isinstance(extra, dict) else {}
             boots.append([engine, lane, rec.status, f"{rec.boot_seconds or 0:.1f}",
                           f"{extra['init_engine_s']:.1f}" if "init_engine_s" in extra else "",
                           f"{load:.2f}{busy}", f"{wall:.0f}"])
@@ -78,6 +79,7 @@ def main() -> None:
                     accs.append([engine, lane, row.prompt_class, int(row.k), f"{row.acceptance_length:.2f}",
                                  " · ".join(f"{p:.2f}" for p in row.per_position),
                                  "" if logged is None or pd.isna(logged) else f"{logged:.2f}"])
+    table: list[tuple[str, list[str], list]]
     table = [("boot", ["engine", "lane", "status", "boot s", "engine init s", "load at start", "nightly wall s"], boots),
              ("decode curve", ["engine", "lane", "C", "agg tok/s", "spread %", "per-user tok/s", "TTFT p50 ms"], curves),
              ("acceptance", ["engine", "lane", "class", "K", "acceptance length", "per position", "engine's own log"], accs)]

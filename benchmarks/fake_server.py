@@ -16,8 +16,9 @@ Markers in the prompt script one request:
   #fault=malformed|error|errorclose|empty|inconsistent|stall|close|midstall|zerocount
       malformed: a broken JSON event mid-stream; error: llama-server's mid-stream
       `data: {"error": {...}}`; empty: only `data: [DONE]`; inconsistent: final usage claims 10x
-      the tokens sent; errorclose: the error event, then the connection drops; stall: pings (`:`) every --ping-s and never finishes; close: the
-      connection drops mid-stream; midstall: half the tokens, then only pings; zerocount: the final usage claims 0 tokens.
+      the tokens sent; errorclose: the error event, then the connection drops; stall: pings (`:`)
+      every --ping-s and never finishes; close: the connection drops mid-stream; midstall: half
+      the tokens, then only pings; zerocount: the final usage claims 0 tokens.
 GET /stats returns {"connections": accepted so far, "requests": served so far}.
 
 `--step-ms S`: the server steps like a batching engine (llama-server, vLLM): every event is
@@ -142,9 +143,11 @@ class Fake:
 
         # The token events are the hot path of --zero-delay: render them by template, not json.dumps.
         if chat:
-            head = b'data: {"id":"cmpl-%d","object":"chat.completion.chunk","created":0,"model":"fake","choices":[{"index":0,"delta":{"content":" tok"},"finish_reason":null}]' % rid
+            head = (b'data: {"id":"cmpl-%d","object":"chat.completion.chunk","created":0,"model":"fake",'
+                    b'"choices":[{"index":0,"delta":{"content":" tok"},"finish_reason":null}]' % rid)
         else:
-            head = b'data: {"id":"cmpl-%d","object":"text_completion","created":0,"model":"fake","choices":[{"index":0,"text":" tok","token_ids":[' % rid
+            head = (b'data: {"id":"cmpl-%d","object":"text_completion","created":0,"model":"fake",'
+                    b'"choices":[{"index":0,"text":" tok","token_ids":[' % rid)
 
         def token(i: int, k: int = 1) -> bytes:
             """The event carrying tokens i-k+1 .. i."""

@@ -47,7 +47,7 @@ def _kl_gate(kl_file: str, artifacts_root: str, prompt_count: int | None) -> Sta
     title = path.name + (f" (first {len(prompts)} prompts only)" if prompt_count else "")
     run = open_run("kl", artifacts_root, path)
     gate = Gate(run, spec, lanes, prompts, title)
-    closing = Closing(report=lambda _: gate.finish(), verdict=_verdict)
+    closing = Closing(report=lambda _: gate.finish(), verdict=_verdict, finish_after_report=True)
     with run_lifecycle(run, "kl", [spec.reference, *spec.candidates], closing) as life:
         gate.prepare_models()
         raise_if_stopped()

@@ -40,6 +40,7 @@ from tasks.inventory.models import Host, Inventory, Lane
 from tasks.inventory import secrets
 from tasks.record.expectations import warmed_up
 from tasks.record.fingerprint import fingerprint
+from tasks.record.manifest import Bandwidth
 from tasks.record.interrupted import stop_requested
 from tasks.record.rows import DecodeRow, GateResult, WarmupRow
 from tasks.record.run_folder import LaneRecord, RunFolder, RunFolderWriteError
@@ -229,7 +230,7 @@ class _OnServer:
         model_bytes = next((m.bytes for m in record.models if m.role == "model"), None)
         rows = with_bandwidth_share(rows, model_bytes, self.host.memory_gbps)
         if model_bytes and self.host.memory_gbps:
-            record.bandwidth = {"model_bytes": model_bytes, "memory_gbps": self.host.memory_gbps}
+            record.bandwidth = Bandwidth(model_bytes=model_bytes, memory_gbps=self.host.memory_gbps)
         queue_rows: list = []
         if past_cap:
             self.stage("queueing levels")

@@ -81,7 +81,7 @@ def run_lane(run_dir: str, job: LaneJob, before: Callable[[LaneJob], LaneJob] | 
     finally:
         record.finished_at = datetime.now(UTC).isoformat()
         if hold is not None:
-            record.host_lock = hold.model_dump()
+            record.host_lock = hold.model_copy()  # as acquired
         if stopped is not None or stop_requested():
             mark_lanes({job.name: record}, f"interrupted by {signal_name(stopped)}")
         elif record.status == "running":  # the lane flow died outside its own error handling

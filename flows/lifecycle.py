@@ -71,6 +71,9 @@ class Closing(Generic[R]):
     report: Callable[[RunFolder], R]
     verdict: Callable[[RunFolder, R], State]
     settle: Callable[[RunFolder], None] = _nothing
+    # The KL gate's report also sets its candidates' end states: the folder is finished after it,
+    # so a run killed while it reports is left unfinished (and reclaimed), not finished half-judged.
+    finish_after_report: bool = False
 
 
 def open_run(kind: str, artifacts_root: str, source: Path, reclaim: bool = False) -> RunFolder:
@@ -96,22 +99,26 @@ def run_lifecycle(run: RunFolder, kind: str, lanes: Sequence[str], closing: Clos
         raise_if_stopped()
     except interrupts() as e:
         stopped = record_stop(run, kind, e, list(lanes))
-        _end(run, closing)
+        _end(run, closing, stopped=True)
         life.state = Failed(name="Interrupted", message=stopped)
         return
     except BaseException:
         _end(run, closing)
-        closing.report(run)
         raise
-    _end(run, closing)
-    life.state = closing.verdict(run, closing.report(run))
+    life.state = closing.verdict(run, _end(run, closing))
 
 
-def _end(run: RunFolder, closing: Closing[Any]) -> None:
+def _end(run: RunFolder, closing: Closing[R], stopped: bool = False) -> R | None:
+    """Settle, finish and (unless stopped) report; returns what the report gives the verdict."""
     closing.settle(run)
-    run.finish()
+    if stopped or not closing.finish_after_report:
+        run.finish()
+    reported = None if stopped else closing.report(run)
+    if not stopped and closing.finish_after_report:
+        run.finish()
     if run.manifest.flow.reclaimed:  # the dead runs' servers wrote on until this run stopped them
         refresh_marked(run.path.parent, by=run.path.name)
+    return reported
 
 
 def write_report(run: RunFolder, report: str) -> None:

@@ -82,7 +82,7 @@ def _plots(run: RunFolder, name: str, con: Any, comparison: LaneComparison | Non
     import pandas as pd
 
     tables = {a.kind: a for a in run.manifest.artifacts if a.lane == name and a.validation == "passed"}
-    made = []
+    made: list[Path | None] = []
     if "decode" in tables:
         made.append(plots.concurrency_curve(pd.read_parquet(run.path / tables["decode"].path),
                                             run.lane_dir(name) / "concurrency.png", name))

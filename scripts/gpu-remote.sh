@@ -49,11 +49,17 @@ record() {  # phase, rc, seconds: one line per phase, and the run fails with any
   log "phase $1: rc=$2 in $3 s"
 }
 
+unzip_wheels() {  # the GGUF writer and any package the lock gained after site.tar.xz was made
+  local w; for w in "$B"/gguf-*.whl "$B"/extra-*.whl; do
+    [ ! -f "$w" ] || python3 -m zipfile -e "$w" "$DEPS/gpusite" || return 1
+  done
+}
+
 # REHEARSAL=1: a dry run on a CPU machine whose python3 already has the dependencies.
 if [ "${REHEARSAL:-0}" = 1 ]; then backend=cpu; else backend=cuda; fi
 if [ "${REHEARSAL:-0}" != 1 ] && [ ! -d "$DEPS/gpusite" ]; then
   mkdir -p "$DEPS" && tar -xJf "$B/site.tar.xz" -C "$DEPS" \
-    && python3 -m zipfile -e "$(ls "$B"/gguf-*.whl)" "$DEPS/gpusite" && log "dependencies unpacked" \
+    && unzip_wheels && log "dependencies unpacked" \
     || { record unpack 1 0; exit 1; }
 fi
 rm -rf "$W" && mkdir -p "$W" && tar -xzf "$B/code.tar.gz" -C "$W"

@@ -52,3 +52,32 @@ def test_the_report_shows_each_gpu_lanes_gpu_and_bandwidth_share(run):
             header = next(line for line in decode.splitlines() if line.startswith("| C |"))
             assert header.rstrip("|").split("|")[-1].strip() == "bandwidth share"
             assert "Bandwidth share (C=1 rows)" in decode
+
+
+# Runs 3 and 4 (2026-12-02, commits 80fb00d and e8f39ae): the client checked first on the quiet
+# machine (benchmarks/client_bursts.py, phase `client`), then the nightly with server timings kept.
+CLIENT_RUNS = ("run3", "run4")
+
+
+@pytest.mark.parametrize("run", CLIENT_RUNS)
+def test_the_nightly_passed_after_the_client_check_and_says_it_failed(run):
+    phases = [line.split("\t") for line in (H200 / f"phases-{run}.tsv").read_text().splitlines()]
+    assert [p[0] for p in phases if p[0] != "client"] == ["build", "facts", "models", "nightly"]
+    assert all(p[1] == "0" for p in phases if p[0] != "client")
+    # The client-bound flag fired at C=64 against the stepping server: the phase says so (rc 1),
+    # it is not hidden; its levels are kept beside the run.
+    assert {p[1] for p in phases if p[0] == "client"} == {"1"}
+    rows = json.loads((H200 / f"client-bursts-{run}.json").read_text())
+    assert any(r["concurrency"] == 64 and r["client_bound"] for r in rows)
+    assert all(r["ok"] == r["requests"] for r in rows)
+    m = _manifest(run)
+    assert {n: lane["status"] for n, lane in m["lanes"].items()} == dict.fromkeys(m["lanes"], "passed")
+
+
+@pytest.mark.parametrize("run", CLIENT_RUNS)
+def test_the_clients_aggregate_agreed_with_llama_servers_timings_on_the_no_drafter_lane(run):
+    """At every level up to C=64 (~5k tok/s) lanebench's aggregate was within 2 % of the one
+    llama-server's own per-request timings give: no level of that lane carries the warning."""
+    warnings = _manifest(run)["lanes"]["testbed-gpu-nodraft"]["warnings"]
+    assert not [w for w in warnings if "server's own timings" in w], warnings
+    assert "server tok/s (gap)" in (H200 / f"report-{run}.md").read_text()

@@ -1,29 +1,28 @@
 """Send waves of streamed requests and keep one raw record per request.
 
 One client path for every stage: a closed-loop wave is `concurrency` streams, each sending
-`requests_per_stream` requests one after another (starts optionally staggered); an open-loop
-wave sends on a Poisson or constant schedule with at most `concurrency` in flight. Either way
-the pool opens at most `concurrency` connections and every body is read to its end, so
-connections are reused; the wave records how many it opened.
+`requests_per_stream` requests one after another (starts optionally staggered); an open-loop wave sends
+on a Poisson or constant schedule with at most `concurrency` in flight. Either way the pool opens at
+most `concurrency` connections and every body is read to its end, so connections are reused; the wave
+records how many it opened.
 
-Clocks (docs/metrics.md): send time is taken just before the request's bytes are written, after
-any connect (timed apart); each piece of received bytes carries the kernel's receive time
+Clocks (docs/metrics.md): send time is taken just before the request's bytes are written, after any
+connect (timed apart); each piece of received bytes carries the kernel's receive time
 (tasks/client/stamped.py), and only later, in the reading task, are its events split and parsed
-(overlapping the wait for the next bytes). While a wave runs, the objects alive before it are
-frozen out of the cycle collector (a full collection of the imported heap stopped the loop for
-tens of ms). The loop is asyncio's own: uvloop was measured and dropped (docs/benchmarks.md,
-2026-12-01 13:18 UTC). A wall deadline, not a read timeout, bounds each request: llama-server
-pings an idle stream every 30 s, so a read timeout would never fire. Once a request has run past
-it, the wave sends no new request (those in flight end by their own deadlines): the lane ends at
-its next check, so a fault costs one request deadline, not one per request left in the stream.
+(overlapping the wait for the next bytes). While a wave runs, the objects alive before it are frozen out
+of the cycle collector (a full collection of the imported heap stopped the loop for tens of ms). The
+loop is asyncio's own: uvloop was measured and dropped (docs/benchmarks.md, 2026-12-01 13:18 UTC). A
+wall deadline, not a read timeout, bounds each request: llama-server pings an idle stream every 30 s, so
+a read timeout would never fire. Once a request has run past it, the wave sends no new request (those in
+flight end by their own deadlines): the lane ends at its next check, so a fault costs one request
+deadline, not one per request left in the stream.
 
-While a wave runs, a probe measures the event loop's lag and the process's CPU: a client that
-is itself the bottleneck says so (WaveResult.client_saturated) instead of reporting its own
-queueing as the server's latency. So the loop does per request only what the clocks need: a
-finished request's record is built and kept later, one per loop turn (tasks/client/recorder.py), and one
-watchdog task per wave, not one per request, looks for stalls (issue 23: at C=64 on an H200 the
-64 streams end in one decode step, and building and writing their records in one loop turn
-held it for 10-20 ms).
+While a wave runs, a probe measures the event loop's lag and the process's CPU: a client that is itself
+the bottleneck says so (WaveResult.client_saturated) instead of reporting its own queueing as the
+server's latency. So the loop does per request only what the clocks need: a finished request's record is
+built and kept later, one per loop turn (tasks/client/recorder.py), and one watchdog task per wave, not
+one per request, looks for stalls (issue 23: at C=64 on an H200 the 64 streams end in one decode step,
+and building and writing their records in one loop turn held it for 10-20 ms).
 """
 
 from __future__ import annotations
@@ -31,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -50,7 +48,6 @@ from tasks.engines.base import Engine
 LAG_PROBE_S = 0.005  # how often the loop-lag probe wakes
 LAG_LIMIT_S = 0.002  # p99 loop lag above this: stamps may be off by as much; the client is saturated
 CPU_LIMIT = 0.9  # fraction of one core the client process used over the wave
-SWITCH_INTERVAL_S = 0.0002  # while a wave runs: how long another thread may keep the GIL from the loop
 
 
 @dataclass(frozen=True)
@@ -81,9 +78,8 @@ class Wave:
 
     @property
     def shape(self) -> LoadShape:
-        return LoadShape(kind="open" if self.rate else "closed", concurrency=self.concurrency,
-                         requests=self.concurrency * self.requests_per_stream, stagger_s=self.stagger_s,
-                         rate=self.rate, arrival=self.arrival, seed=self.seed)  # type: ignore[arg-type]
+        return LoadShape(kind="open" if self.rate else "closed", concurrency=self.concurrency, stagger_s=self.stagger_s,
+                         requests=self.concurrency * self.requests_per_stream, rate=self.rate, arrival=self.arrival, seed=self.seed)
 
 
 STALL_POLL_S = 0.25  # how often the stall watchdog looks at each request's last token
@@ -252,7 +248,7 @@ class _Client:
         ttft = out.ttft_s if out else None
         tokens = out.output_tokens if ok and out else 0
         return RequestRecord(
-            lane=wave.lane, stage=wave.stage,  # type: ignore[arg-type]
+            lane=wave.lane, stage=wave.stage,
             repeat=wave.repeat, concurrency=wave.concurrency, prompt_class=m.prompt.prompt_class,
             prompt_id=m.prompt.id, nonce=m.tag, max_tokens=wave.max_tokens, ok=ok,
             http_status=resp.status if resp else None, error=error,
@@ -383,17 +379,9 @@ def run_part(base_url: str, engine: Engine, wave: Wave, prompts: list[Prompt],
     # is set aside from the cycle collector while it runs: a full collection scanned all of it,
     # stopping the event loop for tens of ms in the middle of the wave's clocks.
     gc.freeze()
-    # Other threads of the process (a Prefect flow's log and event workers, server-log readers)
-    # hold the GIL while they run Python; when the loop wakes it waits for them up to the switch
-    # interval, 5 ms by default. In the nightly on the H200 the loop lagged 2.8-4.1 ms (p99) at
-    # 0.25-0.37 of a core while the same client alone lagged 1.1 ms: a wave asks for the GIL
-    # back within SWITCH_INTERVAL_S instead.
-    switch = sys.getswitchinterval()
-    sys.setswitchinterval(SWITCH_INTERVAL_S)
     try:
         return asyncio.run(_run_wave(base_url, engine, wave, prompts, on_record, part, t0))
     finally:
-        sys.setswitchinterval(switch)
         gc.unfreeze()
 
 

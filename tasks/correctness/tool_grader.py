@@ -257,7 +257,7 @@ def _function(functions: list[dict[str, Any]], name: str) -> dict[str, Any]:
 
 
 def _miss(kind: str, detail: str) -> Verdict:
-    return Verdict(solved=False, kind=kind, detail=detail)  # type: ignore[arg-type]
+    return Verdict(solved=False, kind=kind, detail=detail)
 
 
 _PY_TYPES: dict[str, type | tuple[type, ...]] = {

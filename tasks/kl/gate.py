@@ -55,7 +55,7 @@ class Gate:
         for name, rl in lanes.items():
             self.run.lane(name).config = {**rl.lane.model_dump(mode="json"),
                                           "quantize": rl.quantize.model_dump(mode="json") if rl.quantize else None,
-                                          "dropped_flags": rl.dropped_flags}
+                                          "dropped_flags": [*rl.dropped_flags]}
         self.run.save_manifest()
 
     # --- steps --------------------------------------------------------------------------------
@@ -85,7 +85,7 @@ class Gate:
         always); yields None when it cannot run, with the reason on its record."""
         rl, record = self.lanes[name], self.run.lane(name)
         with host_lock(every_host(rl.lane), on_wait=lambda m: progress(name, m)) as hold:
-            record.host_lock = hold.model_dump()
+            record.host_lock = hold.model_copy()  # as acquired
             with served_lane(self.run, name, rl.lane, rl.host, rl.base_dir, rl.inventory, gates=False) as served:
                 if served is None:
                     yield None
@@ -97,7 +97,7 @@ class Gate:
                 with httpx.Client(limits=httpx.Limits(max_connections=n, max_keepalive_connections=n),
                                   headers=auth.headers(served.server.base_url)) as client:
                     yield served.server, client
-            record.host_lock = hold.model_dump()
+            record.host_lock = hold.model_copy()  # as acquired
 
     def _keep(self, lane: str, scoring: Scoring):
         def on_prompt(prompt_id: str, scores: list[ForcedScore], seconds: float) -> None:

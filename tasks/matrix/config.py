@@ -306,7 +306,8 @@ def load_matrix(path: str | Path) -> Matrix:
                               "lower prompts_per_class or add prompts")
         for key in keys[: spec.prompts_per_class]:
             if key in seen and seen[key] != c:
-                raise ConfigError(path, f"prompt_sets.{c}", f"holds prompt {key[1]!r} (class {key[0]}) that prompt set {seen[key]} holds too",
+                raise ConfigError(path, f"prompt_sets.{c}",
+                                  f"holds prompt {key[1]!r} (class {key[0]}) that prompt set {seen[key]} holds too",
                                   "give every prompt set its own prompts (ids or class fields must differ)")
             seen[key] = c
         counts[c] = len(keys)

@@ -58,7 +58,7 @@ def curves_png(m: Matrix, rows: list[ArmClassRow], path: Path) -> bool:
     fig, axes = plt.subplots(1, len(classes), figsize=(4.6 * len(classes), 3.8), dpi=110, squeeze=False)
     for ax, c in zip(axes[0], classes):
         for r in [r for r in measured if r.prompt_class == c]:
-            xs = list(range(1, len(r.per_position) + 1))
+            xs = list(range(1, len(r.per_position or []) + 1))
             tree = f", {r.draft_shape}: path >= i" if r.draft_shape.startswith("tree") else ""
             ax.plot(xs, r.per_position, _STYLES[ks.index(r.k) % len(_STYLES)], marker="o", markersize=3,
                     color=colors[r.drafter], label=f"{r.arm} (AL {r.acceptance_length:.2f}{tree})")
@@ -76,7 +76,7 @@ def curves_png(m: Matrix, rows: list[ArmClassRow], path: Path) -> bool:
 
 
 def _by_k(points: list[tuple[int, float | None, float | None, float | None]]):
-    pts = sorted(p for p in points if p[1] is not None)
+    pts = sorted((k, v, low, high) for k, v, low, high in points if v is not None)
     xs = [p[0] for p in pts]
     ys = [p[1] for p in pts]
     lo = [p[1] - (p[2] if p[2] is not None else p[1]) for p in pts]
@@ -168,8 +168,8 @@ def k_trade(m: Matrix, rows: list[ArmClassRow]) -> list[str]:
         if len(usable) < 2:
             out.append(f"- **{d}**: K={lo_k} and K={hi_k} were not both measured on two classes.")
             continue
-        easy = max(usable, key=lambda c: at[(lo_k, c)].acceptance_length)
-        hard = min(usable, key=lambda c: at[(lo_k, c)].acceptance_length)
+        easy = max(usable, key=lambda c: at[(lo_k, c)].acceptance_length or 0.0)
+        hard = min(usable, key=lambda c: at[(lo_k, c)].acceptance_length or 0.0)
         e0, e1, h0, h1 = at[(lo_k, easy)], at[(hi_k, easy)], at[(lo_k, hard)], at[(hi_k, hard)]
         added = hi_k - lo_k
         keep_easy = (e1.acceptance_length - e0.acceptance_length) / added  # type: ignore[operator]

@@ -57,8 +57,8 @@ def _lane_rows(run: str, manifest: Manifest) -> list[dict[str, JsonValue]]:
             "run": run, "lane": name, "status": lane.status, "reason": lane.reason, "stage": lane.stage,
             "host": lane.config.get("host"), "engine": lane.config.get("engine"),
             "image": lane.config.get("image") or identity.get("image"),
-            "model_path": model and model.path, "model_sha256": model and model.sha256,
-            "drafter_path": drafter and drafter.path, "drafter_sha256": drafter and drafter.sha256,
+            "model_path": model.path if model else None, "model_sha256": model.sha256 if model else None,
+            "drafter_path": drafter.path if drafter else None, "drafter_sha256": drafter.sha256 if drafter else None,
             "engine_source": identity.get("source"),
             "engine_sha256": identity.get("sha256") or next(
                 (v for k, v in identity.items() if k.endswith("sha256") and k != "source"), None),
@@ -214,7 +214,8 @@ def _check(path: str | None, value: float, others: pd.Series) -> str:
     from tasks.record import ledger
 
     state, _ = ledger.check(Path(path)) if path else ("absent", "")
-    notes = [] if state == "verified" else [f"unverified ({'not in the signed ledger' if state == 'absent' else 'rewritten after its run'})"]
+    why = "not in the signed ledger" if state == "absent" else "rewritten after its run"
+    notes = [] if state == "verified" else [f"unverified ({why})"]
     others = others.dropna()
     if len(others) >= 2 and not (others.min() <= value <= others.max()):
         notes.append(f"outlier: outside the lane's recorded range {others.min():.4g}-{others.max():.4g}")

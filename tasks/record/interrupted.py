@@ -65,7 +65,7 @@ def install_stop_handlers() -> None:
         measured on (test_matrix's SIGTERM case, 2026-12-01). asyncio re-raises a
         KeyboardInterrupt; Prefect's engine still catches it as the TerminationSignal it is."""
 
-    def bridged(sig_num: int, *args: object):  # type: ignore[no-untyped-def]
+    def bridged(sig_num: int, *args: object):
         _STOPS.append(signal.Signals(sig_num).name)
         raise Terminated(signal=sig_num)
 
@@ -185,9 +185,9 @@ def refresh_marked(root: Path, by: str) -> None:
     lane that reclaimed it stopped it."""
     for folder, m in scan_manifests(root):
         if m.flow.interrupted_by == by and m.flow.reclaim:
-            run = RunFolder.reopen(folder)
+            run, marked_at = RunFolder.reopen(folder), m.flow.reclaim.marked_at
             with run.edit() as m:
-                m.flow.reclaim = Reclaim(marked_at=m.flow.reclaim.marked_at, changed_after_crash=_relist(run))
+                m.flow.reclaim = Reclaim(marked_at=marked_at, changed_after_crash=_relist(run))
 
 
 def reclaim_dead_runs(root: Path, by: str) -> list[str]:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from pydantic import BaseModel
 
@@ -102,7 +102,7 @@ def send(body: Notice) -> None:
 
     subject = f"lanebench {body.flow}: {body.state}"
     if name := os.environ.get(BLOCK_ENV):
-        Block.load(name).notify(body=body.text, subject=subject)
+        cast(Any, Block.load(name)).notify(body=body.text, subject=subject)  # a notification block, loaded sync
     if url := os.environ.get(URL_ENV):
         CustomWebhookNotificationBlock(name="lanebench", url=url, json_data=body.model_dump(mode="json"),
                                        timeout=10).notify(body=body.text, subject=subject)

@@ -208,7 +208,7 @@ def compare_lane(con: Any, run: str, lane: str, policy: RegressionPolicy) -> Lan
     prints: dict[str, dict[str, str]] = {}
     tonight = _fingerprint_of(con, run, lane, prints)
     refused_against: str | None = None
-    for metric, value, samples in current:
+    for metric, _value, _samples in current:
         d = metric_def(metric)
         assert d is not None
         earlier = con.execute(
@@ -226,7 +226,7 @@ def compare_lane(con: Any, run: str, lane: str, policy: RegressionPolicy) -> Lan
     judged_count = sum(1 for m in enough if len(bases[m]) >= policy.min_runs)
     confidence = 1 - (1 - policy.confidence) / max(judged_count, 1)  # for the lane as a whole (docstring)
     rows = []
-    for metric, value, samples in current:
+    for metric, value, _samples in current:
         d = metric_def(metric)
         assert d is not None
         base = bases[metric]

@@ -31,7 +31,8 @@ import json
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from typing import Literal
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -263,7 +264,7 @@ class RunFolder:
             self.save_manifest()
         return entry
 
-    def write_table(self, lane: str, kind: str, records: list[BaseModel]) -> tuple[pd.DataFrame, ArtifactEntry]:
+    def write_table(self, lane: str, kind: str, records: Sequence[BaseModel]) -> tuple[pd.DataFrame, ArtifactEntry]:
         """Validate a table against its GX suite, then write it as a result or into quarantine."""
         df = pd.DataFrame([r.model_dump() for r in records])
         return df, self._validated(lane, kind, df, table=True)
@@ -310,7 +311,7 @@ class RunFolder:
                     f"{need / (1 << 20):.0f} MiB a lane may write (LANEBENCH_MIN_FREE_MB)")
         return None
 
-    def finish(self, status: str = "finished") -> None:
+    def finish(self, status: Literal["finished", "interrupted"] = "finished") -> None:
         with self.edit() as m:
             m.flow.finished_at = datetime.now(UTC).isoformat()
             if m.flow.status == "running":

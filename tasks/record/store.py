@@ -97,6 +97,12 @@ class Store:
         return _VerifiedSFTP(*self._where) if self.remote else None
 
     @property
+    def remote_fs(self) -> AbstractFileSystem:
+        """The filesystem of a remote store (publish, list and fetch use it only there)."""
+        assert self.fs is not None, f"{self.url} is a local root: no filesystem to ask"
+        return self.fs
+
+    @property
     def local_root(self) -> Path:
         """The folder this machine writes run folders into and reads history from."""
         if not self.remote:
@@ -113,25 +119,25 @@ class Store:
             return str(folder)
         listed = {a.path: a.sha256 for a in read_manifest(folder).artifacts}
         final = f"{self.path}/{folder.name}"
-        if self.fs.exists(final):
+        if self.remote_fs.exists(final):
             raise StoreError(f"{self.url}: {folder.name} is already published; a run folder is written once")
         staging = f"{self.path}/{INCOMING}/{folder.name}.{uuid.uuid4().hex[:8]}"
         try:
             for path in sorted(p for p in folder.rglob("*") if p.is_file()):
                 rel = path.relative_to(folder).as_posix()
-                self.fs.put_file(str(path), f"{staging}/{rel}")
+                self.remote_fs.put_file(str(path), f"{staging}/{rel}")
             for rel, digest in listed.items():
-                if not self.fs.exists(f"{staging}/{rel}"):
+                if not self.remote_fs.exists(f"{staging}/{rel}"):
                     raise StoreError(f"{self.url}/{INCOMING}: {folder.name}/{rel} missing after the copy")
                 if (got := _sha256(self.fs, f"{staging}/{rel}")) != digest:
                     raise StoreError(f"{self.url}/{INCOMING}: {folder.name}/{rel} sha256 {got[:12]} after the copy, "
                                      f"manifest says {digest[:12]}")
             if _sha256(self.fs, f"{staging}/manifest.json") != file_sha256(folder / "manifest.json"):
                 raise StoreError(f"{self.url}/{INCOMING}: {folder.name}/manifest.json changed in the copy")
-            self.fs.mv(staging, final)  # one rename: the folder appears whole
+            self.remote_fs.mv(staging, final)  # one rename: the folder appears whole
         except BaseException:
             try:
-                self.fs.rm(staging, recursive=True)
+                self.remote_fs.rm(staging, recursive=True)
             except Exception:
                 pass
             raise
@@ -142,10 +148,10 @@ class Store:
         """Names of the run folders in the store (those with a manifest), oldest first."""
         if not self.remote:
             return sorted(p.parent.name for p in Path(self.path).glob("*/manifest.json"))
-        if not self.fs.exists(self.path):
+        if not self.remote_fs.exists(self.path):
             return []
-        names = [Path(p).name for p in self.fs.ls(self.path, detail=False)]
-        return sorted(n for n in names if not n.startswith(".") and self.fs.exists(f"{self.path}/{n}/manifest.json"))
+        names = [Path(p).name for p in self.remote_fs.ls(self.path, detail=False)]
+        return sorted(n for n in names if not n.startswith(".") and self.remote_fs.exists(f"{self.path}/{n}/manifest.json"))
 
     def download(self, name: str, into: Path) -> Path:
         """One run folder as the store holds it, into `into/<name>`, unchecked (for `verify`)."""
@@ -153,7 +159,7 @@ class Store:
         if not self.remote:
             shutil.copytree(Path(self.path) / name, target)
         else:
-            self.fs.get(f"{self.path}/{name}/", str(target), recursive=True)
+            self.remote_fs.get(f"{self.path}/{name}/", str(target), recursive=True)
         return target
 
     def fetch(self, name: str, into: Path) -> Path:
@@ -166,7 +172,7 @@ class Store:
             return target
         tmp = Path(into) / f".{name}.{uuid.uuid4().hex[:8]}.partial"
         try:
-            self.fs.get(f"{self.path}/{name}/", str(tmp), recursive=True)
+            self.remote_fs.get(f"{self.path}/{name}/", str(tmp), recursive=True)
             try:
                 manifest = read_manifest(tmp)
             except ManifestError as e:
@@ -181,7 +187,7 @@ class Store:
             shutil.rmtree(tmp, ignore_errors=True)
         return target
 
-    def sync(self, on_refused=None) -> Path:  # type: ignore[no-untyped-def]
+    def sync(self, on_refused=None) -> Path:
         """Bring every published run folder into the local mirror; returns the mirror's folder.
         A folder whose files do not match its manifest stays out (`on_refused` gets the line):
         its numbers are not served, the others are."""
@@ -203,7 +209,7 @@ def run_folder_name(root: str, flow: str, flow_run_id: str) -> str | None:
     return found[-1].name if found else None
 
 
-def in_store(artifacts_root: str, flow: str, flow_run_id: str, body):  # type: ignore[no-untyped-def]
+def in_store(artifacts_root: str, flow: str, flow_run_id: str, body):
     """Run a flow's body against a local root and publish its run folder when the root is a URL.
 
     The body gets the local folder (the store's mirror: earlier runs are there for baselines and

@@ -68,7 +68,8 @@ def summarize(lane_name: str, concurrency: int, waves: list[WaveResult], ttft_bo
         load_1m_before=max(loads) if loads else None, busy_pct=statistics.median(busy) if busy else None,
         steal_pct=max(steal) if steal else None, unstable=not spread <= unstable_spread_pct,
         context_truncated_share=sum(r.truncation == "context" for r in records) / len(records) if records else 0.0,
-        ttft_share_p50=statistics.median(shares) if (shares := [r.ttft_s / r.e2el_s for r in ok if r.e2el_s and r.ttft_s is not None]) else None,
+        ttft_share_p50=statistics.median(shares)
+        if (shares := [r.ttft_s / r.e2el_s for r in ok if r.e2el_s and r.ttft_s is not None]) else None,
         lane=lane_name, concurrency=concurrency, repeats=len(waves),
         aggregate_tok_s=median, aggregate_tok_s_min=min(aggregates), aggregate_tok_s_max=max(aggregates),
         aggregate_spread_pct=spread,

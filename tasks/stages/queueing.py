@@ -114,7 +114,7 @@ def queueing_levels(endpoint: Endpoint, run_dir: str, plan: DecodePlan, repeats:
         kept: list[RequestRecord] = []
 
         def keep(rec: RequestRecord) -> None:
-            kept.append(rec)
+            kept.append(rec)  # noqa: B023 - called only while this level's waves run
             live.keep(run_dir, endpoint, rec, judged=False)
 
         with _Sampler(endpoint.base_url, engine) as sampler:

@@ -243,16 +243,18 @@ def _preflight(run: RunFolder, name: str, lane: Lane, host: Host, base_dir: Path
 
 def _pulled(run: RunFolder, name: str, served_as: Lane, host: Host, reach: Reach, inventory: Inventory | None) -> bool:
     """The lane's pinned image on every node, pulled by digest; False (the lane failed, recorded) when not."""
-    record = run.lane(name)
-    pulled = image_pull(name, reach.host_name, host.docker_host, served_as.image)
+    record, image = run.lane(name), served_as.image
+    assert image is not None  # called for a lane that runs in a container
+    pulled = image_pull(name, reach.host_name, host.docker_host, image)
     for _, node in topology.worker_ranks(served_as):  # every node runs the same pinned image
         if pulled.ok and inventory is not None:
-            there = image_pull(name, node, inventory.hosts[node].docker_host, served_as.image)
+            there = image_pull(name, node, inventory.hosts[node].docker_host, image)
             pulled = pulled if there.ok else there.model_copy(update={"reason": f"{node}: {there.reason}"})
     if not pulled.ok:  # the pinned image cannot be had: nothing to measure, and it must be seen
         record.status, record.reason = "failed", f"image pull: {pulled.reason}"
         run.save_manifest()
         return False
+    assert pulled.image is not None  # a pull that is ok names its image
     record.image = pulled.image.model_dump(mode="json")
     run.save_manifest()
     return True
