@@ -30,7 +30,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -197,14 +196,14 @@ def report(results: dict, args: argparse.Namespace, loads: list[float], steal_pc
              f"CPU steal {steal_pct:.1f} %", "",
              "| measure | SQLite | PostgreSQL | PostgreSQL / SQLite (median of rounds) |", "|---|---|---|---|"]
 
-    def ratio(metric: Callable[[dict], float]) -> str:
+    def ratio(metric) -> str:
         per_round = [metric(p) / metric(s) for s, p in zip(_rounds(results["sqlite"]), _rounds(results["postgresql"]))
                      if metric(s) > 0]
         return f"{statistics.median(per_round):.2f}" if per_round else "n/a"
 
     for kind in kinds:
         for q, name in ((0.5, "p50"), (0.95, "p95")):
-            def metric(rnd: dict, kind: str = kind, q: float = q) -> float:
+            def metric(rnd, kind=kind, q=q) -> float:
                 return pct(rnd["lat"].get(kind, []), q) * 1000
             cells = [pct([x for lat in results[b]["lat"] for x in lat.get(kind, [])], q) * 1000 for b in ("sqlite", "postgresql")]
             lines.append(f"| API {kind} {name} (ms) | {cells[0]:.1f} | {cells[1]:.1f} | {ratio(metric)} |")
@@ -218,12 +217,12 @@ def report(results: dict, args: argparse.Namespace, loads: list[float], steal_pc
                  f"{ratio(lambda rnd: rnd['rate'])} |")
     totals = [_sum(results[b]["err"]) for b in ("sqlite", "postgresql")]
     for at in sorted({k.split(" ", 1)[1] for tot in totals for k in tot if k.startswith("sent ")}):
-        counted: list[str] = []
+        counts = []
         for tot in totals:
             failed_calls = {k.split(" ", 1)[0]: v for k, v in tot.items() if k.endswith(at) and not k.startswith("sent ")}
             words = ", ".join(f"{v} x {k}" for k, v in sorted(failed_calls.items())) or "none"
-            counted.append(f"{sum(failed_calls.values())} of {tot.get(f'sent {at}', 0)} ({words})")
-        lines.append(f"| API calls failed {at}, not retried | {counted[0]} | {counted[1]} | |")
+            counts.append(f"{sum(failed_calls.values())} of {tot.get(f'sent {at}', 0)} ({words})")
+        lines.append(f"| API calls failed {at}, not retried | {counts[0]} | {counts[1]} | |")
     failed = [sum(results[b]["failed"]) for b in ("sqlite", "postgresql")]
     lines.append(f"| flow processes failed | {failed[0]} | {failed[1]} | |")
     return "\n".join(lines)
