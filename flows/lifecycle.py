@@ -30,6 +30,7 @@ from prefect.runtime import flow_run
 from prefect.states import Completed, Failed, State
 
 from tasks.record.interrupted import interrupts, raise_if_stopped, reclaim_dead_runs, record_stop, refresh_marked
+from tasks.record import prefect_redaction
 from tasks.record.notify import on_failure
 from tasks.record.progress import say
 from tasks.record.run_folder import RunFolder
@@ -79,6 +80,9 @@ class Closing(Generic[R]):
 def open_run(kind: str, artifacts_root: str, source: Path, reclaim: bool = False) -> RunFolder:
     """A new run folder of flow `kind` under `artifacts_root`, its config file `source`;
     `reclaim`: mark dead runs under the same root first (tasks/record/interrupted.py)."""
+    # Every process that runs a flow (the CLI, a deployment's worker) hands Prefect nothing secret
+    # from here on: a failed boot's exception quotes the server's log, which may echo a flag.
+    prefect_redaction.install()
     run = RunFolder(Path(artifacts_root), kind, str(flow_run.get_id()), source)
     get_run_logger().info("run folder %s", run.path)
     if reclaim:

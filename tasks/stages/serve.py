@@ -40,7 +40,6 @@ from tasks.hosts.transport import TransportError
 from tasks.inventory import secrets
 from tasks.inventory.load import shipped_or_local
 from tasks.inventory.models import CapacityGate, Host, Inventory, Lane
-from tasks.record import prefect_redaction
 from tasks.record.run_folder import LaneRecord, RunFolder
 from tasks.serving import live
 from tasks.stages.boot import NodeLost, boot, read_facts, stop
@@ -153,10 +152,6 @@ def served_lane(run: RunFolder, name: str, lane: Lane, host: Host, base_dir: Pat
     `probe` is the prompt a counter gate sends (the shortest of the lane's prompts); `gates=False`
     boots without boot gates (the KL gate judges its lanes by their scores, not their speed).
     """
-    # Every process that serves a lane (nightly, matrix, tools, KL, a deployment's flow run) hands
-    # Prefect nothing secret: a failed boot's exception quotes the server's log, which may echo a
-    # flag. Called here, not on import: importing this module changes nothing in Prefect.
-    prefect_redaction.install()
     record = run.lane(name)
 
     def stage(what: str) -> None:
