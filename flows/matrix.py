@@ -86,9 +86,9 @@ def _matrix(matrix_file: str, artifacts_root: str) -> State:
     # What the bars are about, by content: the target's and drafters' bytes, whatever the names.
     drafter_shas = {name: model_sha256(drafter.path) if (drafter := arm_lane(m, next(a for a in m.arms if a.drafter == name)).drafter)
                     else f"method:{m.spec.drafters[name].method}" for name in sorted({a.drafter for a in m.arms})}
-    subject = hashlib.sha256(json.dumps({"target": model_sha256(m.target.model.path),
-                                         "drafters": sorted(drafter_shas.values())}).encode()).hexdigest()
-    earlier = earlier_run(root, reg, run.path, subject)
+    target_sha = model_sha256(m.target.model.path)
+    subject = hashlib.sha256(json.dumps({"target": target_sha, "drafters": sorted(drafter_shas.values())}).encode()).hexdigest()
+    earlier = earlier_run(root, reg, run.path, subject, drafter_shas, target_sha)
     same_bytes = [f"drafters {a} and {b} have identical bytes (sha256 {sa[:12]}): one drafter measured twice, "
                   "not two; fix: point one of them at its own file"
                   for i, (a, sa) in enumerate(drafter_shas.items()) for b, sb in list(drafter_shas.items())[i + 1:]
@@ -97,7 +97,7 @@ def _matrix(matrix_file: str, artifacts_root: str) -> State:
         progress("matrix", f"FLAG: {line}")
         logger.warning(line)
     run.manifest.flow["matrix"] = {
-        "subject": subject, "drafter_sha256": drafter_shas, "identical_drafters": same_bytes,
+        "subject": subject, "target_sha256": target_sha, "drafter_sha256": drafter_shas, "identical_drafters": same_bytes,
         "name": m.name, "file": str(m.path), "file_sha256": sha256_of(m.path),
         "inventory": {"path": str(m.inventory_path), "sha256": sha256_of(m.inventory_path)},
         "target": m.spec.target, "registration_sha256": reg.sha256, "registration_file_sha256": reg_entry.sha256,

@@ -189,11 +189,18 @@ class EarlierRun(BaseModel):
     removed: list[str] = []  # bars (in words) the earlier run had and this one does not
     added: list[str] = []
     prompt_set_changes: list[str] = []
+    # The bars' subject under the same label, other bytes (`drafter good: sha256 aaaa -> bbbb`):
+    # a drafter re-made under its old name was once reported "same as the earlier run".
+    subject_changes: list[str] = []
 
     def lines(self) -> list[str]:
-        if self.same_bars and self.same_prompt_sets:
-            return [f"bars and prompt sets are the same as in the earlier run {self.run}"]
         out = []
+        if self.subject_changes:
+            out.append(f"BYTES CHANGED under the same label since the earlier run {self.run}: "
+                       f"{'; '.join(self.subject_changes)}; the comparison with it is refused (its bars were "
+                       "registered for other bytes); fix: give new bytes a new label, or restore the old file")
+        if self.same_bars and self.same_prompt_sets:
+            return out or [f"bars and prompt sets are the same as in the earlier run {self.run}"]
         if not self.same_bars:
             of = f"of matrix {self.matrix}, same target and drafter bytes" if self.matrix else "of this matrix"
             out.append(f"BARS CHANGED since the earlier run {self.run} {of} "
@@ -213,11 +220,25 @@ def subject_of(run_facts: dict) -> str | None:
     return str(subject) if subject else None
 
 
-def earlier_run(artifacts_root: Path, now: Registration, exclude: Path, subject: str | None = None) -> EarlierRun | None:
+def _subject_changes(facts: dict, lanes: dict, drafters: dict[str, str], target: str | None) -> list[str]:
+    """Labels the earlier run shares with this one whose bytes differ (target, then each drafter)."""
+    cut = lambda v: f"{str(v)[:16]}..."  # noqa: E731
+    before_target = facts.get("target_sha256") or next(
+        (m.get("sha256") for lane in lanes.values() for m in lane.get("models") or [] if m.get("role") == "model"), None)
+    out = [f"target: sha256 {cut(before_target)} -> {cut(target)}"] if target and before_target and \
+        before_target != target else []
+    before = facts.get("drafter_sha256") or {}
+    return out + [f"drafter {d}: sha256 {cut(before[d])} -> {cut(sha)}" for d, sha in sorted(drafters.items())
+                  if d in before and before[d] != sha]
+
+
+def earlier_run(artifacts_root: Path, now: Registration, exclude: Path, subject: str | None = None,
+                drafters: dict[str, str] | None = None, target: str | None = None) -> EarlierRun | None:
     """The latest earlier `*_matrix_*` run that registered bars for the same matrix name, or for
     the same target and drafter bytes under any name: lowering the bars under a new matrix name
-    must not read as a "first registered run"."""
-    found: list[tuple[str, Path, dict]] = []
+    must not read as a "first registered run". `drafters` (label -> sha256) and `target` (sha256):
+    what this run measures, so a label whose bytes changed refuses the comparison."""
+    found: list[tuple[str, Path, dict, dict]] = []
     for manifest in artifacts_root.glob("*_matrix_*/manifest.json"):
         if manifest.parent.resolve() == exclude.resolve():
             continue
@@ -230,10 +251,10 @@ def earlier_run(artifacts_root: Path, now: Registration, exclude: Path, subject:
         same = isinstance(reg, dict) and (reg.get("matrix") == now.matrix
                                           or (subject is not None and subject_of(facts) == subject))
         if same and reg.get("bars_sha256"):
-            found.append((str(data["flow"].get("started_at", "")), manifest.parent, reg))
+            found.append((str(data["flow"].get("started_at", "")), manifest.parent, reg, data))
     if not found:
         return None
-    started, folder, reg = max(found, key=lambda f: (f[0], f[1].name))
+    started, folder, reg, data = max(found, key=lambda f: (f[0], f[1].name))
     before_text = [str(t) for t in reg.get("bars_text", [])]
     removed = [t for t in before_text if t not in now.bars_text]
     added = [t for t in now.bars_text if t not in before_text]
@@ -253,4 +274,6 @@ def earlier_run(artifacts_root: Path, now: Registration, exclude: Path, subject:
                       bars_sha256=str(reg["bars_sha256"]),
                       same_bars=reg["bars_sha256"] == now.bars_sha256,
                       same_prompt_sets=reg.get("prompt_sets_sha256") == now.prompt_sets_sha256,
-                      removed=removed, added=added, prompt_set_changes=changes)
+                      removed=removed, added=added, prompt_set_changes=changes,
+                      subject_changes=_subject_changes(data["flow"]["matrix"], data.get("lanes") or {}, drafters or {},
+                                                       target))
