@@ -33,7 +33,7 @@ from pathlib import Path
 import httpx
 import yaml
 
-from tasks.engines.build import REPO
+from tasks.inventory.paths import REPO
 
 PREFECT_FILE = REPO / "prefect.yaml"
 POOL = "lanebench"

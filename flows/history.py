@@ -129,7 +129,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         return _bad_input("worker: no server. Fix: --api-url http://SERVER:4200/api (or PREFECT_API_URL)")
     _quiet_prefect()
     from flows.deployments import ensure_pool, prefect_env, wait_healthy
-    from tasks.engines.build import REPO
+    from tasks.inventory.paths import REPO
 
     env = prefect_env(api)
     wait_healthy(api, None, 60)
@@ -141,7 +141,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def register_cli(subparsers: Any) -> None:
-    from tasks.engines.build import REPO
+    from tasks.inventory.paths import REPO
 
     p = subparsers.add_parser("history", help="query the run history (DuckDB over every run folder)")
     p.add_argument("--artifacts", default=str(REPO / "artifacts"), help="folder that holds the run folders, or a store URL (sftp://host/path)")

@@ -42,13 +42,13 @@ from tasks.record.interrupted import stop_requested
 from tasks.record.rows import GateResult
 from tasks.record.run_folder import LaneRecord, RunFolder, RunFolderWriteError
 from tasks.stages.acceptance import acceptance_probe, draft_shape
-from tasks.stages import live
+from tasks.serving import live
 from tasks.stages.boot import NodeLost
-from tasks.stages.deadlines import ServerDied
+from tasks.serving.deadlines import ServerDied
 from tasks.stages.decode_curve import decode_curve
 from tasks.stages.gates import GateFailed, conservative_cap
 from tasks.stages.limits import with_bandwidth_share
-from tasks.stages.live import Endpoint
+from tasks.serving.live import Endpoint
 from tasks.stages.preflight import resolve
 from tasks.stages.safety import acceptance_findings, noise_findings
 from tasks.stages.serve import served_lane
@@ -92,7 +92,7 @@ def lane_flow(lane_name: str, lane: Lane, host: Host, base_dir: Path, run_dir: s
     decode_prompts, class_prompts = _prompt_sets(lane, base_dir)
     probe = min([*decode_prompts, *(p for ps in class_prompts.values() for p in ps)], key=lambda p: len(p.text))
     # The stages' tasks take the server's endpoint and the run folder's path; each keeps its raw
-    # records in `requests.jsonl` and checks the server between waves itself (tasks/stages/live.py):
+    # records in `requests.jsonl` and checks the server between waves itself (tasks/serving/live.py):
     # a request past its wall deadline ends the lane at the next check, naming it.
     try:
         # 1-4. Preflight, image pull, boot, boot gates; teardown when the block ends, whatever happens.

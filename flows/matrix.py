@@ -36,7 +36,7 @@ from prefect.runtime import flow_run
 from prefect.states import Completed, Failed, State
 
 from flows.lanes import LaneJob, run_lane
-from tasks.engines.build import REPO
+from tasks.inventory.paths import REPO
 from tasks.hosts.files import model_sha256, sha256_of
 from tasks.hosts.lock import limit_name
 from tasks.inventory.models import Lane
@@ -47,7 +47,7 @@ from tasks.matrix.report import curves_png, k_png, render
 from tasks.matrix.verdict import collect, contention, drafter_verdicts, judge, model_drift
 from tasks.record.interrupted import interrupts, raise_if_stopped, record_stop
 from tasks.record.progress import progress
-from tasks.record.report import render as render_lanes
+from tasks.report.report import render as render_lanes
 from tasks.record.run_folder import RunFolder
 MATRIX_DIR = "matrix"  # run-folder folder of the cross-arm tables and plots
 

@@ -31,7 +31,7 @@ from tasks.record.interrupted import interrupts, raise_if_stopped, reclaim_dead_
 from tasks.record.progress import progress, say
 from tasks.record.regression import LaneComparison, RegressionPolicy, describe
 from tasks.record import plots
-from tasks.record.report import embed_images, render
+from tasks.report.report import embed_images, render
 from tasks.record.verdict import STATE_NAMES, night_verdict
 
 TREND_RUNS = 30  # runs shown in a trend plot

@@ -249,7 +249,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def register_cli(subparsers: Any) -> None:
-    from tasks.engines.build import REPO
+    from tasks.inventory.paths import REPO
 
     p = subparsers.add_parser("plan", help="print every process the lanes would start, and what they check; run nothing")
     p.add_argument("--hosts", default=str(REPO / "hosts.yaml"), help="inventory file (default: the shipped hosts.yaml)")

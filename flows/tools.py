@@ -27,7 +27,7 @@ from flows.lanes import LaneJob, run_lanes
 from tasks.correctness import record as correctness
 from tasks.inventory.load import load_inventory
 from tasks.record.interrupted import interrupts, record_stop
-from tasks.record.report import render
+from tasks.report.report import render
 from tasks.record.run_folder import RunFolder
 from tasks.record.verdict import STATE_NAMES, night_verdict
 

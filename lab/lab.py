@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from lab import netns, procs
+from tasks.inventory.paths import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 LAB_DIR = REPO / ".lab"
 INVENTORY = REPO / "hosts.lab.yaml"
 TEMPLATE = Path(__file__).resolve().parent / "hosts.lab.yaml.in"

@@ -13,9 +13,9 @@ import uuid
 import pytest
 
 from conftest import REPO, shipped_inventory
-from tasks.client.records import RequestRecord
+from tasks.wire.records import RequestRecord
 from tasks.record.run_folder import RunFolder
-from tasks.stages import live
+from tasks.serving import live
 from tasks.stages.acceptance import acceptance_probe
 from tasks.stages.boot import start, stop, wait_healthy
 from tasks.inventory.models import Inventory

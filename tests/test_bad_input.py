@@ -20,7 +20,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tasks.inventory.base import ConfigError
-from tasks.inventory.load import check_prompt_files, load_inventory
+from tasks.inventory.load import load_inventory
+from tasks.stages.input_files import check_prompt_files
 from tests.conftest import REPO, shipped_inventory, write_inventory
 
 

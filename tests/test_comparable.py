@@ -7,7 +7,7 @@ import uuid
 from pathlib import Path
 
 from conftest import REPO
-from tasks.record.report import render
+from tasks.report.report import render
 from tasks.record.rows import DecodeRow
 from tasks.record.run_folder import RunFolder
 
@@ -74,7 +74,7 @@ def test_decode_rows_state_their_sample_size_and_ttft_dominated_rows_are_flagged
     import pandas as pd
 
     from tasks.inventory.models import Lane
-    from tasks.record.report import decode_table
+    from tasks.report.report import decode_table
     from tasks.stages.safety import noise_findings
     from conftest import shipped_inventory
 

@@ -13,9 +13,10 @@ import pandas as pd
 import pytest
 
 from conftest import REPO, manifest_of, no_llama_server_left, run_cli, run_folder_of, shipped_inventory, write_inventory
-from tasks.client.replies import ChatReply, ToolCall, parse_openai_chat
+from tasks.wire.replies import ChatReply, ToolCall, parse_openai_chat
 from tasks.inventory.models import Agentic, ConfigError, ThinkingSwitch
-from tasks.inventory.load import check_prompt_files, load_inventory
+from tasks.inventory.load import load_inventory
+from tasks.stages.input_files import check_prompt_files
 from tasks.engines import engine_for
 from tasks.correctness.needles import build, default_rungs, judge
 from tasks.correctness.smoke import judge_reasoning, judge_tool_calls

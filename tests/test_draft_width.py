@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from flows.cli import main
-from tasks.client.records import RequestRecord
+from tasks.wire.records import RequestRecord
 from tasks.engines import engine_for
 from tasks.engines.sglang import SGLang
 from tasks.inventory.models import CounterGate, Lane
@@ -159,7 +159,7 @@ def test_tree_shaped_drafting_is_labelled_in_the_acceptance_table():
     "accepted path at least i+1 long", and the table says so; a chain lane's table is unchanged."""
     import pandas as pd
 
-    from tasks.record.report import acceptance_table
+    from tasks.report.report import acceptance_table
     from tasks.stages.acceptance import draft_shape, summarize
 
     engine = SGLang()

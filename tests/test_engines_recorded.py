@@ -16,7 +16,7 @@ from tasks.inventory.models import Lane
 from tasks.engines import engine_for
 from tasks.engines.sglang import SGLang, sglang_method
 from tasks.engines.vllm import VLLM, counter_by_position, vllm_method
-from tasks.client.records import RequestRecord, StreamEvent
+from tasks.wire.records import RequestRecord, StreamEvent
 from tasks.engines.facts import Metrics
 
 FIX = Path(__file__).resolve().parent / "fixtures" / "engines"

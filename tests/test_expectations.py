@@ -12,7 +12,7 @@ import pytest
 
 from tasks.record.expectations import SUITES_DIR, _get_engine, derive, validate
 from tasks.record.kinds import KINDS
-from tasks.client.records import RequestRecord
+from tasks.wire.records import RequestRecord
 from tasks.record.rows import AcceptanceRow, DecodeRow, WarmupRow
 
 RECORDS = {"requests": RequestRecord, "warmup": WarmupRow, "decode": DecodeRow, "acceptance": AcceptanceRow}

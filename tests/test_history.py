@@ -157,7 +157,7 @@ def test_the_report_shows_the_comparison_and_the_trend(tmp_path):
     from tasks.record import plots
     from tasks.record.history import open_index
     from tasks.record.regression import RegressionPolicy, compare_lane
-    from tasks.record.report import embed_images, render
+    from tasks.report.report import embed_images, render
 
     inventory = REPO / "hosts.yaml"
     runs = [_run(tmp_path, "nightly", {"rehearsal": {"tok_s": tok}}, inventory) for tok in (20.0, 20.3, 19.9, 13.0)]
@@ -182,7 +182,7 @@ def test_the_report_shows_the_comparison_and_the_trend(tmp_path):
 def test_kl_figures_are_judged_against_earlier_kl_runs(tmp_path):
     """The KL gate's candidates appear as lanes of a `kl` run; compare_run judges them like nightly lanes."""
     from tasks.record.history import open_index
-    from tasks.kl.records import KlSummaryRow
+    from tasks.wire.kl_probes import KlSummaryRow
     from tasks.record.regression import RegressionPolicy, compare_run
 
     def kl_run(mean: float) -> RunFolder:

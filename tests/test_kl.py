@@ -351,7 +351,7 @@ def test_bars_name_what_they_miss():
 
 def test_llamacpp_probes_one_position_each_with_the_forced_token_sampled():
     from tasks.engines import engine_for
-    from tasks.kl.records import ProbeRetry
+    from tasks.wire.kl_probes import ProbeRetry
 
     engine = engine_for("llamacpp")
     probes = engine.forced_probes([1, 87, 107, 104, 259], 3)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import run_cli, shipped_inventory, write_inventory
-from tasks.client.records import truncation_of
+from tasks.wire.records import truncation_of
 from tasks.engines.facts import BootFacts, Metrics
 from tasks.engines.llamacpp import LlamaCpp
 from tasks.hosts.noise import between, sample
@@ -156,7 +156,7 @@ def test_noise_is_measured_and_a_wide_spread_is_unstable(tmp_path):
     noise = between(sample(tmp_path / "a"), sample(tmp_path / "b"))
     assert noise.load_1m_before == 3.5 and noise.busy_pct == pytest.approx(80.0) and noise.steal_pct == pytest.approx(20.0)
     assert sample() is not None  # this host's own /proc
-    from tasks.client.records import RequestRecord
+    from tasks.wire.records import RequestRecord
 
     def rec(n: int) -> RequestRecord:
         return RequestRecord(lane="l", stage="decode", repeat=1, concurrency=2, prompt_class="prose", prompt_id="p",

@@ -4,7 +4,7 @@ docs/architecture.md: "nothing in a task's inputs that Prefect cannot describe".
 parameters are what its task run shows and what a retry replays, so they are plain values:
 str, int, float, bool, paths, enums and Literals, pydantic models (whose fields are such values
 too), and lists, dicts, tuples and Optionals of those. A live server, a run folder object, a
-transport or a callback stays in the process that serves the lane (tasks/stages/live.py) and is
+transport or a callback stays in the process that serves the lane (tasks/serving/live.py) and is
 looked up there by name.
 
 Every module under tasks/ and flows/ is imported and every `prefect.tasks.Task` found is checked

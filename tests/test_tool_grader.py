@@ -11,7 +11,7 @@ from collections import Counter
 
 import pytest
 
-from tasks.client.replies import ChatReply, ToolCall
+from tasks.wire.replies import ChatReply, ToolCall
 from tasks.correctness.tool_grader import MISS_KINDS, ToolCase, grade, load_suite, merge_bfcl, openai_tools, standardize
 
 
@@ -266,7 +266,7 @@ def test_suites_load_from_bfcl_files_and_bad_lines_are_named(tmp_path):
 
 
 def test_shipped_suites_load():
-    from tasks.engines.build import REPO
+    from tasks.inventory.paths import REPO
 
     for name in ("testbed-dev.jsonl", "testbed-held-out.jsonl"):
         cases = load_suite(REPO / "toolsuites" / name)

@@ -18,7 +18,7 @@ from importlib import import_module
 from pathlib import Path
 from typing import Any, NoReturn
 
-from tasks.engines.build import REPO
+from tasks.inventory.paths import REPO
 
 DEFAULT_HOSTS = REPO / "hosts.yaml"
 # Commands that bring their own subcommand: each module has register_cli(subparsers), which
@@ -135,7 +135,8 @@ def cmd_nightly(args: argparse.Namespace) -> int:
 def _refused_nightly(args: argparse.Namespace) -> int | None:
     """Exit 2 with one line for an inventory the nightly cannot run; None when it can."""
     from tasks.inventory.models import ConfigError
-    from tasks.inventory.load import check_prompt_files, load_inventory
+    from tasks.inventory.load import load_inventory
+    from tasks.stages.input_files import check_prompt_files
 
     hosts = Path(args.hosts)
     try:

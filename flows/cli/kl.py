@@ -53,7 +53,7 @@ def cmd_kl(args: argparse.Namespace) -> int:
 
 
 def register_cli(subparsers: Any) -> None:
-    from tasks.engines.build import REPO
+    from tasks.inventory.paths import REPO
 
     p = subparsers.add_parser("kl", help="KL gate: score candidates teacher-forced against a reference lane")
     p.add_argument("file", help="KL file (e.g. kl/rehearsal.yaml)")

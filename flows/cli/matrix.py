@@ -54,7 +54,7 @@ def cmd_matrix(args: argparse.Namespace) -> int:
 
 
 def register_cli(subparsers: Any) -> None:
-    from tasks.engines.build import REPO
+    from tasks.inventory.paths import REPO
 
     p = subparsers.add_parser("matrix", help="drafter matrix: drafters x K x prompt class, judged against registered bars")
     p.add_argument("file", help="matrix file (e.g. matrix/rehearsal.yaml)")

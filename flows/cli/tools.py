@@ -19,7 +19,8 @@ from flows.cli import _bad_input, run_flow
 def _selected(args: argparse.Namespace) -> tuple[Path, list[str]] | str:
     """The inventory and the lanes to run, or the one-line problem with them."""
     from tasks.inventory.models import ConfigError
-    from tasks.inventory.load import check_prompt_files, load_inventory
+    from tasks.inventory.load import load_inventory
+    from tasks.stages.input_files import check_prompt_files
 
     hosts = Path(args.hosts)
     try:
@@ -70,7 +71,7 @@ def cmd_tools(args: argparse.Namespace) -> int:
 
 
 def register_cli(subparsers: Any) -> None:
-    from tasks.engines.build import REPO
+    from tasks.inventory.paths import REPO
 
     p = subparsers.add_parser("tools", help="tool-call gate: boot each lane with a tool gate, smoke it, grade its suites")
     p.add_argument("--hosts", default=str(REPO / "hosts.yaml"), help="inventory file (default: the shipped hosts.yaml)")

@@ -14,11 +14,11 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import httpx
-from tasks.client.replies import ChatReply
+from tasks.wire.replies import ChatReply
 
 if TYPE_CHECKING:
     from tasks.engines.base import Engine
-    from tasks.client.records import RequestSpec
+    from tasks.wire.records import RequestSpec
 
 _TIMEOUT = httpx.Timeout(connect=10.0, read=300.0, write=30.0, pool=300.0)
 

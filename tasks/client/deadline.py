@@ -2,7 +2,7 @@
 
 llama-server sends an SSE ping every 30 s, so a read timeout never fires on a stopped server:
 every request runs under a wall deadline = TTFT allowance + max_tokens / floor speed (a request
-slower than the floor speed is a fault, not a measurement). tasks/stages/deadlines.py derives
+slower than the floor speed is a fault, not a measurement). tasks/serving/deadlines.py derives
 wave deadlines from the same numbers.
 """
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from tasks.client.prompts import Prompt
-from tasks.client.records import RequestRecord
+from tasks.wire.records import RequestRecord
 from tasks.client.waves import Wave, WaveResult, run_part
 from tasks.client.workers import run_spread
 from tasks.engines.base import Engine

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tasks.client.records import RequestRecord
+from tasks.wire.records import RequestRecord
 
 PERCENTILES = (50, 90, 95, 99)
 

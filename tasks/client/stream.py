@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from pydantic import ValidationError
 
-from tasks.client.records import StreamEvent
+from tasks.wire.records import StreamEvent
 from tasks.engines.base import Engine
 
 # Final usage claiming more than this many times the tokens the chunks carried (plus slack)

@@ -37,7 +37,7 @@ import numpy as np
 from tasks.client import http
 from tasks.client.prompts import Prompt, nonce, with_nonce
 from tasks.client.deadline import request_deadline_s
-from tasks.client.records import RequestRecord, truncation_of
+from tasks.wire.records import RequestRecord, truncation_of
 from tasks.client.shapes import LoadShape
 from tasks.client.stream import Assembler
 from tasks.engines.base import Engine

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection, wait
 
 from tasks.client.prompts import Prompt
-from tasks.client.records import RequestRecord
+from tasks.wire.records import RequestRecord
 from tasks.client.waves import Wave, WaveResult, run_part
 from tasks.engines.base import Engine
 

@@ -32,12 +32,12 @@ from scipy.stats import binomtest
 
 from tasks.client.chat import send_chats
 from tasks.client.prompts import nonce, with_nonce
-from tasks.client.replies import ChatReply
+from tasks.wire.replies import ChatReply
 from tasks.correctness.thinking import switch_kwargs
 from tasks.engines import engine_for
 from tasks.inventory.models import AccuracyPlan, Lane
 from tasks.record.run_folder import RunFolder
-from tasks.stages.live import Endpoint
+from tasks.serving.live import Endpoint
 
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 DOMINANT = 0.5  # a truncated share above this makes the raw score a truncation score

@@ -27,7 +27,7 @@ from pydantic import BaseModel
 
 from tasks.client.control import control
 from tasks.record.run_folder import RunFolder
-from tasks.stages.live import Endpoint
+from tasks.serving.live import Endpoint
 from tasks.client.chat import send_chats
 from tasks.inventory.models import Lane, NeedleKind, NeedlePlan
 from tasks.engines import Engine, engine_for

@@ -15,12 +15,12 @@ import json
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from tasks.stages.live import Endpoint
+from tasks.serving.live import Endpoint
 from tasks.client.chat import send_chats
-from tasks.client.replies import ChatReply
+from tasks.wire.replies import ChatReply
 from tasks.inventory.models import Lane
 from tasks.engines import engine_for
-from tasks.client.records import RequestSpec
+from tasks.wire.records import RequestSpec
 from tasks.record.rows import GateResult
 from tasks.correctness.thinking import switch_kwargs
 

@@ -15,9 +15,9 @@ from typing import Any, Literal
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from tasks.stages.live import Endpoint
+from tasks.serving.live import Endpoint
 from tasks.client.chat import send_chats
-from tasks.client.replies import ChatReply
+from tasks.wire.replies import ChatReply
 from tasks.inventory.models import Agentic, Lane, ThinkingSwitch
 from tasks.engines import engine_for
 from tasks.client.prompts import nonce, with_nonce

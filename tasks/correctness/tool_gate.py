@@ -26,9 +26,9 @@ from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel
 
 from tasks.record.run_folder import RunFolder
-from tasks.stages.live import Endpoint
+from tasks.serving.live import Endpoint
 from tasks.client.chat import send_chats
-from tasks.client.replies import ChatReply
+from tasks.wire.replies import ChatReply
 from tasks.inventory.models import Agentic, Host, Lane, ToolGatePlan, ToolProtocol, load_protocol
 from tasks.inventory.load import shipped_or_local
 from tasks.correctness.record import ledger as correctness_ledger

@@ -33,7 +33,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
-from tasks.client.replies import ChatReply
+from tasks.wire.replies import ChatReply
 
 MissKind = Literal["http_error", "truncated", "no_call", "malformed_call", "wrong_count", "wrong_function",
                    "missing_argument", "unexpected_argument", "wrong_value"]

@@ -14,10 +14,10 @@ from typing import Any, ClassVar
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from tasks.client.replies import ChatReply, parse_openai_chat
+from tasks.wire.replies import ChatReply, parse_openai_chat
 from tasks.inventory.models import Agentic, Lane
-from tasks.kl.records import ForcedProbe, ForcedScore
-from tasks.client.records import RequestRecord, RequestSpec, StreamEvent
+from tasks.wire.kl_probes import ForcedProbe, ForcedScore
+from tasks.wire.records import RequestRecord, RequestSpec, StreamEvent
 from tasks.engines.facts import Acceptance, BootFacts, DraftPlan, LoggedAcceptance, Metrics, PlannedCap
 
 

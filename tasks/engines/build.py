@@ -7,7 +7,8 @@ import os
 import subprocess
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from tasks.inventory.paths import REPO
+
 BUILD_SCRIPT = REPO / "scripts" / "build-llama-cpp.sh"
 
 

@@ -15,8 +15,8 @@ import re
 
 from tasks.inventory.models import Agentic, Lane
 from tasks.engines.base import Engine, per_position_from_counts
-from tasks.kl.records import ForcedProbe, ForcedScore, ProbeRetry
-from tasks.client.records import RequestRecord, RequestSpec, StreamEvent
+from tasks.wire.kl_probes import ForcedProbe, ForcedScore, ProbeRetry
+from tasks.wire.records import RequestRecord, RequestSpec, StreamEvent
 from tasks.engines.facts import Acceptance, BootFacts, Metrics
 
 _SLOTS = re.compile(r"initializing, n_slots = (\d+), n_ctx_slot = (\d+)")

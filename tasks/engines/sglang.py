@@ -55,8 +55,8 @@ from typing import Any
 
 from tasks.inventory.models import Agentic, Lane
 from tasks.engines.base import Engine, per_position_from_counts, parser_flags
-from tasks.kl.records import ForcedProbe, ForcedScore
-from tasks.client.records import RequestRecord, RequestSpec, StreamEvent
+from tasks.wire.kl_probes import ForcedProbe, ForcedScore
+from tasks.wire.records import RequestRecord, RequestSpec, StreamEvent
 from tasks.engines.facts import Acceptance, BootFacts, DraftPlan, Metrics, PlannedCap
 from tasks.engines import planned, sglang_boot
 

@@ -68,7 +68,7 @@ def _register_holder():  # type: ignore[no-untyped-def]
     from prefect.client.schemas.objects import ConcurrencyLeaseHolder
     from prefect.runtime import flow_run
 
-    from tasks.record.interrupted import owner
+    from tasks.hosts.owner import owner
 
     run_id = flow_run.get_id() or str(uuid4())
     folder = _holders()
@@ -114,7 +114,7 @@ def _holders() -> Path:
 
 def _holder_dead(lease: dict) -> bool:
     """The lease's holder (a flow run of this host) has no process any more."""
-    from tasks.record.interrupted import owner_alive
+    from tasks.hosts.owner import owner_alive
 
     holder = (lease.get("metadata") or {}).get("holder") or {}
     try:

@@ -19,7 +19,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from tasks.engines.build import REPO
+from tasks.inventory.paths import REPO
 from tasks.inventory.models import BenchPlan, ConfigError, DecodePlan, FileRef, Host, Inventory, Lane
 from tasks.inventory.base import _RefError
 from tasks.inventory.load import _FIXES, _field_path, read_yaml_mapping, load_inventory

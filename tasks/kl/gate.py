@@ -18,11 +18,11 @@ from prefect import get_run_logger
 
 from tasks.record.run_folder import RunFolder
 from tasks.hosts.lock import host_lock
-from tasks.stages.live import Server
+from tasks.serving.live import Server
 from tasks.stages.serve import served_lane
 from tasks.kl.stages import LaneDied, checksum, generate, quantize, score, tokenize, tokenizer_difference
 from tasks.kl.config import TOKENIZER_PROBE, KlFile, ResolvedLane
-from tasks.kl.records import ForcedScore, ScoreRecord, Sequence
+from tasks.wire.kl_probes import ForcedScore, ScoreRecord, Sequence
 from tasks.kl.report import histogram, render
 from tasks.kl.stats import bar_failures, pair_rows, position_rows, summary_row
 from tasks.record.progress import progress

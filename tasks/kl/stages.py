@@ -21,15 +21,15 @@ import httpx
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from tasks.stages.live import Server
+from tasks.serving.live import Server
 from tasks.engines.build import llama_cpp_bin_dir
 from tasks.engines import Engine
 from tasks.hosts.files import sha256_of
-from tasks.kl.records import ForcedProbe, ForcedScore, ProbeRetry, Sequence
+from tasks.inventory.paths import CACHE
+from tasks.wire.kl_probes import ForcedProbe, ForcedScore, ProbeRetry, Sequence
 from tasks.client.prompts import Prompt
-from tasks.client.records import RequestSpec
+from tasks.wire.records import RequestSpec
 
-CACHE = Path(os.environ.get("LANEBENCH_CACHE", Path.home() / ".cache" / "lanebench"))
 REQUEST_TIMEOUT_S = 120.0
 QUANTIZE_TIMEOUT_S = 1800.0
 

@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from tasks.kl.config import Bars
-from tasks.kl.records import ForcedScore, KlPairRow, KlPositionRow, KlSummaryRow, Sequence
+from tasks.wire.kl_probes import ForcedScore, KlPairRow, KlPositionRow, KlSummaryRow, Sequence
 
 
 def position_rows(lane: str, sequences: list[Sequence], ref: dict[str, list[ForcedScore]],

@@ -30,7 +30,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from tasks.engines.build import REPO
+from tasks.inventory.paths import REPO
 from tasks.inventory.models import _NAME, AcceptancePlan, BenchPlan, ConfigError, DecodePlan, FileRef, Host, Lane, Speculative
 from tasks.inventory.flag_conflicts import flag_values
 from tasks.inventory.load import _FIXES, _field_path, read_yaml_mapping, load_inventory

@@ -24,9 +24,10 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel
 
+from tasks.inventory.paths import REPO
 from tasks.record.kinds import kind as artifact_kind
 
-SUITES_DIR = Path(__file__).resolve().parents[2] / "expectations"
+SUITES_DIR = REPO / "expectations"
 # Derived column -> the source columns shown beside it when it fails.
 _DERIVED_FROM: dict[str, list[str]] = {
     "k_plus_1": ["k"],

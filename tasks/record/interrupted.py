@@ -11,47 +11,16 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import socket
 import signal
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from tasks.hosts.owner import owner_alive
 from tasks.record.confined import Outside, inside
 
 LIVE_GLOBS = ("*/*.jsonl", "*/*.log")
 SEALS = ".seals"  # per-append digests of raw record files (tasks/record/run_folder.py)
-
-
-def _boot_id() -> str:
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return ""
-
-
-def _start_time(pid: int) -> str:
-    """The process's start time in clock ticks since boot (a recycled pid has another)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return stat.rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return ""
-
-
-def owner() -> dict[str, Any]:
-    pid = os.getpid()
-    return {"hostname": socket.gethostname(), "boot_id": _boot_id(), "pid": pid, "start": _start_time(pid)}
-
-
-def owner_alive(o: dict[str, Any]) -> bool | None:
-    """True/False for an owner on this host (this boot); None when it cannot be judged from here."""
-    if not o or o.get("hostname") != socket.gethostname():
-        return None
-    if o.get("boot_id") != _boot_id():
-        return False  # the machine rebooted since: nothing of that run survives
-    return bool(o.get("pid")) and _start_time(int(o["pid"])) == o.get("start")
 
 
 _STOPS: list[str] = []  # signals received by this process, in order

@@ -30,14 +30,14 @@ class ArtifactKind:
 
 
 KINDS: dict[str, ArtifactKind] = {k.name: k for k in (
-    ArtifactKind("requests", "tasks.client.records:RequestRecord", ("lane", "stage", "repeat", "concurrency", "prompt_id")),
+    ArtifactKind("requests", "tasks.wire.records:RequestRecord", ("lane", "stage", "repeat", "concurrency", "prompt_id")),
     ArtifactKind("warmup", "tasks.record.rows:WarmupRow", ("lane", "concurrency", "size_class")),
     ArtifactKind("decode", "tasks.record.rows:DecodeRow", ("lane", "concurrency"), history=True, published=True),
     ArtifactKind("acceptance", "tasks.record.rows:AcceptanceRow", ("lane", "prompt_class", "k"), history=True,
                  published=True),
-    ArtifactKind("kl_positions", "tasks.kl.records:KlPositionRow", ("lane", "prompt_id", "position")),
-    ArtifactKind("kl_summary", "tasks.kl.records:KlSummaryRow", ("lane",), history=True),
-    ArtifactKind("kl_pairs", "tasks.kl.records:KlPairRow", ("lane_a", "lane_b")),
+    ArtifactKind("kl_positions", "tasks.wire.kl_probes:KlPositionRow", ("lane", "prompt_id", "position")),
+    ArtifactKind("kl_summary", "tasks.wire.kl_probes:KlSummaryRow", ("lane",), history=True),
+    ArtifactKind("kl_pairs", "tasks.wire.kl_probes:KlPairRow", ("lane_a", "lane_b")),
     ArtifactKind("regression", "tasks.record.regression:RegressionRow", ("lane", "metric"), history=True,
                  published=True),
     ArtifactKind("matrix_arms", "tasks.matrix.verdict:ArmClassRow", ("arm", "prompt_class")),

@@ -13,7 +13,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from tasks.engines.build import REPO
+from tasks.inventory.paths import REPO
 
 
 def git_identity() -> dict[str, Any]:

@@ -171,7 +171,7 @@ class RunFolder:
         self._lock = threading.RLock()
         self._seals: dict[str, hashlib._Hash] = {}  # raw file -> running sha256 of what we appended
         self.write_error: str | None = None
-        from tasks.record.interrupted import owner
+        from tasks.hosts.owner import owner
 
         self.manifest = Manifest(
             lanebench=git_identity(),

@@ -24,8 +24,8 @@ from tasks.client.prompts import Prompt
 from tasks.engines.facts import Acceptance, LoggedAcceptance
 from tasks.record.progress import progress
 from tasks.record.rows import AcceptanceRow
-from tasks.stages import live
-from tasks.stages.live import Endpoint
+from tasks.serving import live
+from tasks.serving.live import Endpoint
 
 
 # Fewer prompts than this per class: the row is kept, but no verdict may rest on it (the seeds'
@@ -174,7 +174,7 @@ def acceptance_probe(endpoint: Endpoint, run_dir: str, k: int, classes: dict[str
 
     Each request is its own counter window too (scraped between requests, which run one at a
     time), so per-prompt acceptance, budget-cut drafts and tokens per target pass are exact.
-    Before each window the server is checked (tasks/stages/deadlines.py); every record is kept.
+    Before each window the server is checked (tasks/serving/deadlines.py); every record is kept.
 
     `log_interval_s`: the server logs its own acceptance this often (Engine.acceptance_log_interval_s).
     The class's window is then fenced by a wait of one interval on each side, so the lines

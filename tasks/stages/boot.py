@@ -21,8 +21,9 @@ from tasks.engines import engine_for
 from tasks.engines.facts import BootFacts
 from tasks.hosts.listener import Listeners
 from tasks.hosts.transport import Spawned
-from tasks.stages import live, topology
-from tasks.stages.live import Endpoint, Placement, Server
+from tasks.serving import live
+from tasks.stages import topology
+from tasks.serving.live import Endpoint, Placement, Server
 
 class BootError(RuntimeError):
     pass
@@ -182,7 +183,7 @@ def stop(server: Server, grace_s: float = 10.0) -> None:
 
 @task(name="boot", cache_policy=NO_CACHE)
 def boot(lane_name: str, lane: Lane, binary: str, address: str, log_path: Path) -> tuple[Endpoint, BootFacts, float]:
-    """Start the lane's server where its placement says (tasks/stages/live.py) and wait for health;
+    """Start the lane's server where its placement says (tasks/serving/live.py) and wait for health;
     the healthy server joins the lane's live handles. Returns its endpoint, boot facts and boot seconds."""
     handles = live.handles(lane_name)
     server = start(lane_name, lane, binary, address, log_path, handles.placement)

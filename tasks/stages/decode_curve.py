@@ -18,7 +18,7 @@ from prefect.cache_policies import NO_CACHE
 
 from tasks.client import metrics
 from tasks.client.prompts import Prompt
-from tasks.client.records import RequestRecord
+from tasks.wire.records import RequestRecord
 from tasks.client.load import Wave, WaveResult, run_wave
 from tasks.engines import engine_for
 from tasks.hosts import noise as host_noise
@@ -26,8 +26,8 @@ from tasks.hosts.noise import DEFAULT_UNSTABLE_SPREAD_PCT, Noise
 from tasks.inventory.models import DecodePlan
 from tasks.record.progress import progress
 from tasks.record.rows import DecodeRow
-from tasks.stages import live
-from tasks.stages.live import Endpoint
+from tasks.serving import live
+from tasks.serving.live import Endpoint
 
 
 def _nan(v: float | None) -> float:
@@ -122,7 +122,7 @@ def levels(plan: DecodePlan) -> list[tuple[int, float | None]]:
 def decode_curve(endpoint: Endpoint, run_dir: str, plan: DecodePlan, repeats: int, prompts: list[Prompt],
                  unstable_spread_pct: float = DEFAULT_UNSTABLE_SPREAD_PCT) -> list[DecodeRow]:
     """Every level's waves; before each wave the server is checked (a dead or hung one, or a request
-    past its deadline, ends the lane there: tasks/stages/deadlines.py), each record kept as it arrives."""
+    past its deadline, ends the lane there: tasks/serving/deadlines.py), each record kept as it arrives."""
 
     def each_wave(what: str) -> None:
         live.check(endpoint)

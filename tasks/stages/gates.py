@@ -18,12 +18,12 @@ from prefect.cache_policies import NO_CACHE
 from prefect.tasks import exponential_backoff
 
 from tasks.client.control import control
-from tasks.stages.live import Endpoint
+from tasks.serving.live import Endpoint
 from tasks.inventory.models import CapacityGate, CounterGate, Lane
 from tasks.engines import engine_for
 from tasks.client.load import Wave, run_wave
 from tasks.client.prompts import Prompt
-from tasks.client.records import RequestRecord
+from tasks.wire.records import RequestRecord
 from tasks.engines.facts import BootFacts, Metrics
 from tasks.record.rows import GateResult, InFlight
 

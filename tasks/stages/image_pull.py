@@ -13,7 +13,7 @@ from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel
 
 from tasks.hosts.containers import DockerUnavailable, ImageError, ImageFacts, pull_by_digest
-from tasks.stages import live
+from tasks.serving import live
 
 
 class ImagePull(BaseModel):
@@ -27,7 +27,7 @@ class ImagePull(BaseModel):
 @task(name="image pull", cache_policy=NO_CACHE)
 def image_pull(lane_name: str, host_name: str, docker_host: str | None, image_ref: str) -> ImagePull:
     """Pull by digest (skipped when present) and verify, on `host_name` through the transport the
-    lane's served lifecycle holds (tasks/stages/live.py); a registry that is down or a digest it
+    lane's served lifecycle holds (tasks/serving/live.py); a registry that is down or a digest it
     does not have is a clear reason, not a traceback: the lane fails with it and the rest go on."""
     transport = live.transport(lane_name, host_name)
     try:

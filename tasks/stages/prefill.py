@@ -28,7 +28,7 @@ from tasks.engines.facts import BootFacts
 from tasks.inventory.models import PrefillPlan
 from tasks.record.progress import progress
 from tasks.record.run_folder import RunFolder
-from tasks.stages.live import Endpoint
+from tasks.serving.live import Endpoint
 
 _TIMEOUT = httpx.Timeout(connect=10.0, read=600.0, write=60.0, pool=60.0)
 _BOS_MARGIN = 2  # tokens the server may add around a raw prompt (BOS, a separator)

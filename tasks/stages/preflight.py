@@ -25,7 +25,8 @@ from tasks.hosts.checks import HostCheck, check_host, host_path
 from tasks.hosts.links import LinkCheck, check_link, lane_links
 from tasks.hosts.connect import Reach
 from tasks.hosts.transport import Transport, TransportError
-from tasks.stages import live, topology
+from tasks.serving import live
+from tasks.stages import topology
 
 
 class ModelFacts(BaseModel):
@@ -219,7 +220,7 @@ def _needs_reach(lane: Lane, host: Host) -> bool:
 @task(name="preflight", cache_policy=NO_CACHE)
 def preflight(lane_name: str, lane: Lane, host: Host, base_dir: Path, inventory: Inventory | None = None) -> Preflight:
     """Links, host, workers, binary, model files with declared bytes (and sha256), port free; a
-    remote lane's checks go through the transports its served lane holds (tasks/stages/live.py)."""
+    remote lane's checks go through the transports its served lane holds (tasks/serving/live.py)."""
     if _needs_reach(lane, host):
         reach = live.handles(lane_name).reach if live.served(lane_name) else None
         if reach is None:

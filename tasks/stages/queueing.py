@@ -22,14 +22,14 @@ from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel, ConfigDict
 
 from tasks.client.prompts import Prompt
-from tasks.client.records import RequestRecord
+from tasks.wire.records import RequestRecord
 from tasks.engines import Engine, engine_for
 from tasks.inventory.models import DecodePlan
 from tasks.record.progress import progress
 from tasks.record.rows import DecodeRow
-from tasks.stages import live
+from tasks.serving import live
 from tasks.stages.decode_curve import measure
-from tasks.stages.live import Endpoint
+from tasks.serving.live import Endpoint
 
 _SAMPLE_S = 0.1
 

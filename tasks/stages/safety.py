@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from tasks.client.records import RequestRecord
+from tasks.wire.records import RequestRecord
 from tasks.engines.base import Engine
 from tasks.engines.facts import BootFacts, Metrics
 from tasks.inventory.models import CapacityGate, CounterGate, Gate, Lane

@@ -14,7 +14,7 @@ image that cannot be pulled yields `None` with the lane failed; a failed boot ga
 `GateFailed` after recording it. Teardown runs whatever the caller does inside the block.
 
 The lane's live handles (its hosts' transports, its server's processes, its `Late` tracker) are
-registered by lane name in this process for the life of the block (tasks/stages/live.py), so the
+registered by lane name in this process for the life of the block (tasks/serving/live.py), so the
 stages' Prefect tasks take plain values (an `Endpoint`, a host's name) and find them there.
 """
 
@@ -42,9 +42,9 @@ from tasks.inventory.load import shipped_or_local
 from tasks.inventory.models import CapacityGate, Host, Inventory, Lane
 from tasks.record import prefect_redaction
 from tasks.record.run_folder import LaneRecord, RunFolder
-from tasks.stages import live
+from tasks.serving import live
 from tasks.stages.boot import NodeLost, boot, read_facts, stop
-from tasks.stages.live import Endpoint, Placement, Server, Worker
+from tasks.serving.live import Endpoint, Placement, Server, Worker
 from tasks.stages.gates import GateFailed, capacity_gate, counter_gate, scrape_metrics
 from tasks.record.progress import progress
 from tasks.stages.preflight import Preflight, model_paths, preflight

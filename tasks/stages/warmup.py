@@ -17,11 +17,11 @@ from prefect.cache_policies import NO_CACHE
 from tasks.engines import engine_for
 from tasks.client.load import Wave, run_wave
 from tasks.client.prompts import Prompt
-from tasks.client.records import RequestRecord
+from tasks.wire.records import RequestRecord
 from tasks.record.progress import progress
 from tasks.record.rows import WarmupRow
-from tasks.stages import live
-from tasks.stages.live import Endpoint
+from tasks.serving import live
+from tasks.serving.live import Endpoint
 
 
 def _median(records: list[RequestRecord], field: str) -> float:
@@ -57,7 +57,7 @@ def warmup(endpoint: Endpoint, run_dir: str, shapes: list[tuple[int, str, int]],
             # A first hit faster than steady is the host's noise, never a negative cost.
             noise=_median(first, "e2el_s") < _median(steady, "e2el_s"),
         ))
-    # The lane's own steady state bounds its later requests' stalls (tasks/stages/deadlines.py).
+    # The lane's own steady state bounds its later requests' stalls (tasks/serving/deadlines.py).
     if live.served(lane_name) and (words := live.handles(lane_name).late.set_stall_bounds(gaps, ttfts)):
         progress(lane_name, words)
     return rows

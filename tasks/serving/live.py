@@ -4,7 +4,7 @@ Prefect tasks take values Prefect can describe in its UI (tests/test_task_inputs
 `Endpoint` (lane, engine, address, log), the run folder's path, a host's name. What cannot be
 described stays here: the server with its processes (`Server`), where it runs and through which
 transports (`Placement`, `Worker`, the lane's `Reach`), and the lane's `Late` tracker (requests
-past their wall deadline, tasks/stages/deadlines.py).
+past their wall deadline, tasks/serving/deadlines.py).
 
 `served_lane` (tasks/stages/serve.py) owns the registry: it registers a lane once it has reached
 its hosts, the boot task adds the healthy server, and teardown forgets the lane on every path.
@@ -22,12 +22,12 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from tasks.client.records import RequestRecord
+from tasks.wire.records import RequestRecord
 from tasks.hosts.connect import Reach
 from tasks.hosts.transport import LocalTransport, Spawned, Transport
 from tasks.inventory.models import Host
 from tasks.record.run_folder import RunFolder, RunFolderWriteError
-from tasks.stages.deadlines import Late, check_alive
+from tasks.serving.deadlines import Late, check_alive
 
 
 class Endpoint(BaseModel):
@@ -158,7 +158,7 @@ def server(endpoint: Endpoint) -> Server:
 
 def check(endpoint: Endpoint) -> None:
     """Between waves and after a stage: raise ServerDied when the server is gone or silent, or a
-    judged request ran past its wall deadline (tasks/stages/deadlines.py)."""
+    judged request ran past its wall deadline (tasks/serving/deadlines.py)."""
     check_alive(server(endpoint), late=handles(endpoint.lane).late)
 
 

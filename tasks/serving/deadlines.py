@@ -8,7 +8,7 @@ with the stage and the reason, and the other lanes go on. llama-server sends an 
   speed is not a measurement, it is a fault);
 - wave deadline = requests per stream x request deadline + slack (streams run side by side);
 - between waves, the server is checked (`check_alive`; a measuring task calls it itself through
-  `check(endpoint)` of tasks/stages/live.py, which holds the lane's server and `Late`): process
+  `check(endpoint)` of tasks/serving/live.py, which holds the lane's server and `Late`): process
   gone, or health not answering within seconds, ends the lane naming what happened, instead of
   sending the remaining waves to a dead server and blaming the next metrics scrape;
 - a request that ran past its wall deadline ends the lane at the next check (between waves, and
@@ -42,7 +42,7 @@ class ServerDied(RuntimeError):
 
 class Late:
     """The lane's requests that ran past their wall deadline or stalled, noted as the records
-    arrive (`keep` of tasks/stages/live.py: every judged record a task keeps passes here first).
+    arrive (`keep` of tasks/serving/live.py: every judged record a task keeps passes here first).
     Holds the lane's stall bounds once its warmup has measured its steady state."""
 
     def __init__(self) -> None:

@@ -19,7 +19,7 @@ import pandas as pd
 
 from tasks.record.markdown import frame
 from tasks.correctness import record as correctness
-from tasks.record import bench_report
+from tasks.report import bench_report
 from tasks.record.gpu_report import bandwidth_note, gpu_lines
 from tasks.record.speculation import speculation_verdicts
 from tasks.record.run_folder import RunFolder
@@ -305,7 +305,7 @@ def render(run: RunFolder) -> str:
                         "spread = (max - min) / median."]
                 if note := bandwidth_note(lane.bandwidth):
                     out += ["", note]
-        # Capacity plan, prefill ladder, queueing levels, accuracy eval (tasks/record/bench_report.py).
+        # Capacity plan, prefill ladder, queueing levels, accuracy eval (tasks/report/bench_report.py).
         out += bench_report.section(run, name)
         for entry in [a for a in m.artifacts if a.lane == name and a.kind == "regression" and a.validation == "passed"]:
             out += ["", "### Against the baseline", "", _md(regression_table(pd.read_parquet(run.path / entry.path)))]
