@@ -14,7 +14,6 @@ and is not a result.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import subprocess
@@ -24,6 +23,8 @@ import time
 from pathlib import Path
 
 import pandas as pd
+
+from tasks.record.manifest import read_manifest
 
 REPO = Path(__file__).resolve().parent.parent
 RUNS = [("llama.cpp", "hosts.yaml"), ("vLLM", "hosts.vllm.yaml")]
@@ -58,11 +59,12 @@ def main() -> None:
     for engine, hosts in RUNS:
         load = settle(args.quiet, args.settle_s)
         folder, wall = nightly(hosts, Path(tempfile.mkdtemp(prefix="lanebench-side-by-side-")))
-        manifest = json.loads((folder / "manifest.json").read_text())
+        manifest = read_manifest(folder)
         busy = " (busy: not a result)" if load >= args.quiet else ""
-        for lane, rec in manifest["lanes"].items():
-            extra = (rec.get("boot_facts") or {}).get("extra", {})
-            boots.append([engine, lane, rec["status"], f"{rec.get('boot_seconds') or 0:.1f}",
+        for lane, rec in manifest.lanes.items():
+            extra = rec.boot_facts.get("extra")
+            extra = extra if isinstance(extra, dict) else {}
+            boots.append([engine, lane, rec.status, f"{rec.boot_seconds or 0:.1f}",
                           f"{extra['init_engine_s']:.1f}" if "init_engine_s" in extra else "",
                           f"{load:.2f}{busy}", f"{wall:.0f}"])
             if (folder / lane / "decode.parquet").exists():
@@ -77,6 +79,7 @@ def main() -> None:
                     accs.append([engine, lane, row.prompt_class, int(row.k), f"{row.acceptance_length:.2f}",
                                  " · ".join(f"{p:.2f}" for p in row.per_position),
                                  "" if logged is None or pd.isna(logged) else f"{logged:.2f}"])
+    table: list[tuple[str, list[str], list]]
     table = [("boot", ["engine", "lane", "status", "boot s", "engine init s", "load at start", "nightly wall s"], boots),
              ("decode curve", ["engine", "lane", "C", "agg tok/s", "spread %", "per-user tok/s", "TTFT p50 ms"], curves),
              ("acceptance", ["engine", "lane", "class", "K", "acceptance length", "per position", "engine's own log"], accs)]

@@ -16,9 +16,14 @@ Markers in the prompt script one request:
   #fault=malformed|error|errorclose|empty|inconsistent|stall|close|midstall|zerocount
       malformed: a broken JSON event mid-stream; error: llama-server's mid-stream
       `data: {"error": {...}}`; empty: only `data: [DONE]`; inconsistent: final usage claims 10x
-      the tokens sent; errorclose: the error event, then the connection drops; stall: pings (`:`) every --ping-s and never finishes; close: the
-      connection drops mid-stream; midstall: half the tokens, then only pings; zerocount: the final usage claims 0 tokens.
+      the tokens sent; errorclose: the error event, then the connection drops; stall: pings (`:`)
+      every --ping-s and never finishes; close: the connection drops mid-stream; midstall: half
+      the tokens, then only pings; zerocount: the final usage claims 0 tokens.
 GET /stats returns {"connections": accepted so far, "requests": served so far}.
+
+`--step-ms S`: the server steps like a batching engine (llama-server, vLLM): every event is
+written on a grid of S ms shared by all streams, so the events of all running streams leave at the
+same tick and reach a client as one burst (what a client meets at C=64 on a GPU).
 
 `--busy-poll`: the loop polls its sockets with a zero timeout instead of sleeping on them, so
 its core never idles: a request's arrival is stamped without waiting for a halted (virtual) CPU
@@ -33,6 +38,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import re
 import selectors
@@ -50,7 +56,7 @@ class _StampedReader(asyncio.StreamReader):
         self.fed = 0  # bytes received so far on this connection
         self.stamps: list[tuple[int, float]] = []  # (offset just past a received chunk, its arrival)
 
-    def feed_data(self, data: bytes) -> None:
+    def feed_data(self, data: bytes) -> None:  # type: ignore[override]  # the event loop feeds bytes
         self.fed += len(data)
         self.stamps.append((self.fed, time.perf_counter()))
         super().feed_data(data)
@@ -67,11 +73,14 @@ class Fake:
         self.ttft = 0.0 if args.zero_delay else args.ttft_ms / 1000
         self.itl = 0.0 if args.zero_delay else args.itl_ms / 1000
         self.ping = args.ping_s
+        self.step = args.step_ms / 1000 if args.step_ms else 0.0
         self.log = open(args.log, "a", buffering=1) if args.log else None
         self.connections = 0
         self.requests = 0
 
-    async def handle(self, reader: _StampedReader, writer: asyncio.StreamWriter) -> None:
+    async def handle(self, stream: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        assert isinstance(stream, _StampedReader)  # the protocol below reads with one
+        reader = stream
         self.connections += 1
         consumed = 0  # bytes of this connection's requests read so far
         try:
@@ -134,9 +143,11 @@ class Fake:
 
         # The token events are the hot path of --zero-delay: render them by template, not json.dumps.
         if chat:
-            head = b'data: {"id":"cmpl-%d","object":"chat.completion.chunk","created":0,"model":"fake","choices":[{"index":0,"delta":{"content":" tok"},"finish_reason":null}]' % rid
+            head = (b'data: {"id":"cmpl-%d","object":"chat.completion.chunk","created":0,"model":"fake",'
+                    b'"choices":[{"index":0,"delta":{"content":" tok"},"finish_reason":null}]' % rid)
         else:
-            head = b'data: {"id":"cmpl-%d","object":"text_completion","created":0,"model":"fake","choices":[{"index":0,"text":" tok","token_ids":[' % rid
+            head = (b'data: {"id":"cmpl-%d","object":"text_completion","created":0,"model":"fake",'
+                    b'"choices":[{"index":0,"text":" tok","token_ids":[' % rid)
 
         def token(i: int, k: int = 1) -> bytes:
             """The event carrying tokens i-k+1 .. i."""
@@ -154,8 +165,8 @@ class Fake:
             else:
                 choice = {"index": 0, "text": " tok" if finish is None else "", "token_ids": [i] if finish is None else [],
                           "finish_reason": finish}
-            data = {"id": f"cmpl-{rid}", "object": "chat.completion.chunk" if chat else "text_completion",
-                    "created": 0, "model": "fake", "choices": [choice]}
+            data: dict[str, object] = {"id": f"cmpl-{rid}", "object": "chat.completion.chunk" if chat else "text_completion",
+                                       "created": 0, "model": "fake", "choices": [choice]}
             if usage is not None:
                 data["usage"] = usage
             return b"data: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
@@ -179,6 +190,8 @@ class Fake:
             t_next = t_recv + self.ttft
             sent = 0
             while sent < n:
+                if self.step:  # the next tick of the shared grid at or after t_next
+                    t_next = math.ceil(t_next / self.step - 1e-6) * self.step
                 if self.ttft or self.itl:
                     await asyncio.sleep(max(0.0, t_next - time.perf_counter()))
                 k = min(burst, n - sent)
@@ -231,6 +244,7 @@ def options() -> argparse.Namespace:
     p.add_argument("--ttft-ms", type=float, default=20.0)
     p.add_argument("--itl-ms", type=float, default=5.0)
     p.add_argument("--zero-delay", action="store_true")
+    p.add_argument("--step-ms", type=float, default=0.0, help="write every event on one shared grid (a batch step)")
     p.add_argument("--ping-s", type=float, default=30.0)
     p.add_argument("--cpu", type=int, default=None, help="pin the server to this core")
     p.add_argument("--log", default=None)

@@ -24,7 +24,7 @@ from pathlib import Path
 # The checkout's own package (a peer's venv does not have lanebench installed); since b6c58bb
 # http.py imports its socket reader from tasks.client.stamped, so loading http.py alone broke.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tasks.client import http as lean  # noqa: E402
+from tasks.client import http as lean
 
 BODY = {"model": "fake", "prompt": "benchmark prompt", "stream": True}
 

@@ -28,6 +28,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from math import nan
 from pathlib import Path
 
 import numpy as np
@@ -37,6 +38,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from peers import PEERS, run_peer, venv  # noqa: E402
+from tasks.client.metrics import percentile  # noqa: E402
 from tasks.client.prompts import Prompt  # noqa: E402
 from tasks.client.load import Wave, run_wave  # noqa: E402
 from tasks.client.workers import run_spread  # noqa: E402
@@ -50,6 +52,7 @@ class FakeServer:
         self.log = log
         self.proc = subprocess.Popen([sys.executable, str(ROOT / "benchmarks/fake_server.py"), "--port", str(port),
                                       "--cpu", str(cpu), "--log", str(log), *flags], stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None  # stdout=PIPE
         if "listening" not in self.proc.stdout.readline():
             raise SystemExit(f"load_generator.py: the fake server did not start on port {port} (--port picks another)")
         self.url = f"http://127.0.0.1:{port}"
@@ -65,10 +68,6 @@ class FakeServer:
     def stop(self) -> None:
         self.proc.terminate()
         self.proc.wait(10)
-
-
-def _pct(values: list[float], q: float) -> float:
-    return float(np.percentile(values, q)) if values else float("nan")
 
 
 def lanebench(url: str, concurrency: int, requests: int, tokens: int, workers: int = 1,
@@ -123,10 +122,10 @@ def timed_row(client: str, got: dict, entries: list[dict], concurrency: int, itl
         ttft_err = [err(t, e) for t, e in zip(got["ttft_in_order"], ordered)]
     return {"client": client, "C": concurrency, "tok/s scheduled": round(concurrency * 1000 / itl_ms),
             "requests ok": f"{got['ok']}/{got['n']}",
-            "TTFT err p50 ms": _pct(ttft_err, 50) * 1e3, "TTFT err p99 ms": _pct(ttft_err, 99) * 1e3,
-            "vs parsed p50 ms": _pct(parsed, 50) * 1e3, "vs parsed p99 ms": _pct(parsed, 99) * 1e3,
-            "ITL err p50 ms": _pct(itl_err, 50) * 1e3 if itl_err else float("nan"),
-            "ITL |err| p99 ms": _pct(np.abs(itl_err).tolist(), 99) * 1e3 if itl_err else float("nan"),
+            "TTFT err p50 ms": percentile(ttft_err, 50, nan) * 1e3, "TTFT err p99 ms": percentile(ttft_err, 99, nan) * 1e3,
+            "vs parsed p50 ms": percentile(parsed, 50, nan) * 1e3, "vs parsed p99 ms": percentile(parsed, 99, nan) * 1e3,
+            "ITL err p50 ms": percentile(itl_err, 50, nan) * 1e3,
+            "ITL |err| p99 ms": percentile(np.abs(itl_err), 99, nan) * 1e3,
             "coalesced %": 100.0 * coalesced / chunks if chunks else float("nan")}
 
 

@@ -10,7 +10,6 @@ rows are only worth quoting from an idle machine; acceptance does not depend on 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -22,6 +21,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from rehearsal_wall_time import cpu  # noqa: E402
+
+from tasks.record.manifest import MatrixVerdict, read_manifest  # noqa: E402
 
 
 def main() -> int:
@@ -36,10 +37,11 @@ def main() -> int:
                            cwd=REPO, capture_output=True, text=True)
         seconds = time.monotonic() - t0
         folder = Path(r.stdout.strip().splitlines()[-1].removeprefix("run folder: "))
-        verdict = json.loads((folder / "manifest.json").read_text())["flow"]["matrix"]["verdict"]
+        matrix = read_manifest(folder).flow.matrix
+        verdict = matrix.verdict if matrix and matrix.verdict else MatrixVerdict(complete=False)
     print(f"| {time.strftime('%Y-%m-%d')} | {cpu()}, {os.cpu_count()} cores | load {load:.2f} | "
           f"{seconds:.0f} s | {'yes' if seconds < 900 else 'NO'} | "
-          f"{verdict['bars_passed']} passed, {verdict['bars_failed']} failed | exit {r.returncode} |")
+          f"{verdict.bars_passed} passed, {verdict.bars_failed} failed | exit {r.returncode} |")
     return r.returncode
 
 

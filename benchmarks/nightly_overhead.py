@@ -48,6 +48,9 @@ import tempfile
 import time
 from datetime import datetime
 from pathlib import Path
+from typing import Any
+
+from tasks.record.manifest import read_manifest
 
 REPO = Path(__file__).resolve().parent.parent
 MEASURING = {"boot", "boot gates", "warmup", "decode curve", "acceptance probe", "tool gate", "needle ladder",
@@ -85,8 +88,8 @@ def gate_requests(node: object) -> list[tuple[float, float]]:
 
 def measured(folder: Path) -> dict:
     """Measuring seconds of a run folder, and its stage breakdown where the timeline exists."""
-    m = json.loads((folder / "manifest.json").read_text())
-    out = {"boot_s": 0.0, "in_flight_s": 0.0, "stages": {}, "gx_s": 0.0}
+    m = read_manifest(folder).model_dump(mode="json")  # walked as JSON: gate requests wherever they sit
+    out: dict[str, Any] = {"boot_s": 0.0, "in_flight_s": 0.0, "stages": {}, "gx_s": 0.0}
     for lane, record in m["lanes"].items():
         out["boot_s"] += record.get("boot_seconds") or 0.0
         # the boot gates' own requests (lanes.<lane>.gates), the agentic ones' (flow.correctness)
@@ -179,7 +182,7 @@ def main() -> int:
                            check=True, capture_output=True)
             subprocess.run(["uv", "sync", "--frozen", "--quiet"], cwd=wt, check=True)
             checkouts = {f"{args.baseline} (before)": wt, **checkouts}
-        rows = []
+        rows: list[tuple[str, dict[str, Any]]] = []
         try:
             for i in range(args.runs):
                 for name, checkout in checkouts.items():

@@ -29,11 +29,16 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import httpx
 import yaml
 
+from tasks.hosts.retry import retrying
 from tasks.inventory.paths import REPO
+
+if TYPE_CHECKING:
+    from prefect.flows import Flow
 
 PREFECT_FILE = REPO / "prefect.yaml"
 POOL = "lanebench"
@@ -76,17 +81,16 @@ def stop(proc: subprocess.Popen | None, grace_s: float = 30) -> None:
 
 def wait_healthy(api_url: str, proc: subprocess.Popen | None, timeout_s: float, poll_s: float = 0.5) -> None:
     """Until `api_url/health` answers 200; raises when `proc` exits first or `timeout_s` passes."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    def healthy() -> bool:
         if proc is not None and proc.poll() is not None:
             raise RuntimeError(f"prefect server exited with code {proc.returncode} while starting")
         try:
-            if httpx.get(f"{api_url}/health", timeout=2).status_code == 200:
-                return
+            return httpx.get(f"{api_url}/health", timeout=2).status_code == 200
         except httpx.HTTPError:
-            pass
-        time.sleep(poll_s)
-    raise TimeoutError(f"prefect server at {api_url} not healthy after {timeout_s:.0f} s")
+            return False
+
+    if not retrying(within_s=timeout_s, wait_s=poll_s, until=bool)(healthy):
+        raise TimeoutError(f"prefect server at {api_url} not healthy after {timeout_s:.0f} s")
 
 
 @contextmanager
@@ -118,7 +122,7 @@ def deployments(prefect_file: Path) -> list[dict]:
     return list((yaml.safe_load(prefect_file.read_text()) or {}).get("deployments") or [])
 
 
-def _loaded(entrypoint: str) -> tuple[object | None, str]:
+def _loaded(entrypoint: str) -> tuple[Flow | None, str]:
     """The flow behind an entrypoint, or why it cannot be loaded (e.g. its module is not written yet)."""
     from prefect.flows import load_flow_from_entrypoint
 
@@ -167,9 +171,6 @@ def deploy(env: dict[str, str], prefect_file: Path = PREFECT_FILE, pool: str = P
            say=print, queues: list[str] | None = None) -> list[str]:
     """Create the process pool and its `queues` (a site's or host group's) if missing and deploy
     every loadable deployment of `prefect_file`, through Prefect's Python API against the server `env` names."""
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.actions import WorkPoolCreate
-    from prefect.exceptions import ObjectAlreadyExists
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     names = []
@@ -181,7 +182,8 @@ def deploy(env: dict[str, str], prefect_file: Path = PREFECT_FILE, pool: str = P
                 say(f"deployment {spec['name']} left out: {spec['entrypoint']}: {why}")
                 continue
             # The code is this checkout: each flow run's working folder is the repository.
-            sourced = flow.from_source(source=str(REPO), entrypoint=spec["entrypoint"])
+            # called sync: the flow, not a coroutine
+            sourced = cast("Flow", flow.from_source(source=str(REPO), entrypoint=spec["entrypoint"]))
             work_pool = spec.get("work_pool") or {}
             sourced.deploy(name=spec["name"], work_pool_name=work_pool.get("name", pool),
                            work_queue_name=work_pool.get("work_queue_name"), parameters=spec.get("parameters") or {},
@@ -201,7 +203,7 @@ def worker(env: dict[str, str], pool: str, log: Path, queues: list[str] | None =
 def serve(host: str, port: int, home: Path | None, prefect_file: Path, pool: str, api_url: str | None,
           start_worker: bool = True, say=print, database: str | None = None, queues: list[str] | None = None) -> int:
     """Run the stack until SIGINT/SIGTERM, or until the server or worker dies (exit 1)."""
-    stopping = {"signal": None}
+    stopping: dict[str, int | None] = {"signal": None}
 
     def on_signal(signum: int, _frame: object) -> None:
         stopping["signal"] = signum

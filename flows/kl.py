@@ -21,25 +21,22 @@ from __future__ import annotations
 from pathlib import Path
 
 from prefect import flow
-from prefect.runtime import flow_run
 from prefect.states import Completed, Failed, State
 
+from flows.lifecycle import NOTIFY, Closing, in_artifacts, open_run, run_lifecycle
 from tasks.client.prompts import load_prompts
 from tasks.kl.config import load_kl_file, resolve, resolve_lanes
 from tasks.kl.gate import Gate
-from tasks.record.interrupted import interrupts, raise_if_stopped, record_stop
+from tasks.record.interrupted import raise_if_stopped
 from tasks.record.run_folder import RunFolder
 
 
-@flow(name="kl", flow_run_name="kl-{kl_file}")
+@flow(name="kl", flow_run_name="kl-{kl_file}", **NOTIFY)
 def kl_gate(kl_file: str, artifacts_root: str = "artifacts", prompt_count: int | None = None) -> State:
     """One KL run of `kl_file` into a new run folder under `artifacts_root`; `prompt_count`
     scores only the first N prompts (a quick check, said in the report's title). A store URL as
     `artifacts_root` gets the run folder published (tasks/record/store.py)."""
-    from tasks.record.store import in_store
-
-    return in_store(artifacts_root, "kl", str(flow_run.get_id()),
-                    lambda root: _kl_gate(kl_file, root, prompt_count))
+    return in_artifacts("kl", artifacts_root, lambda root: _kl_gate(kl_file, root, prompt_count))
 
 
 def _kl_gate(kl_file: str, artifacts_root: str, prompt_count: int | None) -> State:
@@ -47,23 +44,20 @@ def _kl_gate(kl_file: str, artifacts_root: str, prompt_count: int | None) -> Sta
     spec = load_kl_file(path)
     lanes = resolve_lanes(spec, path)
     prompts = load_prompts(resolve(path.parent, spec.prompts), prompt_count or spec.prompt_count)
-    run = RunFolder(Path(artifacts_root), "kl", str(flow_run.get_id()), path)
     title = path.name + (f" (first {len(prompts)} prompts only)" if prompt_count else "")
+    run = open_run("kl", artifacts_root, path)
     gate = Gate(run, spec, lanes, prompts, title)
-    try:
+    closing = Closing(report=lambda _: gate.finish(), verdict=_verdict, finish_after_report=True)
+    with run_lifecycle(run, "kl", [spec.reference, *spec.candidates], closing) as life:
         gate.prepare_models()
         raise_if_stopped()
         if gate.reference():
             for name in spec.candidates:
                 raise_if_stopped()
                 gate.candidate(name)
-        raise_if_stopped()
-    except interrupts() as e:  # no verdict from a gate cut short: the scores so far are kept
-        stopped = record_stop(run, "kl", e, [spec.reference, *spec.candidates])
-        run.finish()
-        return Failed(name="Interrupted", message=stopped)
-    except BaseException:
-        gate.finish()
-        raise
-    passed, reasons = gate.finish()
+    return life.state
+
+
+def _verdict(run: RunFolder, judged: tuple[bool, list[str]]) -> State:
+    passed, reasons = judged
     return Completed(message=str(run.path)) if passed else Failed(message="; ".join(reasons))

@@ -11,20 +11,22 @@ reason; a failed boot gate stops the lane's measurements and names gate, value a
 a failed correctness gate (tool gate, needle ladder) fails the lane after its tables are kept;
 a table that fails its expectations is quarantined and fails the lane.
 
-`stages="tools"` (used by `lanebench tools`) boots, runs the boot gates and the tool gate
-only; `held_out=True` adds the held-out tool suite. Matrix arms skip the tool gate and the
-needle ladder, and the prefill ladder and accuracy eval (`SPEED_ONLY_FLOWS`).
+Which optional stages run is the caller's explicit `StagePlan` (flows/stage_plan.py): the
+nightly runs all, `lanebench tools` the tool gate only (held-out suite when asked), a matrix
+arm the speed stages only. Whatever ends the lane, `_ended_by` alone turns it into the lane's
+status and reason.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 from prefect import flow, get_run_logger
 from prefect.states import Completed, Failed, State
 
+from flows.stage_plan import NIGHTLY, StagePlan
+from tasks.client.metrics import SERVER_AGREE_PCT
 from tasks.client.prompts import Prompt, load_prompts
 from tasks.correctness import record as correctness
 from tasks.correctness.accuracy import accuracy_eval, in_words
@@ -38,8 +40,9 @@ from tasks.inventory.models import Host, Inventory, Lane
 from tasks.inventory import secrets
 from tasks.record.expectations import warmed_up
 from tasks.record.fingerprint import fingerprint
+from tasks.record.manifest import Bandwidth
 from tasks.record.interrupted import stop_requested
-from tasks.record.rows import GateResult
+from tasks.record.rows import DecodeRow, GateResult, WarmupRow
 from tasks.record.run_folder import LaneRecord, RunFolder, RunFolderWriteError
 from tasks.stages.acceptance import acceptance_probe, draft_shape
 from tasks.serving import live
@@ -48,176 +51,56 @@ from tasks.serving.deadlines import ServerDied
 from tasks.stages.decode_curve import decode_curve
 from tasks.stages.gates import GateFailed, conservative_cap
 from tasks.stages.limits import with_bandwidth_share
-from tasks.serving.live import Endpoint
 from tasks.stages.preflight import resolve
 from tasks.stages.safety import acceptance_findings, noise_findings
-from tasks.stages.serve import served_lane
+from tasks.stages.serve import Served, served_lane
 from tasks.stages.warmup import warmup
 
 
-# Flows whose lanes are speed measurements of one target under many arms (drafter x K): the
-# target's tool gate and needle ladder are the nightly's and `lanebench tools`' business, and
-# would cost every arm a minute. The agentic boot gates still run (they are seconds).
-SPEED_ONLY_FLOWS = frozenset({"matrix"})
+@dataclass
+class _Prompts:
+    decode: list[Prompt]
+    classes: dict[str, list[Prompt]]  # the acceptance probe's prompt classes
+
+    @property
+    def probe(self) -> Prompt:
+        """The shortest prompt: what a counter gate sends."""
+        return min([*self.decode, *(p for ps in self.classes.values() for p in ps)], key=lambda p: len(p.text))
 
 
-def _prompt_sets(lane: Lane, base_dir: Path) -> tuple[list[Prompt], dict[str, list[Prompt]]]:
+def _prompt_sets(lane: Lane, base_dir: Path) -> _Prompts:
     decode = load_prompts(resolve(base_dir, lane.bench.decode.prompts))
     classes: dict[str, list[Prompt]] = {}
     if lane.bench.acceptance is not None:
         plan = lane.bench.acceptance
         classes = {c: load_prompts(resolve(base_dir, p), plan.prompts_per_class) for c, p in plan.classes.items()}
-    return decode, classes
+    return _Prompts(decode, classes)
 
 
 @flow(name="lane", flow_run_name="lane-{lane_name}")
 def lane_flow(lane_name: str, lane: Lane, host: Host, base_dir: Path, run_dir: str,
-              stages: Literal["all", "tools"] = "all", held_out: bool = False,
-              inventory: Inventory | None = None) -> State:
-    logger = get_run_logger()
+              stages: StagePlan = NIGHTLY, inventory: Inventory | None = None) -> State:
     run = RunFolder.opened(run_dir)
     record = run.lane(lane_name)
     lane = secrets.reveal(lane_name, lane)  # the real values: this process only, never a parameter
     record.config = secrets.redact(lane).model_dump(mode="json")
-
-    served = None
-
-    def stage(name: str) -> None:
-        if served is not None and (dead := served.server.dead_workers()):  # a lane across hosts lost a node
-            raise NodeLost(f"{'; '.join(dead)} (a worker of this lane across hosts is gone)")
-        if run.write_error is not None:
-            raise RunFolderWriteError(28, run.write_error)
-        run.stage(lane_name, name)
-
-    decode_prompts, class_prompts = _prompt_sets(lane, base_dir)
-    probe = min([*decode_prompts, *(p for ps in class_prompts.values() for p in ps)], key=lambda p: len(p.text))
+    prompts = _prompt_sets(lane, base_dir)
     # The stages' tasks take the server's endpoint and the run folder's path; each keeps its raw
     # records in `requests.jsonl` and checks the server between waves itself (tasks/serving/live.py):
     # a request past its wall deadline ends the lane at the next check, naming it.
     try:
         # 1-4. Preflight, image pull, boot, boot gates; teardown when the block ends, whatever happens.
-        with served_lane(run, lane_name, lane, host, base_dir, inventory, probe) as served:
+        with served_lane(run, lane_name, lane, host, base_dir, inventory, prompts.probe) as served:
             if served is None:  # skipped by a precondition, or its pinned image cannot be had
-                logger.warning("lane %s %s: %s", lane_name, record.status, record.reason)
-                if record.status == "skipped":
-                    return Completed(name="Skipped", message=record.reason)
-                return Failed(message=record.reason)
-            endpoint, lane = served.endpoint, served.lane
-
-            if stages == "tools":
-                return _correctness(run, record, lane, host, base_dir, endpoint, stage, held_out, needles=False)
-
-            # 4b. Capacity plan: users x context each, from the boot facts; a declared concurrency whose
-            # typical requests do not fit the pool is flagged here, before any curve runs on it.
-            if lane.bench.capacity is not None:
-                stage("capacity plan")
-                typical = typical_tokens(lane, endpoint.base_url, engine_for(lane.engine), decode_prompts)
-                cap_rows, check = capacity_plan(lane_name, lane, served.facts, typical)
-                run.write_table(lane_name, "capacity", cap_rows)
-                record.capacity = check.model_dump()
-                if not check.fits:
-                    record.warnings.append(check.warning)
-                run.save_manifest()
-
-            # 5. Warmup: every batch shape a bench will use, first hit recorded apart.
-            stage("warmup")
-            warmed_up()  # GX and matplotlib finish loading before the first measured request
-            shapes = [(c, "decode", lane.bench.decode.max_tokens) for c in lane.bench.decode.concurrency]
-            if lane.bench.acceptance is not None:
-                shapes += [(1, c, lane.bench.acceptance.max_tokens) for c in class_prompts]
-            warm = warmup(endpoint, run_dir, shapes, {"decode": decode_prompts, **class_prompts})
-            run.write_table(lane_name, "warmup", warm)
-            live.check(endpoint)  # a fault in the last warmup wave is the warmup's
-
-            # 6. Decode curve: repeats at each concurrency level, median and spread. Levels declared
-            # `beyond_cap: queue` that exceed the server's cap run after it, labelled "queueing".
-            stage("decode curve")
-            live.check(endpoint)
-            cap, _ = conservative_cap(served.facts)
-            past_cap = [c for c in lane.bench.decode.queue_levels() if cap is None or c > cap]
-            for level in sorted(set(lane.bench.decode.queue_levels()) - set(past_cap)):
-                record.warnings.append(f"beyond_cap: level {level} fits the server's cap of {cap}: "
-                                       "measured as an ordinary level")
-            plan = lane.bench.decode.model_copy(update={"concurrency": [c for c in lane.bench.decode.concurrency
-                                                                        if c not in past_cap]})
-            rows = decode_curve(endpoint, run_dir, plan, lane.bench.repeats, decode_prompts,
-                                unstable_spread_pct=lane.bench.unstable_spread_pct)
-            live.check(endpoint)  # the last wave's requests past their deadline end the lane here, not in a table
-            model_bytes = next((m["bytes"] for m in record.models if m["role"] == "model"), None)
-            rows = with_bandwidth_share(rows, model_bytes, host.memory_gbps)
-            if model_bytes and host.memory_gbps:
-                record.bandwidth = {"model_bytes": model_bytes, "memory_gbps": host.memory_gbps}
-            queue_rows = []
-            if past_cap:
-                stage("queueing levels")
-                # Its records are kept, not judged against the wall deadline: a queued request may wait long.
-                queued, queue_rows = queueing_levels(endpoint, run_dir, lane.bench.decode, lane.bench.repeats,
-                                                     decode_prompts, past_cap, cap, rows)
-                rows = sorted([*rows, *queued], key=lambda r: r.concurrency)
-            run.write_table(lane_name, "decode", rows)
-            if queue_rows:
-                run.write_table(lane_name, "queueing", queue_rows)
-            # Noise made visible: unstable levels and warmup faster than steady (tasks/stages/safety.py).
-            record.flags += [f.model_dump(mode="json") for f in noise_findings(lane, rows, warm)]
-
-            # 6b. Prefill ladder: cold, nonce-led prompts from short to the longest the server holds.
-            if lane.bench.prefill is not None and run.manifest.flow.get("name") not in SPEED_ONLY_FLOWS:
-                stage("prefill ladder")
-                pre = lane.bench.prefill
-                filler = load_prompts(resolve(base_dir, pre.prompts)) if pre.prompts else decode_prompts
-                ladder = prefill_ladder(endpoint, run_dir, pre, served.facts, lane.context, filler)
-                for row in ladder:
-                    if row.status != "measured":
-                        record.warnings.append(f"prefill ladder: rung {row.rung} {row.status}: {row.reason}")
-                run.write_table(lane_name, "prefill", ladder)
-            # The load shape is in the lane's config (bench.decode) and in each row's load_shape.
-            for row in rows:
-                if row.client_saturated:
-                    record.warnings.append(
-                        f"decode {row.load_shape}: the client could not keep its clocks (event-loop lag p99 "
-                        f"{1e3 * (row.client_loop_lag_p99_s or 0):.1f} ms, client CPU {row.client_cpu or 0:.2f} "
-                        "cores): busy with its own work or starved by the host, it may have added its delay")
-
-            # 7. Acceptance probe: per prompt class, counter deltas over the probe window only.
-            if lane.speculative is not None and lane.bench.acceptance is not None:
-                stage("acceptance probe")
-                acc_rows, silent = acceptance_probe(endpoint, run_dir, lane.speculative.k, class_prompts,
-                                                    lane.bench.acceptance.max_tokens, lane.bench.repeats,
-                                                    engine_for(lane.engine).acceptance_log_interval_s(lane.env),
-                                                    draft_shape(lane.engine, served.server.argv))
-                live.check(endpoint)
-                for prompt_class in silent:
-                    record.warnings.append(f"acceptance probe: class {prompt_class} had no verification step")
-                record.flags += [f.model_dump(mode="json") for f in acceptance_findings(lane, acc_rows)]
-                if acc_rows:
-                    run.write_table(lane_name, "acceptance", acc_rows)
-
-            # 8-9. Correctness on the same booted server: tool-call gate, needle ladder; then
-            # expectations on the raw records too. Any failed suite or gate fails the lane.
-            if run.manifest.flow.get("name") in SPEED_ONLY_FLOWS:
-                return _correctness(run, record, lane.model_copy(update={"correctness": None}), host, base_dir,
-                                    endpoint, stage, held_out, needles=False)
-            return _correctness(run, record, lane, host, base_dir, endpoint, stage, held_out, needles=True)
-    except GateFailed as e:
-        record.status, record.reason = "failed", str(e)
-        return Failed(message=str(e))
-    except NodeLost as e:
-        record.status, record.reason = "failed", f"{_failed_in(record)}: {e}"
-        logger.error("lane %s failed in %s: %s", lane_name, _failed_in(record), e)
-        return Failed(message=record.reason)
-    except ServerDied as e:  # named as what it is, with the stage it happened in
-        record.status, record.reason = "failed", f"{_failed_in(record)}: {e}"
-        return Failed(message=record.reason)
-    except RunFolderWriteError as e:  # disk full: one line, the records so far kept
-        record.status, record.reason = "failed", f"{_failed_in(record)}: {e.strerror}"
-        return Failed(message=record.reason)
-    except Exception as e:  # a crashed stage fails this lane, not the run
-        if stop_requested():  # Ctrl-C/SIGTERM, whatever Prefect turned it into on its way here
-            record.status, record.reason = "interrupted", f"{_failed_in(record)}: interrupted by {stop_requested()}"
-            return Failed(name="Interrupted", message=record.reason)
-        record.status, record.reason = "failed", secrets.scrub(f"{_failed_in(record)}: {type(e).__name__}: {e}")
-        logger.error("lane %s failed in %s: %s", lane_name, _failed_in(record), record.reason)
-        return Failed(message=record.reason)
+                get_run_logger().warning("lane %s %s: %s", lane_name, record.status, record.reason)
+                return Completed(name="Skipped", message=record.reason) if record.status == "skipped" \
+                    else Failed(message=record.reason)
+            on = _OnServer(run, record, served, host, base_dir, prompts, stages)
+            if stages.speed:
+                on.measure()
+            return on.correctness()
+    except Exception as e:
+        return _ended_by(lane_name, record, e)
     finally:
         try:
             correctness.write(run, lane_name)
@@ -226,49 +109,212 @@ def lane_flow(lane_name: str, lane: Lane, host: Host, base_dir: Path, run_dir: s
         run.save_manifest()
 
 
+def _ended_by(lane_name: str, record: LaneRecord, e: Exception) -> State:
+    """The one place an exception becomes the lane's status and reason, named with the stage it
+    happened in. A crashed stage fails this lane, not the run."""
+    where = _failed_in(record)
+    if isinstance(e, GateFailed):  # names gate, value and threshold itself
+        reason = str(e)
+    elif isinstance(e, (NodeLost, ServerDied)):  # named as what it is
+        reason = f"{where}: {e}"
+    elif isinstance(e, RunFolderWriteError):  # disk full: one line, the records so far kept
+        reason = f"{where}: {e.strerror}"
+    elif stop_requested():  # Ctrl-C/SIGTERM, whatever Prefect turned it into on its way here
+        record.status, record.reason = "interrupted", f"{where}: interrupted by {stop_requested()}"
+        return Failed(name="Interrupted", message=record.reason)
+    else:
+        reason = secrets.scrub(f"{where}: {type(e).__name__}: {e}")
+    record.status, record.reason = "failed", reason
+    get_run_logger().error("lane %s failed: %s", lane_name, reason)
+    return Failed(message=reason)
+
+
 def _failed_in(record: LaneRecord) -> str:
     """The stage a failure happened in: teardown has run by the time the error reaches the flow."""
     stages = [m.stage for m in record.timeline if m.stage not in ("teardown", "done")]
     return stages[-1] if stages else record.stage
 
 
-def _correctness(run: RunFolder, record: LaneRecord, lane: Lane, host: Host, base_dir: Path, endpoint: Endpoint,
-                 stage: Callable[[str], None], held_out: bool, needles: bool) -> State:
-    """Tool gate and needle ladder (their tables kept whatever the verdict), then expectations."""
-    lane_name, run_dir = endpoint.lane, str(run.path)
-    verdicts: list[GateResult] = []
-    if lane.correctness is not None and lane.correctness.tool_gate is not None:
-        stage("tool gate")
-        verdicts += tool_gate(endpoint, run_dir, lane, host, base_dir, held_out)
-        record.flags += [{"check": "tool score truncated", "declared": "a score of finished answers",
-                          "effective": r.detail.split("; ")[-1], "severity": "flag",
-                          "message": f"{r.gate}: {r.detail}; fix: raise the protocol's max_tokens"}
-                         for r in verdicts if "dominated by truncation" in r.detail]
-    if needles and lane.correctness is not None and lane.correctness.needles is not None:
-        stage("needle ladder")
-        ladder = needle_ladder(endpoint, run_dir, lane)
-        verdicts += [ladder] if ladder is not None else []
-    correctness.verdicts(run, lane_name).extend(r.model_dump() for r in verdicts)
-    run.save_manifest()
-    if needles and lane.bench.accuracy is not None:
-        # A report, not a gate: the raw score only ever beside the share cut off at max_tokens.
-        stage("accuracy eval")
-        scores = accuracy_eval(endpoint, run_dir, lane, resolve(base_dir, lane.bench.accuracy.file))
-        words = in_words(scores)
-        if words.startswith("TRUNCATION DOMINATES"):
-            record.warnings.append(f"accuracy eval: {words}")
-        run.save_manifest()
+@dataclass
+class _OnServer:
+    """The stages that run on the booted server, in the recipe's order."""
 
-    record.fingerprint = fingerprint(record, run.manifest.host, base_dir)  # comparisons hold it equal
-    stage("expectations")
-    run.validate_raw(lane_name, "requests.jsonl", "requests")
-    failed = [e for e in run.manifest.artifacts if e.lane == lane_name and e.validation == "failed"]
-    if failed:
-        kinds = ", ".join(sorted({e.kind for e in failed}))
-        record.status, record.reason = "failed", f"expectations failed for {kinds}; results quarantined"
-        return Failed(message=record.reason)
-    if failed_gate := next((r for r in verdicts if not r.passed), None):
-        record.status, record.reason = "failed", str(GateFailed(failed_gate))
-        return Failed(message=record.reason)
-    record.status = "passed"
-    return Completed(message="passed")
+    run: RunFolder
+    record: LaneRecord
+    served: Served
+    host: Host
+    base_dir: Path
+    prompts: _Prompts
+    stages: StagePlan
+
+    @property
+    def name(self) -> str:
+        return self.served.name
+
+    @property
+    def lane(self) -> Lane:  # as its host serves it
+        return self.served.lane
+
+    def stage(self, name: str) -> None:
+        if dead := self.served.server.dead_workers():  # a lane across hosts lost a node
+            raise NodeLost(f"{'; '.join(dead)} (a worker of this lane across hosts is gone)")
+        if self.run.write_error is not None:
+            raise RunFolderWriteError(28, self.run.write_error)
+        self.run.stage(self.name, name)
+
+    def measure(self) -> None:
+        """4b-7: capacity plan, warmup, decode curve (+ queueing), prefill ladder, acceptance probe."""
+        self.capacity_plan()
+        warm = self.warmup()
+        rows = self.decode_curve(warm)
+        if self.stages.prefill and self.lane.bench.prefill is not None:
+            self.prefill_ladder()
+        # The load shape is in the lane's config (bench.decode) and in each row's load_shape.
+        for row in rows:
+            if row.client_saturated:
+                self.record.warnings.append(
+                    f"decode {row.load_shape}: the client could not keep its clocks (event-loop lag p99 "
+                    f"{1e3 * (row.client_loop_lag_p99_s or 0):.1f} ms, client CPU {row.client_cpu or 0:.2f} "
+                    "cores): busy with its own work or starved by the host, it may have added its delay")
+            if row.server_gap_pct is not None and abs(row.server_gap_pct) > SERVER_AGREE_PCT:
+                self.record.warnings.append(
+                    f"decode {row.load_shape}: aggregate {row.aggregate_tok_s:.1f} tok/s is {row.server_gap_pct:+.1f} % "
+                    f"from the server's own timings ({row.server_tok_s:.1f} tok/s; bound {SERVER_AGREE_PCT:g} %)")
+        if self.lane.speculative is not None and self.lane.bench.acceptance is not None:
+            self.acceptance_probe()
+
+    def capacity_plan(self) -> None:
+        """4b. Users x context each, from the boot facts: a declared concurrency whose typical
+        requests do not fit the pool is flagged here, before any curve runs on it."""
+        if self.lane.bench.capacity is None:
+            return
+        self.stage("capacity plan")
+        typical = typical_tokens(self.lane, self.served.endpoint.base_url, engine_for(self.lane.engine),
+                                 self.prompts.decode)
+        cap_rows, check = capacity_plan(self.name, self.lane, self.served.facts, typical)
+        self.run.write_table(self.name, "capacity", cap_rows)
+        self.record.capacity = check.model_dump(mode="json")
+        if not check.fits:
+            self.record.warnings.append(check.warning)
+        self.run.save_manifest()
+
+    def warmup(self) -> list[WarmupRow]:
+        """5. Every batch shape a bench will use, first hit recorded apart."""
+        self.stage("warmup")
+        warmed_up()  # GX and matplotlib finish loading before the first measured request
+        lane, endpoint = self.lane, self.served.endpoint
+        shapes = [(c, "decode", lane.bench.decode.max_tokens) for c in lane.bench.decode.concurrency]
+        if lane.bench.acceptance is not None:
+            shapes += [(1, c, lane.bench.acceptance.max_tokens) for c in self.prompts.classes]
+        warm = warmup(endpoint, str(self.run.path), shapes, {"decode": self.prompts.decode, **self.prompts.classes})
+        self.run.write_table(self.name, "warmup", warm)
+        live.check(endpoint)  # a fault in the last warmup wave is the warmup's
+        return warm
+
+    def decode_curve(self, warm: list[WarmupRow]) -> list[DecodeRow]:
+        """6. Repeats at each concurrency level, median and spread. Levels declared `beyond_cap:
+        queue` that exceed the server's cap run after it, labelled "queueing"."""
+        self.stage("decode curve")
+        lane, endpoint, record, run_dir = self.lane, self.served.endpoint, self.record, str(self.run.path)
+        live.check(endpoint)
+        cap, _ = conservative_cap(self.served.facts)
+        past_cap = [c for c in lane.bench.decode.queue_levels() if cap is None or c > cap]
+        for level in sorted(set(lane.bench.decode.queue_levels()) - set(past_cap)):
+            record.warnings.append(f"beyond_cap: level {level} fits the server's cap of {cap}: "
+                                   "measured as an ordinary level")
+        plan = lane.bench.decode.model_copy(update={"concurrency": [c for c in lane.bench.decode.concurrency
+                                                                    if c not in past_cap]})
+        rows = decode_curve(endpoint, run_dir, plan, lane.bench.repeats, self.prompts.decode,
+                            unstable_spread_pct=lane.bench.unstable_spread_pct)
+        live.check(endpoint)  # the last wave's requests past their deadline end the lane here, not in a table
+        model_bytes = next((m.bytes for m in record.models if m.role == "model"), None)
+        rows = with_bandwidth_share(rows, model_bytes, self.host.memory_gbps)
+        if model_bytes and self.host.memory_gbps:
+            record.bandwidth = Bandwidth(model_bytes=model_bytes, memory_gbps=self.host.memory_gbps)
+        queue_rows: list = []
+        if past_cap:
+            self.stage("queueing levels")
+            # Its records are kept, not judged against the wall deadline: a queued request may wait long.
+            queued, queue_rows = queueing_levels(endpoint, run_dir, lane.bench.decode, lane.bench.repeats,
+                                                 self.prompts.decode, past_cap, cap, rows)
+            rows = sorted([*rows, *queued], key=lambda r: r.concurrency)
+        self.run.write_table(self.name, "decode", rows)
+        if queue_rows:
+            self.run.write_table(self.name, "queueing", queue_rows)
+        # Noise made visible: unstable levels and warmup faster than steady (tasks/stages/safety.py).
+        record.flags += [f.model_dump(mode="json") for f in noise_findings(lane, rows, warm)]
+        return rows
+
+    def prefill_ladder(self) -> None:
+        """6b. Cold, nonce-led prompts from short to the longest the server holds."""
+        self.stage("prefill ladder")
+        pre = self.lane.bench.prefill
+        assert pre is not None
+        filler = load_prompts(resolve(self.base_dir, pre.prompts)) if pre.prompts else self.prompts.decode
+        ladder = prefill_ladder(self.served.endpoint, str(self.run.path), pre, self.served.facts, self.lane.context,
+                                filler)
+        for row in ladder:
+            if row.status != "measured":
+                self.record.warnings.append(f"prefill ladder: rung {row.rung} {row.status}: {row.reason}")
+        self.run.write_table(self.name, "prefill", ladder)
+
+    def acceptance_probe(self) -> None:
+        """7. Per prompt class, counter deltas over the probe window only."""
+        self.stage("acceptance probe")
+        lane, endpoint = self.lane, self.served.endpoint
+        assert lane.speculative is not None and lane.bench.acceptance is not None
+        acc_rows, silent = acceptance_probe(endpoint, str(self.run.path), lane.speculative.k, self.prompts.classes,
+                                            lane.bench.acceptance.max_tokens, lane.bench.repeats,
+                                            engine_for(lane.engine).acceptance_log_interval_s(lane.env),
+                                            draft_shape(lane.engine, self.served.server.argv))
+        live.check(endpoint)
+        for prompt_class in silent:
+            self.record.warnings.append(f"acceptance probe: class {prompt_class} had no verification step")
+        self.record.flags += [f.model_dump(mode="json") for f in acceptance_findings(lane, acc_rows)]
+        if acc_rows:
+            self.run.write_table(self.name, "acceptance", acc_rows)
+
+    def correctness(self) -> State:
+        """8-9. Tool gate and needle ladder (their tables kept whatever the verdict), accuracy
+        eval; then expectations on the raw records too. Any failed suite or gate fails the lane."""
+        lane, run, record, endpoint = self.lane, self.run, self.record, self.served.endpoint
+        checks = lane.correctness
+        verdicts: list[GateResult] = []
+        if self.stages.tool_gate and checks is not None and checks.tool_gate is not None:
+            self.stage("tool gate")
+            verdicts += tool_gate(endpoint, str(run.path), lane, self.host, self.base_dir, self.stages.held_out)
+            record.flags += [{"check": "tool score truncated", "declared": "a score of finished answers",
+                              "effective": r.detail.split("; ")[-1], "severity": "flag",
+                              "message": f"{r.gate}: {r.detail}; fix: raise the protocol's max_tokens"}
+                             for r in verdicts if "dominated by truncation" in r.detail]
+        if self.stages.needles and checks is not None and checks.needles is not None:
+            self.stage("needle ladder")
+            ladder = needle_ladder(endpoint, str(run.path), lane)
+            verdicts += [ladder] if ladder is not None else []
+        with run.edit():
+            correctness.verdicts(run, self.name).extend(verdicts)
+        if self.stages.accuracy and lane.bench.accuracy is not None:
+            # A report, not a gate: the raw score only ever beside the share cut off at max_tokens.
+            self.stage("accuracy eval")
+            scores = accuracy_eval(endpoint, str(run.path), lane, resolve(self.base_dir, lane.bench.accuracy.file))
+            if (words := in_words(scores)).startswith("TRUNCATION DOMINATES"):
+                record.warnings.append(f"accuracy eval: {words}")
+            run.save_manifest()
+        return self.expectations(verdicts)
+
+    def expectations(self, verdicts: list[GateResult]) -> State:
+        """The lane's verdict: a quarantined table or a failed gate fails it."""
+        run, record = self.run, self.record
+        record.fingerprint = fingerprint(record, run.manifest.host, self.base_dir)  # comparisons hold it equal
+        self.stage("expectations")
+        run.validate_raw(self.name, "requests.jsonl", "requests")
+        failed = [e for e in run.manifest.artifacts if e.lane == self.name and e.validation == "failed"]
+        if failed:
+            kinds = ", ".join(sorted({e.kind for e in failed}))
+            record.status, record.reason = "failed", f"expectations failed for {kinds}; results quarantined"
+            return Failed(message=record.reason)
+        if failed_gate := next((r for r in verdicts if not r.passed), None):
+            record.status, record.reason = "failed", str(GateFailed(failed_gate))
+            return Failed(message=record.reason)
+        record.status = "passed"
+        return Completed(message="passed")

@@ -3,7 +3,8 @@
 Every flow that measures lanes (nightly, matrix, tools) hands them here. Lanes are queued per
 host; the queues run concurrently as Prefect tasks, and inside a queue lanes run one at a time,
 each holding the Prefect global concurrency limit `gpu:<host>` of every host it touches (its own,
-its RPC workers') from preflight to teardown (tasks/hosts/lock.py). So a second flow aimed at the
+its RPC workers', its nodes': `every_host`, the list the KL gate locks too) from preflight
+to teardown (tasks/hosts/lock.py). So a second flow aimed at the
 same box waits in line, while a GB300 and a Spark pair measure in parallel.
 
 Whatever happens inside a lane (a crash outside its own error handling, a lock that could not
@@ -15,15 +16,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Literal
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel
 
+from flows.stage_plan import NIGHTLY, StagePlan
 from tasks.hosts.lock import Hold, host_lock
 from tasks.inventory import secrets
 from tasks.record.interrupted import interrupts, mark_lanes, raise_if_stopped, signal_name, stop_requested
+from tasks.inventory.lane_hosts import every_host
 from tasks.inventory.models import Host, Inventory, Lane
 from tasks.record.progress import progress
 from tasks.record.run_folder import RunFolder
@@ -36,16 +38,15 @@ class LaneJob(BaseModel):
     lane: Lane
     host: Host
     base_dir: str
-    stages: Literal["all", "tools"] = "all"
-    held_out: bool = False
+    stages: StagePlan = NIGHTLY
     inventory: Inventory | None = None
 
-    @property
-    def hosts(self) -> list[str]:
-        """Every host the lane occupies: its own, its RPC workers' and its nodes'."""
-        workers = self.lane.rpc.workers if self.lane.rpc else []
-        nodes = self.lane.nodes.hosts if self.lane.nodes else []
-        return list(dict.fromkeys([self.lane.host, *workers, *nodes]))
+    @classmethod
+    def of(cls, name: str, inventory: Inventory, inventory_path: Path, stages: StagePlan) -> LaneJob:
+        """Lane `name` of an inventory file, its paths resolved against the file's folder."""
+        lane = inventory.lanes[name]
+        return cls(name=name, lane=lane, host=inventory.hosts[lane.host], base_dir=str(inventory_path.parent),
+                   stages=stages, inventory=inventory)
 
 
 def run_lane(run_dir: str, job: LaneJob, before: Callable[[LaneJob], LaneJob] | None = None) -> str:
@@ -62,13 +63,13 @@ def run_lane(run_dir: str, job: LaneJob, before: Callable[[LaneJob], LaneJob] | 
     message = "did not finish"
     stopped: BaseException | None = None
     try:
-        with host_lock(job.hosts, on_wait=lambda m: progress(job.name, m)) as hold:
+        with host_lock(every_host(job.lane), on_wait=lambda m: progress(job.name, m)) as hold:
             record.started_at = datetime.now(UTC).isoformat()
             if before is not None:
                 job = before(job)
             # Parameters Prefect stores: secret values redacted (the lane flow takes the real ones back).
             state = lane_flow(job.name, secrets.keep(job.name, job.lane), job.host, Path(job.base_dir), run_dir,
-                              stages=job.stages, held_out=job.held_out,
+                              stages=job.stages,
                               inventory=secrets.keep_inventory(job.inventory) if job.inventory else None,
                               return_state=True)
             message = str(state.message)
@@ -76,11 +77,11 @@ def run_lane(run_dir: str, job: LaneJob, before: Callable[[LaneJob], LaneJob] | 
         stopped = e
         raise
     except Exception as e:  # the lock itself failed (timeout, lease lost, server gone)
-        message = f"host lock {', '.join(job.hosts)}: {type(e).__name__}: {e}"
+        message = f"host lock {', '.join(every_host(job.lane))}: {type(e).__name__}: {e}"
     finally:
         record.finished_at = datetime.now(UTC).isoformat()
         if hold is not None:
-            record.host_lock = hold.model_dump()
+            record.host_lock = hold.model_copy()  # as acquired
         if stopped is not None or stop_requested():
             mark_lanes({job.name: record}, f"interrupted by {signal_name(stopped)}")
         elif record.status == "running":  # the lane flow died outside its own error handling

@@ -36,16 +36,19 @@ from prefect.runtime import flow_run
 from prefect.states import Completed, Failed, State
 
 from flows.lanes import LaneJob, run_lane
+from flows.lifecycle import NOTIFY, Closing, in_artifacts, open_run, run_lifecycle, write_report
+from flows.stage_plan import MATRIX_ARM
 from tasks.inventory.paths import REPO
 from tasks.hosts.files import model_sha256, sha256_of
 from tasks.hosts.lock import limit_name
 from tasks.inventory.models import Lane
 from tasks.kl.config import strip_speculation
 from tasks.matrix.bars import EarlierRun, Registration, earlier_run, register
-from tasks.matrix.config import Matrix, arm_lane, arm_port, load_matrix
+from tasks.matrix.config import Arm, Matrix, arm_lane, arm_port, load_matrix
 from tasks.matrix.report import curves_png, k_png, render
 from tasks.matrix.verdict import collect, contention, drafter_verdicts, judge, model_drift
-from tasks.record.interrupted import interrupts, raise_if_stopped, record_stop
+from tasks.record.interrupted import raise_if_stopped
+from tasks.record.manifest import ArmFacts, FileRef, MatrixSection, MatrixVerdict
 from tasks.record.progress import progress
 from tasks.report.report import render as render_lanes
 from tasks.record.run_folder import RunFolder
@@ -62,24 +65,39 @@ def _run_name() -> str:
     return f"matrix-{Path(str(flow_run.parameters.get('matrix_file', 'matrix'))).stem}"
 
 
-@flow(name="matrix", flow_run_name=_run_name)
+@flow(name="matrix", flow_run_name=_run_name, **NOTIFY)
 def matrix(matrix_file: str, artifacts_root: str = "artifacts") -> State:
     """One run of `matrix_file` into a new `*_matrix_*` run folder under `artifacts_root` (a folder,
     or a store URL the run folder is published to: tasks/record/store.py)."""
-    from tasks.record.store import in_store
-
-    return in_store(artifacts_root, "matrix", str(flow_run.get_id()), lambda root: _matrix(matrix_file, root))
+    return in_artifacts("matrix", artifacts_root, lambda root: _matrix(matrix_file, root))
 
 
 def _matrix(matrix_file: str, artifacts_root: str) -> State:
-    logger = get_run_logger()
     path = _in_repo(matrix_file)
     m = load_matrix(path)  # a ConfigError fails the flow with its one line
     root = _in_repo(artifacts_root)
-    run = RunFolder(root, "matrix", str(flow_run.get_id()), path)
-    logger.info("run folder %s", run.path)
+    run = open_run("matrix", str(root), path)
+    _register_bars(run, m, root)  # before anything is measured: hash, file, manifest
+    closing = Closing(report=lambda run: _finish(run, m), verdict=_verdict)
+    with run_lifecycle(run, "matrix", [*(a.name for a in m.arms), NO_SPEC], closing) as life:
+        for i, arm in enumerate(m.arms, 1):
+            progress("matrix", f"arm {i}/{len(m.arms)}: {arm.name} (drafter {arm.drafter} @ {arm.revision}, K={arm.k})")
+            _arm(run, m, arm)
+            raise_if_stopped()
+        # The arm every speculation verdict needs: the same target with no drafter at all.
+        _no_speculation_arm(run, m)
+    return life.state
 
-    # Register the bars before anything is measured: hash, file, manifest.
+
+def _verdict(run: RunFolder, judged: tuple[bool, str]) -> State:
+    complete, message = judged
+    return Completed(message=message) if complete else Failed(message=message)
+
+
+def _register_bars(run: RunFolder, m: Matrix, root: Path) -> None:
+    """Bars and prompt sets hashed and written, with what they are about (the target's and the
+    drafters' bytes) and any earlier run of the same registration, into the manifest."""
+    logger = get_run_logger()
     reg = register(m.name, m.path, m.bars, m.spec.baseline, m.prompt_sets, m.prompt_counts, m.spec.prompts_per_class)
     (run.path / "registration.json").write_text(reg.model_dump_json(indent=2))
     reg_entry = run.register("", "registration.json", "registration")
@@ -96,15 +114,15 @@ def _matrix(matrix_file: str, artifacts_root: str) -> State:
     for line in same_bytes:
         progress("matrix", f"FLAG: {line}")
         logger.warning(line)
-    run.manifest.flow["matrix"] = {
-        "subject": subject, "target_sha256": target_sha, "drafter_sha256": drafter_shas, "identical_drafters": same_bytes,
-        "name": m.name, "file": str(m.path), "file_sha256": sha256_of(m.path),
-        "inventory": {"path": str(m.inventory_path), "sha256": sha256_of(m.inventory_path)},
-        "target": m.spec.target, "registration_sha256": reg.sha256, "registration_file_sha256": reg_entry.sha256,
-        "registration": reg.model_dump(mode="json"), "earlier_run": earlier.model_dump() if earlier else None,
-        "host_lock": limit_name(m.host_name), "arms": {a.name: a.model_dump(mode="json") for a in m.arms},
-    }
-    run.save_manifest()
+    with run.edit() as manifest:
+        manifest.flow.matrix = MatrixSection(
+            subject=subject, target_sha256=target_sha, drafter_sha256=drafter_shas, identical_drafters=same_bytes,
+            name=m.name, file=str(m.path), file_sha256=sha256_of(m.path),
+            inventory=FileRef(path=str(m.inventory_path), sha256=sha256_of(m.inventory_path)),
+            target=m.spec.target, registration_sha256=reg.sha256, registration_file_sha256=reg_entry.sha256,
+            registration=reg.model_dump(mode="json"), earlier_run=earlier.model_dump() if earlier else None,
+            host_lock=limit_name(m.host_name), arms={a.name: ArmFacts.model_validate(a.model_dump(mode="json"))
+                                                     for a in m.arms})
     progress("matrix", f"{m.name}: {len(m.arms)} arms x {len(m.prompt_sets)} classes, bars registered "
                        f"(sha256 {reg.sha256[:12]})")
     for line in earlier.lines() if earlier else [f"first registered run of matrix {m.name} here"]:
@@ -112,40 +130,28 @@ def _matrix(matrix_file: str, artifacts_root: str) -> State:
         if "CHANGED" in line:
             logger.warning(line)
 
-    try:
-        for i, arm in enumerate(m.arms, 1):
-            progress("matrix", f"arm {i}/{len(m.arms)}: {arm.name} (drafter {arm.drafter} @ {arm.revision}, K={arm.k})")
-            facts = run.manifest.flow["matrix"]["arms"][arm.name]
 
-            def on_port(job: LaneJob, facts: dict = facts) -> LaneJob:
-                """Under the host lock, the only time a free port stays free: pick the arm's port."""
-                port, why = arm_port(m.host.address, m.target.port)
-                facts.update(started_at=datetime.now(UTC).isoformat(), port=port, port_note=why,
-                             load_at_start=round(os.getloadavg()[0], 2))
-                run.save_manifest()
-                if why:
-                    progress(job.name, why)
-                return job.model_copy(update={"lane": job.lane.model_copy(update={"port": port})})
+def _arm(run: RunFolder, m: Matrix, arm: Arm) -> None:
+    """One arm booted fresh through the lane flow under the host lock, its facts beside it."""
+    facts = _facts(run).arms[arm.name]
 
-            job = LaneJob(name=arm.name, lane=arm_lane(m, arm), host=m.host, base_dir=str(m.inventory_path.parent))
-            message = run_lane(str(run.path), job, before=on_port)
-            record = run.lane(arm.name)
-            facts.update(finished_at=datetime.now(UTC).isoformat(), load_at_end=round(os.getloadavg()[0], 2),
-                         host_lock=record.host_lock, state=record.status, message=message)
-            run.save_manifest()
-            raise_if_stopped()
-        # The arm every speculation verdict needs: the same target with no drafter at all.
-        _no_speculation_arm(run, m)
-        raise_if_stopped()
-    except interrupts() as e:  # no verdict from a matrix cut short: the arms' records are kept
-        stopped = record_stop(run, "matrix", e, [*(a.name for a in m.arms), NO_SPEC])
-        run.finish()
-        return Failed(name="Interrupted", message=stopped)
-    except BaseException:
-        _finish(run, m)
-        raise
-    complete, message = _finish(run, m)
-    return Completed(message=message) if complete else Failed(message=message)
+    def on_port(job: LaneJob) -> LaneJob:
+        """Under the host lock, the only time a free port stays free: pick the arm's port."""
+        port, why = arm_port(m.host.address, m.target.port)
+        with run.edit():
+            facts.started_at, facts.port, facts.port_note = datetime.now(UTC).isoformat(), port, why
+            facts.load_at_start = round(os.getloadavg()[0], 2)
+        if why:
+            progress(job.name, why)
+        return job.model_copy(update={"lane": job.lane.model_copy(update={"port": port})})
+
+    job = LaneJob(name=arm.name, lane=arm_lane(m, arm), host=m.host, base_dir=str(m.inventory_path.parent),
+                  stages=MATRIX_ARM)
+    message = run_lane(str(run.path), job, before=on_port)
+    record = run.lane(arm.name)
+    with run.edit():
+        facts.finished_at, facts.load_at_end = datetime.now(UTC).isoformat(), round(os.getloadavg()[0], 2)
+        facts.host_lock, facts.state, facts.message = record.host_lock, record.status, message
 
 
 NO_SPEC = "no-speculation"
@@ -165,7 +171,8 @@ def _no_speculation_arm(run: RunFolder, m: Matrix) -> None:
         port, _ = arm_port(m.host.address, m.target.port)
         return job.model_copy(update={"lane": job.lane.model_copy(update={"port": port})})
 
-    job = LaneJob(name=NO_SPEC, lane=Lane.model_validate(data), host=m.host, base_dir=str(m.inventory_path.parent))
+    job = LaneJob(name=NO_SPEC, lane=Lane.model_validate(data), host=m.host, base_dir=str(m.inventory_path.parent),
+                  stages=MATRIX_ARM)
     run_lane(str(run.path), job, before=on_port)
 
 
@@ -197,26 +204,27 @@ def against_no_speculation(run: RunFolder, speed: list) -> list[str]:
 
 def _registered_copy(run: RunFolder) -> tuple[Registration, str]:
     """The registration as written before the first boot, checked against the hashes in the manifest."""
-    facts = run.manifest.flow["matrix"]
+    facts = _facts(run)
     path = run.path / "registration.json"
     reg = Registration.model_validate_json(path.read_text())
     problems = []
-    if sha256_of(path) != facts["registration_file_sha256"]:
+    if sha256_of(path) != facts.registration_file_sha256:
         problems.append("registration.json changed after it was registered")
-    if reg.sha256 != facts["registration_sha256"] or reg.recomputed() != (reg.bars_sha256, reg.prompt_sets_sha256):
+    if reg.sha256 != facts.registration_sha256 or reg.recomputed() != (reg.bars_sha256, reg.prompt_sets_sha256):
         problems.append("the registered bars no longer match their hash")
     return reg, "; ".join(problems)
 
 
 def _finish(run: RunFolder, m: Matrix) -> tuple[bool, str]:
-    """Tables (GX), plots, report and Prefect artifacts from whatever the arms left; (complete, message)."""
-    facts = run.manifest.flow["matrix"]
+    """Tables (GX), plots, report and Prefect artifacts from whatever the arms left, in the finished
+    run folder (flows/lifecycle.py); (complete, message)."""
+    facts = _facts(run)
     reg, altered = _registered_copy(run)
-    if sha256_of(m.path) != facts["file_sha256"]:
-        facts["file_changed_during_run"] = f"sha256 now {sha256_of(m.path)[:12]}, registered {facts['file_sha256'][:12]}"
+    if sha256_of(m.path) != facts.file_sha256:
+        facts.file_changed_during_run = f"sha256 now {sha256_of(m.path)[:12]}, registered {facts.file_sha256[:12]}"
     rows, speed, warnings = collect(run, m)
-    warnings[:0] = [f"FLAG: {line}" for line in facts.get("identical_drafters", [])]
-    facts["against_no_speculation"] = losing = against_no_speculation(run, speed)
+    warnings[:0] = [f"FLAG: {line}" for line in facts.identical_drafters]
+    facts.against_no_speculation = losing = against_no_speculation(run, speed)
     warnings[:0] = losing
     drift = model_drift(run, m)
     warnings[:0] = drift + contention(run, m)
@@ -242,20 +250,18 @@ def _finish(run: RunFolder, m: Matrix) -> tuple[bool, str]:
             plots[title] = rel
     incomplete = [a.name for a in m.arms if run.lane(a.name).status != "passed"]
     complete = not incomplete and not quarantined and not altered and not drift
-    facts["verdict"] = {
-        "complete": complete, "incomplete_arms": incomplete, "quarantined": quarantined, "registration_altered": altered,
-        "model_drift": drift,
-        "drafters": {d.drafter: {"verdict": d.verdict, **d.model_dump(exclude={"drafter"})} for d in drafters},
-        "bars_failed": sum(v.outcome == "fail" for v in verdict), "bars_passed": sum(v.outcome == "pass" for v in verdict),
-        "bars_no_data": sum(v.outcome == "no-data" for v in verdict),
-    }
-    run.finish()
+    facts.verdict = MatrixVerdict(
+        complete=complete, incomplete_arms=incomplete, quarantined=quarantined, registration_altered=altered,
+        model_drift=drift,
+        drafters={d.drafter: {"verdict": d.verdict, **d.model_dump(exclude={"drafter"})} for d in drafters},
+        bars_failed=sum(v.outcome == "fail" for v in verdict), bars_passed=sum(v.outcome == "pass" for v in verdict),
+        bars_no_data=sum(v.outcome == "no-data" for v in verdict))
+    run.save_manifest()
     if altered:
         warnings.insert(0, f"NO VERDICT: {altered}")
-    report = render(run.path.name, json.loads(run.manifest.model_dump_json()), m, reg,
+    report = render(run.path.name, run.manifest, m, reg,
                     _earlier(facts), rows, speed, verdict, drafters, plots, warnings, quarantined, render_lanes(run))
-    (run.path / "report.md").write_text(report)
-    run.register("", "report.md", "report")
+    write_report(run, report)
     _publish(rows, verdict, report, run.path.name)
     summary = "; ".join(f"{d.drafter} {d.verdict} ({d.failed}/{d.checks} failed)" for d in drafters if d.checks)
     if complete:
@@ -267,8 +273,14 @@ def _finish(run: RunFolder, m: Matrix) -> tuple[bool, str]:
     return False, f"incomplete matrix ({'; '.join(why)}); verdict so far: {summary}"
 
 
-def _earlier(facts: dict) -> EarlierRun | None:
-    return EarlierRun.model_validate(facts["earlier_run"]) if facts.get("earlier_run") else None
+def _facts(run: RunFolder) -> MatrixSection:
+    """The matrix section, written at registration before any arm ran."""
+    assert run.manifest.flow.matrix is not None
+    return run.manifest.flow.matrix
+
+
+def _earlier(facts: MatrixSection) -> EarlierRun | None:
+    return EarlierRun.model_validate(facts.earlier_run) if facts.earlier_run else None
 
 
 def _publish(rows: list, verdict: list, report: str, run_name: str) -> None:

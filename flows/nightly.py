@@ -19,20 +19,18 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
-from prefect.runtime import flow_run
-from prefect.states import Completed, Failed, State
+from prefect.states import State
 
+from flows.stage_plan import NIGHTLY
 from flows.lanes import LaneJob, run_lanes
+from flows.lifecycle import NOTIFY, Closing, in_artifacts, lanes_verdict, open_run, run_lifecycle, write_report
 from tasks.record.run_folder import RunFolder
 from tasks.inventory.load import load_inventory
 from tasks.record.expectations import warm_up
-from tasks.record.notify import on_failure
-from tasks.record.interrupted import interrupts, raise_if_stopped, reclaim_dead_runs, record_stop, refresh_marked
-from tasks.record.progress import progress, say
+from tasks.record.progress import progress
 from tasks.record.regression import LaneComparison, RegressionPolicy, describe
 from tasks.record import plots
 from tasks.report.report import embed_images, render
-from tasks.record.verdict import STATE_NAMES, night_verdict
 
 TREND_RUNS = 30  # runs shown in a trend plot
 # Every suite a nightly checks, loaded with matplotlib before the first request (warm()).
@@ -84,7 +82,7 @@ def _plots(run: RunFolder, name: str, con: Any, comparison: LaneComparison | Non
     import pandas as pd
 
     tables = {a.kind: a for a in run.manifest.artifacts if a.lane == name and a.validation == "passed"}
-    made = []
+    made: list[Path | None] = []
     if "decode" in tables:
         made.append(plots.concurrency_curve(pd.read_parquet(run.path / tables["decode"].path),
                                             run.lane_dir(name) / "concurrency.png", name))
@@ -118,7 +116,8 @@ def _against_baseline(run: RunFolder, artifacts_root: str, policy: RegressionPol
         record = run.lane(name)
         if comparison.refused:  # a changed model, engine or plan is no regression, and no "no change" either
             record.warnings.append(comparison.refused)
-            run.manifest.flow.setdefault("comparison_refused", {})[name] = comparison.refused
+            with run.edit() as m:
+                m.flow.comparison_refused[name] = comparison.refused
         if comparison.config_changes:
             record.warnings.append("lane config differs from the newest baseline run: "
                                    + "; ".join(comparison.config_changes))
@@ -137,71 +136,59 @@ def _against_baseline(run: RunFolder, artifacts_root: str, policy: RegressionPol
     return comparisons
 
 
-@flow(name="nightly", on_failure=[on_failure], on_crashed=[on_failure])
+@flow(name="nightly", **NOTIFY)
 def nightly(hosts: str = "hosts.yaml", lanes: list[str] | None = None, artifacts_root: str = "artifacts",
             regression: RegressionPolicy | None = None) -> State:
     """Every lane of `hosts` (or `lanes`), then each against its baseline window; `artifacts_root`
     is a folder or a store URL (tasks/record/store.py: the run folder is published there)."""
-    from tasks.record.store import in_store
-
-    return in_store(artifacts_root, "nightly", str(flow_run.get_id()),
-                    lambda root: _nightly(hosts, lanes, root, regression))
+    return in_artifacts("nightly", artifacts_root, lambda root: _nightly(hosts, lanes, root, regression))
 
 
 def _nightly(hosts: str, lanes: list[str] | None, artifacts_root: str, regression: RegressionPolicy | None) -> State:
-    logger = get_run_logger()
     policy = regression or RegressionPolicy.model_validate_json(os.environ.get(POLICY_ENV) or "{}")
     inventory_path = Path(hosts).resolve()
     inventory = load_inventory(inventory_path)
     names = lanes or list(inventory.lanes)
     warm()  # started by the CLI while the API server booted; here for a run a worker started
-    run = RunFolder(Path(artifacts_root), "nightly", str(flow_run.get_id()), inventory_path)
-    for line in reclaim_dead_runs(Path(artifacts_root), by=run.path.name):
-        say(line)
-        run.manifest.flow.setdefault("reclaimed", []).append(line)
-    run.manifest.flow["regression_policy"] = policy.model_dump()
-    logger.info("run folder %s", run.path)
-    comparisons: dict[str, LaneComparison] = {}
-    problems: list[str] = []
-    stopped: BaseException | None = None
-    stop_message = ""
-    try:
+    judged = _Judged(artifacts_root, policy)
+    closing = Closing(settle=judged.against_baseline, report=judged.report, verdict=judged.verdict)
+    run = open_run("nightly", artifacts_root, inventory_path, reclaim=True)
+    run.manifest.flow.regression_policy = policy.model_dump(mode="json")
+    with run_lifecycle(run, "nightly", names, closing) as life:
         # Lanes on different hosts measure side by side; each host's lanes one at a time.
-        run_lanes(run, [LaneJob(name=name, lane=inventory.lanes[name], host=inventory.hosts[inventory.lanes[name].host],
-                                base_dir=str(inventory_path.parent), inventory=inventory) for name in names])
-        raise_if_stopped()
-    except interrupts() as e:
-        stopped = e
-        stop_message = record_stop(run, "nightly", e, names)
-        raise
-    finally:
+        run_lanes(run, [LaneJob.of(name, inventory, inventory_path, NIGHTLY) for name in names])
+    return life.state
+
+
+class _Judged:
+    """The night against its baselines (on every path, a stopped night included), its report and verdict."""
+
+    def __init__(self, artifacts_root: str, policy: RegressionPolicy) -> None:
+        self.artifacts_root, self.policy = artifacts_root, policy
+        self.comparisons: dict[str, LaneComparison] = {}
+        self.problems: list[str] = []
+
+    def against_baseline(self, run: RunFolder) -> None:
         try:
-            comparisons = _against_baseline(run, artifacts_root, policy)
+            self.comparisons = _against_baseline(run, self.artifacts_root, self.policy)
         except Exception as e:  # a night that cannot be judged must not pass as a good one
-            logger.exception("regression check failed")
-            problems.append(f"regression check could not run: {type(e).__name__}: {e}")
-            run.manifest.flow["regression_error"] = problems[-1]
-        run.finish()
-        refresh_marked(Path(artifacts_root), by=run.path.name)
-        if stopped is not None:  # stop within seconds: the tables and manifest are the record
-            return Failed(name="Interrupted", message=stop_message)
+            get_run_logger().exception("regression check failed")
+            self.problems.append(f"regression check could not run: {type(e).__name__}: {e}")
+            run.manifest.flow.regression_error = self.problems[-1]
+
+    def report(self, run: RunFolder) -> None:
         try:
             report = render(run)
         except Exception as e:  # the tables and the manifest are the record; a report bug must not hide them
-            logger.exception("report could not be rendered")
-            problems.append(f"report.md could not be rendered: {type(e).__name__}: {e}")
-            report = f"# lanebench nightly run `{run.path.name}`\n\n{problems[-1]}\n"
-        (run.path / "report.md").write_text(report)
-        run.register("", "report.md", "report")
+            get_run_logger().exception("report could not be rendered")
+            self.problems.append(f"report.md could not be rendered: {type(e).__name__}: {e}")
+            report = f"# lanebench nightly run `{run.path.name}`\n\n{self.problems[-1]}\n"
+        write_report(run, report)
         _publish(run, report)
-    problems += [f"regression {describe(r)}" for c in comparisons.values() for r in c.regressions]
-    problems += [f"comparison refused: {c.refused}" for c in comparisons.values() if c.refused]
-    verdict = night_verdict("nightly", run.manifest.lanes, problems)
-    run.manifest.flow["verdict"] = {"outcome": verdict.outcome, "exit_code": verdict.exit_code, "line": verdict.line}
-    run.save_manifest()
-    if verdict.outcome == "failed":
-        return Failed(message=verdict.line)
-    # Passed, but not silently: each flag names declared value, effective value and fix (safety.py).
-    flagged = [f"{n}: {f['message']}" for n, r in run.manifest.lanes.items() for f in r.flags]
-    line = verdict.line + ("; FLAGGED: " + " | ".join(flagged) if flagged else "")
-    return Completed(name=STATE_NAMES[verdict.outcome], message=line)
+
+    def verdict(self, run: RunFolder, _: None) -> State:
+        # Passed, but not silently: each flag names declared value, effective value and fix (safety.py).
+        problems = [*self.problems, *(f"regression {describe(r)}" for c in self.comparisons.values()
+                                      for r in c.regressions),
+                    *(f"comparison refused: {c.refused}" for c in self.comparisons.values() if c.refused)]
+        return lanes_verdict(run, "nightly", problems, flagged=True)

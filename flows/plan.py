@@ -24,6 +24,7 @@ from pydantic import BaseModel
 from tasks.engines import engine_for, planned, release_flags
 from tasks.engines.releases import PINNED
 from tasks.inventory.load import load_inventory
+from tasks.inventory.lane_hosts import every_host
 from tasks.inventory.models import ConfigError, CounterGate, Inventory, Lane
 from tasks.stages import topology
 
@@ -86,34 +87,30 @@ def _resolved(lane: Lane, inventory: Inventory, base_dir: Path) -> Lane:
 
 
 def _processes(lane: Lane, inventory: Inventory) -> list[Process]:
-    """Every process of the lane, by the functions boot starts them with (topology.node_argv,
-    node_env, node_ports): head and node ranks, or llama.cpp's rpc-servers."""
+    """Every process of the lane as boot starts it (topology.launches, which the lane's placement
+    builds too), with its ports and working directory: head and node ranks, or llama.cpp's rpc-servers."""
     import os
 
     from tasks.inventory import secrets
 
     engine = engine_for(lane.engine)
-    where = f"container {lane.image}" if lane.image else "bare"
-    master = topology.master_address(lane, inventory)
-
-    def node(role: str, rank: int, name: str) -> Process:
-        host = inventory.hosts[name]
-        argv = topology.node_argv(lane, engine, rank, master, _binary(lane), host.address, host)
-        ports = topology.node_ports(lane, engine, rank, argv)
-        return Process(role=role, host=name, address=host.address, where=where,
-                       argv=secrets.redact_argv(lane, argv), ports=[p for p, _ in ports],
-                       port_uses=[u for _, u in ports], env=secrets.redact_env(lane, topology.node_env(lane, name)),
-                       cwd=topology.working_directory(host, lane.image, os.getcwd()))
-
-    out = [node("head (node 0)" if lane.nodes else "server", 0, lane.host)]
-    out += [node(f"node {rank}", rank, name) for rank, name in topology.worker_ranks(lane)]
-    if lane.rpc is not None:
-        for worker, endpoint in zip(lane.rpc.workers, topology.rpc_endpoints(lane, inventory)):
-            address, port = endpoint.rsplit(":", 1)
-            binary = lane.rpc.binary or "rpc-server"
-            out.append(Process(role="rpc-server", host=worker, address=address, where="bare",
-                               argv=engine.rpc_worker_command(binary, address, int(port), lane.threads), ports=[int(port)],
-                               port_uses=["rpc"], cwd=topology.working_directory(inventory.hosts[worker], None, os.getcwd())))
+    binaries = topology.Binaries(_binary(lane), {name: _binary(lane) for _, name in topology.worker_ranks(lane)},
+                                 {w: lane.rpc.binary or "rpc-server" for w in lane.rpc.workers} if lane.rpc else {})
+    out = []
+    for launch in topology.launches(lane, engine, inventory.hosts, topology.master_address(lane, inventory), binaries,
+                                    topology.rpc_endpoints(lane, inventory)):
+        if launch.rank is None:  # an rpc-server, bare, on its end of the rpc link
+            ports, image = [(lane.rpc.port if lane.rpc else 0, "rpc")], None
+        else:
+            ports, image = topology.node_ports(lane, engine, launch.rank, launch.argv), lane.image
+        env = dict(launch.env)
+        if launch.rank == 0 and (lane.api_key_env or lane.api_key_file):  # the key boot puts there, never shown
+            env |= topology.key_env(engine, secrets.REDACTED)
+        out.append(Process(role=launch.role, host=launch.host_name, address=launch.address,
+                           where=f"container {image}" if image else "bare",
+                           argv=secrets.redact_argv(lane, launch.argv), ports=[p for p, _ in ports],
+                           port_uses=[u for _, u in ports], env=secrets.redact_env(lane, env),
+                           cwd=topology.working_directory(launch.host, image, os.getcwd())))
     return out
 
 
@@ -136,8 +133,7 @@ def _preflight(lane: Lane, inventory: Inventory) -> list[str]:
         need = ", ".join(x for x in (f"MTU {link.mtu}" if link.mtu else "", f">= {link.min_gbps:g} Gb/s" if link.min_gbps else "") if x)
         out.append(f"link {name}: {link.a.host} {link.a.interface} {link.a.address} <-> {link.b.host} "
                    f"{link.b.interface} {link.b.address} up and reachable{', ' + need if need else ''}")
-    nodes = lane.nodes.hosts if lane.nodes else [lane.host, *(lane.rpc.workers if lane.rpc else [])]
-    for name in dict.fromkeys(nodes):
+    for name in every_host(lane):
         host = inventory.hosts[name]
         parts = [f"host {name} ({host.transport} {host.address}) answers"]
         if lane.image:

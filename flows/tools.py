@@ -20,45 +20,37 @@ from __future__ import annotations
 from pathlib import Path
 
 from prefect import flow
-from prefect.runtime import flow_run
-from prefect.states import Completed, Failed, State
+from prefect.states import State
 
+from flows import stage_plan
 from flows.lanes import LaneJob, run_lanes
+from flows.lifecycle import NOTIFY, Closing, in_artifacts, lanes_verdict, open_run, run_lifecycle, write_report
 from tasks.correctness import record as correctness
 from tasks.inventory.load import load_inventory
-from tasks.record.interrupted import interrupts, record_stop
 from tasks.report.report import render
 from tasks.record.run_folder import RunFolder
-from tasks.record.verdict import STATE_NAMES, night_verdict
 
 
-@flow(name="tools", flow_run_name="tools")
+@flow(name="tools", flow_run_name="tools", **NOTIFY)
 def tools(hosts: str, lanes: list[str], artifacts_root: str = "artifacts", held_out: bool = False) -> State:
     """Each named lane booted under its host lock, its tool gate run, the report written."""
+    return in_artifacts("tools", artifacts_root, lambda root: _tools(hosts, lanes, root, held_out))
+
+
+def _tools(hosts: str, lanes: list[str], artifacts_root: str, held_out: bool) -> State:
     inventory_path = Path(hosts).resolve()
     inventory = load_inventory(inventory_path)
-    run = RunFolder(Path(artifacts_root), "tools", str(flow_run.get_id()), inventory_path)
-    run.manifest.flow["held_out_requested"] = held_out
-    stopped = ""
-    try:
-        run_lanes(run, [LaneJob(name=name, lane=inventory.lanes[name], host=inventory.hosts[inventory.lanes[name].host],
-                                base_dir=str(inventory_path.parent), stages="tools", held_out=held_out,
-                                inventory=inventory) for name in lanes])
-    except interrupts() as e:
-        stopped = record_stop(run, "tools", e, lanes)
-    finally:
-        run.finish()
-        if not stopped:  # a stopped run ends within seconds: the manifest and records are the record
-            report = render(run)
-            for name in run.manifest.lanes:
-                report += "\n" + "\n".join(correctness.section(run, name)) + "\n"
-            (run.path / "report.md").write_text(report)
-            run.register("", "report.md", "report")
-    if stopped:
-        return Failed(name="Interrupted", message=stopped)
-    verdict = night_verdict("tools", run.manifest.lanes, [])
-    run.manifest.flow["verdict"] = {"outcome": verdict.outcome, "exit_code": verdict.exit_code, "line": verdict.line}
-    run.save_manifest()
-    if verdict.outcome == "failed":
-        return Failed(message=verdict.line)
-    return Completed(name=STATE_NAMES[verdict.outcome], message=verdict.line)
+    closing = Closing(report=_report, verdict=lambda run, _: lanes_verdict(run, "tools", []))
+    run = open_run("tools", artifacts_root, inventory_path)
+    run.manifest.flow.held_out_requested = held_out
+    with run_lifecycle(run, "tools", lanes, closing) as life:
+        run_lanes(run, [LaneJob.of(name, inventory, inventory_path, stage_plan.tools(held_out)) for name in lanes])
+    return life.state
+
+
+def _report(run: RunFolder) -> None:
+    """The lanes' report, each lane's correctness section after it."""
+    report = render(run)
+    for name in run.manifest.lanes:
+        report += "\n" + "\n".join(correctness.section(run, name)) + "\n"
+    write_report(run, report)

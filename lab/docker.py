@@ -19,7 +19,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +29,7 @@ import httpx
 from lab import procs
 from lab.procs import alive as _alive  # tests import these two from here
 from lab.procs import mounts_under as _mounts_under
+from tasks.hosts.retry import retrying
 
 _NETNS_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
 # sun_path is 108 bytes; containerd adds ".ttrpc" to its socket under the exec root.
@@ -133,20 +133,21 @@ def _spawn(argv: list[str], log_path: Path, env: dict[str, str] | None = None) -
 
 
 def _wait(daemon: Daemon, probe, what: str, deadline_s: float) -> None:
-    end = time.monotonic() + deadline_s
-    last = "no answer yet"
-    while time.monotonic() < end:
+    def answer() -> str | None:
+        """None once `probe` answers, else what failed; the daemon's exit ends the wait."""
         if daemon._proc is not None and daemon._proc.poll() is not None:
             code = daemon._proc.returncode
             daemon.stop()
             raise DaemonError(f"{daemon.name} exited with code {code} before {what} answered; "
                               f"last log lines:\n{_log_tail(daemon.log_path)}")
         try:
-            if probe():
-                return
+            return None if probe() else "no answer yet"
         except Exception as e:  # noqa: BLE001 - any failure is 'not up yet' until the deadline
-            last = f"{type(e).__name__}: {e}"
-        time.sleep(0.2)
+            return f"{type(e).__name__}: {e}"
+
+    last = retrying(within_s=deadline_s, wait_s=0.2, until=lambda seen: seen is None)(answer)
+    if last is None:
+        return
     daemon.stop()
     raise DaemonError(f"{daemon.name}: {what} did not answer within {deadline_s:.0f}s ({last}); "
                       f"last log lines:\n{_log_tail(daemon.log_path)}")

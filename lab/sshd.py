@@ -14,11 +14,11 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from lab import procs
+from tasks.hosts.retry import retrying
 
 SSHD = "/usr/sbin/sshd"
 
@@ -124,16 +124,15 @@ def start_sshd(state_dir: Path, address: str, port: int, authorized_keys: Path, 
                                 start_new_session=True)
     sshd = Sshd(address=address, port=port, pid=proc.pid, state_dir=state_dir,
                 host_key_line=" ".join(host_pub.split()[:2]), _proc=proc)
-    deadline = time.monotonic() + 10.0
-    while True:
+    def accepts() -> bool:
         if proc.poll() is not None:
             raise RuntimeError(f"sshd on {listen} exited with code {proc.returncode}:\n{sshd.log()[-3000:]}")
-        if _accepts(address, port, netns):
-            return sshd
-        if time.monotonic() > deadline:
-            sshd.stop()
-            raise RuntimeError(f"sshd on {listen} did not accept connections within 10 s:\n{sshd.log()[-3000:]}")
-        time.sleep(0.1)
+        return _accepts(address, port, netns)
+
+    if retrying(within_s=10.0, wait_s=0.1, until=bool)(accepts):
+        return sshd
+    sshd.stop()
+    raise RuntimeError(f"sshd on {listen} did not accept connections within 10 s:\n{sshd.log()[-3000:]}")
 
 
 def _accepts(address: str, port: int, netns: str | None) -> bool:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What runs on the lent GPU machine (scripts/gpu-run.sh prepares the bundle; docs/gpu.md).
 # From the root of the checkout that travelled, with the bundle at .gpu-bundle:
-#   bash .gpu-bundle/gpu-remote.sh PHASE...         PHASE: build facts models fixtures nightly matrix kl, or all
+#   bash .gpu-bundle/gpu-remote.sh PHASE...         PHASE: client build facts models fixtures nightly matrix kl, or all
 #   bash .gpu-bundle/gpu-remote.sh detach PHASE...  the same, in its own session (it outlives the call)
 #   bash .gpu-bundle/gpu-remote.sh wait SECONDS     wait for a detached run, then pack and exit with its code
 # Each phase's exit code and seconds go to evidence/phases.tsv; the script exits non-zero when any
@@ -49,11 +49,17 @@ record() {  # phase, rc, seconds: one line per phase, and the run fails with any
   log "phase $1: rc=$2 in $3 s"
 }
 
+unzip_wheels() {  # the GGUF writer and any package the lock gained after site.tar.xz was made
+  local w; for w in "$B"/gguf-*.whl "$B"/extra-*.whl; do
+    [ ! -f "$w" ] || python3 -m zipfile -e "$w" "$DEPS/gpusite" || return 1
+  done
+}
+
 # REHEARSAL=1: a dry run on a CPU machine whose python3 already has the dependencies.
 if [ "${REHEARSAL:-0}" = 1 ]; then backend=cpu; else backend=cuda; fi
 if [ "${REHEARSAL:-0}" != 1 ] && [ ! -d "$DEPS/gpusite" ]; then
   mkdir -p "$DEPS" && tar -xJf "$B/site.tar.xz" -C "$DEPS" \
-    && python3 -m zipfile -e "$(ls "$B"/gguf-*.whl)" "$DEPS/gpusite" && log "dependencies unpacked" \
+    && unzip_wheels && log "dependencies unpacked" \
     || { record unpack 1 0; exit 1; }
 fi
 rm -rf "$W" && mkdir -p "$W" && tar -xzf "$B/code.tar.gz" -C "$W"
@@ -142,6 +148,10 @@ for phase in "${phases[@]}"; do
   t0=$SECONDS
   case "$phase" in
   build|facts|models|fixtures) "phase_$phase" > "$R/evidence/phase-$phase.log" 2>&1; rc=$? ;;
+  client)  # the wave client against a server stepping like llama-server at C=64 (benchmarks/client_bursts.py):
+    # run first, on quiet cores; --strict fails the phase when the client-bound flag fires at any level
+    python3 benchmarks/client_bursts.py --strict --levels "${CLIENT_LEVELS:-1,8,64}" --out "$R/evidence/client-bursts.json" \
+      > "$R/evidence/phase-client.log" 2>&1; rc=$? ;;
   nightly) lanebench nightly --hosts hosts.gpu.yaml --artifacts "$R/art" > "$R/evidence/phase-nightly.log" 2>&1; rc=$? ;;
   matrix) lanebench matrix matrix/gpu.yaml --artifacts "$R/art" > "$R/evidence/phase-matrix.log" 2>&1; rc=$? ;;
   kl) lanebench kl kl/gpu.yaml --artifacts "$R/art" > "$R/evidence/phase-kl.log" 2>&1; rc=$? ;;

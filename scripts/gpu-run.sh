@@ -50,11 +50,22 @@ IMAGE_HAS='numpy|pandas|pyarrow|scipy|matplotlib|pillow|fonttools|contourpy|kiwi
 IMAGE_HAS+='|pygments|markdown-it-py|mdurl|rich|regex|jinja2|markupsafe|pyyaml|requests|urllib3|certifi|idna'
 IMAGE_HAS+='|charset-normalizer|httpx|httpcore|h11|anyio|click|typer|shellingham|python-dateutil|six|tqdm'
 IMAGE_HAS+='|cloudpickle|fsspec|packaging|pluggy|prometheus-client|typing-extensions|attrs|humanize|markdown'
-if [ ! -f "$BUNDLE/site.tar.xz" ] || [ "${REBUILD_SITE:-0}" = 1 ]; then
-  (cd "$repo" && uv export --frozen --no-dev --no-hashes --no-emit-project) | grep -v '^ *#' | grep -v '^ ' \
-    | sed 's/ ;.*//' | grep -vE "^($IMAGE_HAS)==" \
-    > "$tmp/reqs.txt"
-  plats=(); for p in manylinux_2_28 manylinux_2_27 manylinux_2_24 manylinux_2_17 manylinux2014 manylinux1 manylinux_2_31 manylinux_2_34 manylinux_2_5; do plats+=(--platform "${p}_x86_64"); done
+(cd "$repo" && uv export --frozen --no-dev --no-hashes --no-emit-project) | grep -v '^ *#' | grep -v '^ ' \
+  | sed 's/ ;.*//' | grep -vE "^($IMAGE_HAS)==" \
+  > "$tmp/reqs.txt"
+plats=(); for p in manylinux_2_28 manylinux_2_27 manylinux_2_24 manylinux_2_17 manylinux2014 manylinux1 manylinux_2_31 manylinux_2_34 manylinux_2_5; do plats+=(--platform "${p}_x86_64"); done
+# A lock that gained packages since site.tar.xz was made (xz -9 takes minutes): the new ones travel
+# as wheels beside it (extra-*.whl), unpacked into the same folder there.
+rm -f "$BUNDLE"/extra-*.whl
+if [ -f "$BUNDLE/site.tar.xz" ] && [ -f "$BUNDLE/site.reqs" ] && [ "${REBUILD_SITE:-0}" != 1 ]; then
+  grep -vxFf "$BUNDLE/site.reqs" "$tmp/reqs.txt" > "$tmp/new.txt" || true
+  if [ -s "$tmp/new.txt" ]; then
+    python3 -m pip download -qq --no-deps --only-binary=:all: --python-version 3.12 --implementation cp --abi cp312 \
+      "${plats[@]}" --platform any -d "$tmp/extra" -r "$tmp/new.txt"
+    for w in "$tmp"/extra/*.whl; do cp "$w" "$BUNDLE/extra-$(basename "$w")"; done
+  fi
+fi
+if [ ! -f "$BUNDLE/site.tar.xz" ] || [ ! -f "$BUNDLE/site.reqs" ] || [ "${REBUILD_SITE:-0}" = 1 ]; then
   python3 -m pip download -qq --no-deps --only-binary=:all: --python-version 3.12 --implementation cp --abi cp312 \
     "${plats[@]}" --platform any -d "$tmp/wheels" -r "$tmp/reqs.txt"
   uv pip install -q --target "$tmp/gpusite" --python-version 3.12 --python-platform x86_64-manylinux_2_28 \
@@ -63,6 +74,7 @@ if [ ! -f "$BUNDLE/site.tar.xz" ] || [ "${REBUILD_SITE:-0}" = 1 ]; then
   # Apprise, which no GPU run does; without them the bundle fits under 48 MiB.
   rm -rf "$tmp"/gpusite/apprise "$tmp"/gpusite/apprise-*.dist-info
   tar -C "$tmp" -cJf "$BUNDLE/site.tar.xz" gpusite
+  cp "$tmp/reqs.txt" "$BUNDLE/site.reqs"
 fi
 gguf="gguf==$(cd "$repo" && uv export --frozen --only-dev --no-hashes | sed -n 's/^gguf==\([^ ]*\).*/\1/p')"
 rm -f "$BUNDLE"/gguf-*.whl

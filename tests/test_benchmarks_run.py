@@ -38,6 +38,8 @@ SMOKE: dict[str, list[str]] = {
     "engines_side_by_side.py": ["--help"],  # four lanes' nightlies: tens of minutes
     "matrix_wall_time.py": ["--help"],
     "nightly_overhead.py": ["--help"],
+    "prefect_database.py": ["--help"],  # two Prefect servers and a PostgreSQL cluster: minutes on 2 cores
+    "team_load.py": ["--help"],  # five flow runs' lanes one at a time: tens of minutes (tests/test_team.py is its CI size)
     "rehearsal_wall_time.py": ["--help"],
 }
 
@@ -79,3 +81,12 @@ def test_the_load_generator_exits_nonzero_when_a_part_fails(fake_server, tmp_pat
     assert r.returncode != 0
     with urllib.request.urlopen(f"http://127.0.0.1:{PORT}/stats") as resp:
         assert resp.status == 200
+
+
+def test_the_load_generator_exits_nonzero_when_its_server_cannot_start(fake_server):
+    """The load generator's own fake server cannot bind (the fixture's holds the port): one line
+    that says so and a non-zero exit, not a table of nothing."""
+    r = subprocess.run([sys.executable, str(REPO / "benchmarks/load_generator.py"), "--smoke", "--peers", "none",
+                        "--port", str(PORT)], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and f"did not start on port {PORT}" in r.stderr, r.stdout + r.stderr
+    assert "## raw ceiling" not in r.stdout

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tasks.record.gpu_report import gpu_lines
+from tasks.record.manifest import read_manifest
 
 H200 = Path(__file__).resolve().parent / "fixtures" / "gpu-h200"
 RUNS = ("run1", "run2")
@@ -41,12 +42,42 @@ def test_a_cpu_declared_lane_on_the_cuda_build_holds_no_gpu_memory():
 @pytest.mark.parametrize("run", RUNS)
 def test_the_report_shows_each_gpu_lanes_gpu_and_bandwidth_share(run):
     m, report = _manifest(run), (H200 / f"report-{run}.md").read_text()
+    typed = read_manifest(H200 / f"manifest-{run}.json")
     for name, lane in m["lanes"].items():
         section = report.split(f"\n## {name}\n", 1)[1].split("\n## ", 1)[0]
-        assert "\n".join(gpu_lines(lane["gpu"], lane["boot_facts"])) in section
+        assert "\n".join(gpu_lines(typed.lanes[name].gpu, typed.lanes[name].boot_facts)) in section
         if name.startswith("random-8b"):
             assert "- GPU 0: **NVIDIA H200**" in section and lane["gpu"]["server_memory_mib"] > 10_000
             decode = section.split("### Decode curve\n", 1)[1]
             header = next(line for line in decode.splitlines() if line.startswith("| C |"))
             assert header.rstrip("|").split("|")[-1].strip() == "bandwidth share"
             assert "Bandwidth share (C=1 rows)" in decode
+
+
+# Runs 3 and 4 (2026-12-02, commits 80fb00d and e8f39ae): the client checked first on the quiet
+# machine (benchmarks/client_bursts.py, phase `client`), then the nightly with server timings kept.
+CLIENT_RUNS = ("run3", "run4")
+
+
+@pytest.mark.parametrize("run", CLIENT_RUNS)
+def test_the_nightly_passed_after_the_client_check_and_says_it_failed(run):
+    phases = [line.split("\t") for line in (H200 / f"phases-{run}.tsv").read_text().splitlines()]
+    assert [p[0] for p in phases if p[0] != "client"] == ["build", "facts", "models", "nightly"]
+    assert all(p[1] == "0" for p in phases if p[0] != "client")
+    # The client-bound flag fired at C=64 against the stepping server: the phase says so (rc 1),
+    # it is not hidden; its levels are kept beside the run.
+    assert {p[1] for p in phases if p[0] == "client"} == {"1"}
+    rows = json.loads((H200 / f"client-bursts-{run}.json").read_text())
+    assert any(r["concurrency"] == 64 and r["client_bound"] for r in rows)
+    assert all(r["ok"] == r["requests"] for r in rows)
+    m = _manifest(run)
+    assert {n: lane["status"] for n, lane in m["lanes"].items()} == dict.fromkeys(m["lanes"], "passed")
+
+
+@pytest.mark.parametrize("run", CLIENT_RUNS)
+def test_the_clients_aggregate_agreed_with_llama_servers_timings_on_the_no_drafter_lane(run):
+    """At every level up to C=64 (~5k tok/s) lanebench's aggregate was within 2 % of the one
+    llama-server's own per-request timings give: no level of that lane carries the warning."""
+    warnings = _manifest(run)["lanes"]["testbed-gpu-nodraft"]["warnings"]
+    assert not [w for w in warnings if "server's own timings" in w], warnings
+    assert "server tok/s (gap)" in (H200 / f"report-{run}.md").read_text()

@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from conftest import REPO, interrupt_cli, llama_server_pid, manifest_of, no_llama_server_left, run_cli, run_folder_of, shipped_inventory, write_inventory
+from manifests import matrix_section, write_manifest
 from tasks.inventory.models import ConfigError
 from tasks.matrix.config import load_matrix
 from tasks.matrix.bars import Bar, EarlierRun, earlier_run, register
@@ -213,10 +214,7 @@ def test_verdict_suites_pass_real_rows_and_catch_a_flipped_outcome():
 def _fake_run(root: Path, name: str, started: str, reg) -> Path:
     """An earlier run folder as the flow leaves it: the registration inside the manifest."""
     folder = root / f"{started.replace(':', '').replace('-', '')[:15]}Z_matrix_{name}"
-    folder.mkdir(parents=True)
-    (folder / "manifest.json").write_text(json.dumps({"flow": {"name": "matrix", "started_at": started, "matrix": {
-        "registration": reg.model_dump(mode="json")}}}))
-    return folder
+    return write_manifest(folder, "matrix", started, matrix=matrix_section(reg.model_dump(mode="json")))
 
 
 def test_registration_hash_covers_bars_and_prompt_set_bytes(tmp_path):
@@ -446,7 +444,7 @@ def test_ctrl_c_mid_arm_stops_the_matrix_like_nightly(tmp_path, llama_bin, sig):
     assert m["flow"]["status"] == "interrupted", m["flow"]
     statuses = {name: lane["status"] for name, lane in m["lanes"].items()}
     assert "interrupted" in statuses.values() and "passed" not in statuses.values(), statuses
-    assert "verdict" not in m["flow"]["matrix"]
+    assert m["flow"]["matrix"]["verdict"] is None
     assert run_cli("verify", str(folder)).returncode == 0
     assert all(llama_server_pid(p) is None for p in range(PORT + 10, PORT + 20))
 

@@ -22,6 +22,7 @@ from flows.cli import main
 from tasks.engines import engine_for
 from tasks.hosts.connect import Reach
 from tasks.hosts.transport import LocalTransport
+from tasks.inventory.lane_hosts import every_host
 from tasks.inventory.load import load_inventory
 from tasks.inventory.secrets import REDACTED
 from tasks.stages import boot, serve, topology
@@ -66,20 +67,21 @@ def inventory(tmp_path: Path) -> tuple[Path, Path]:
 
 
 def launched(name: str, path: Path, recorder: Path, tmp_path: Path) -> dict[str, dict]:
-    """Start the lane's processes as the lane flow does and read what each was started with."""
+    """Start the lane's processes as the lane flow does (resolved -> placement -> the boot task's
+    start) and read what each was started with, by host."""
     inv = load_inventory(path)
-    lane, host = inv.lanes[name], inv.hosts["nodea"]
-    engine = engine_for(lane.engine)
+    lane = inv.lanes[name]
+    host = inv.hosts[lane.host]
+    workers = [n for _, n in topology.worker_ranks(lane)]
     pre = Preflight(ok=True, binary=str(recorder), master=topology.master_address(lane, inv),
-                    node_binaries={"nodeb": str(recorder)})
+                    node_binaries={n: str(recorder) for n in workers})
     served_as = serve.resolved(lane, host, path.parent, pre)
-    reach = Reach("nodea", {"nodea": LocalTransport("nodea"), "nodeb": LocalTransport("nodeb")})
+    reach = Reach(lane.host, {n: LocalTransport(n) for n in every_host(lane)})
     placement = serve.placement(served_as, host, reach, pre, inv)
-    head = topology.at_rank(served_as, engine, 0, pre.master)
     log = tmp_path / name / "boot.log"
-    server = boot.start(name, head, pre.binary, host.address, log, placement)
+    server = boot.start(name, served_as, pre.binary, host.address, log, placement)
     try:
-        logs = {"nodea": log, "nodeb": log.with_name("worker-nodeb.log")}
+        logs = {lane.host: log, **{n: log.with_name(f"worker-{n}.log") for n in workers}}
         deadline = time.monotonic() + 30
         while not all(p.exists() and p.read_text().strip() for p in logs.values()):
             assert time.monotonic() < deadline, "the recorder never wrote"
@@ -87,6 +89,26 @@ def launched(name: str, path: Path, recorder: Path, tmp_path: Path) -> dict[str,
         return {host_name: json.loads(p.read_text().splitlines()[0]) for host_name, p in logs.items()}
     finally:
         boot.stop(server, grace_s=2.0)
+
+
+def test_plan_argv_is_what_boot_launches_with_offload_flags(tmp_path, capsys):
+    """A llama.cpp lane on a GPU host: boot adds the offload its host implies (every layer of
+    target and drafter on the GPU), and the plan prints that very argv, token for token."""
+    path, recorder = inventory(tmp_path)
+    data = yaml.safe_load(path.read_text())
+    data["hosts"]["gpubox"] = {"address": "127.0.0.1", "transport": "local", "gpus": 1}
+    data["lanes"] = {"llamacpp-gpu": {
+        "host": "gpubox", "engine": "llamacpp", "binary": str(recorder), "port": 18313,
+        "model": {"path": str(tmp_path / "target")}, "drafter": {"path": str(tmp_path / "drafter")},
+        "speculative": {"method": "draft-simple", "k": 4}, "bench": {"decode": {"concurrency": [1], "prompts": "p.jsonl"}}}}
+    path.write_text(yaml.safe_dump(data))
+    assert main(["plan", "--hosts", str(path), "--json", "llamacpp-gpu"]) == 0
+    (plan,) = json.loads(capsys.readouterr().out)
+    (server,) = plan["processes"]
+    assert server["argv"][-4:] == ["--n-gpu-layers", "all", "--n-gpu-layers-draft", "all"]
+    real = launched("llamacpp-gpu", path, recorder, tmp_path)["gpubox"]
+    assert server["argv"] == real["argv"]
+    assert real["env"].get("CUDA_VISIBLE_DEVICES") != ""  # a GPU host's server is not hidden from its GPUs
 
 
 @pytest.mark.parametrize("name", ["sglang-pair", "vllm-dp-pair"])

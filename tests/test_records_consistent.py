@@ -59,7 +59,7 @@ def test_a_dead_runs_folder_is_marked_interrupted_by_the_next(tmp_path):
     run.append_jsonl("l", "requests.jsonl", _record(0))
     child = subprocess.Popen(["true"])
     child.wait()
-    run.manifest.flow["owner"] = {**run.manifest.flow["owner"], "pid": child.pid, "start": "1"}  # a process gone
+    run.manifest.flow.owner = run.manifest.flow.owner.model_copy(update={"pid": child.pid, "start": "1"})  # a process gone
     run.save_manifest()
     run.append_jsonl("l", "requests.jsonl", _record(1))  # written after the last save, then the process died
     (run.path / "manifest.json.tmp").write_text("{half")
@@ -74,7 +74,7 @@ def test_a_dead_runs_folder_is_marked_interrupted_by_the_next(tmp_path):
     assert reclaim_dead_runs(tmp_path, by="again") == []  # marked once
     assert not (run.path / ".seals").exists() or audit(run.path).extra == []
     live = RunFolder(tmp_path, "nightly", str(uuid.uuid4()), REPO / "hosts.yaml")  # this process: alive
-    assert reclaim_dead_runs(tmp_path, by="x") == [] and live.manifest.flow["status"] == "running"
+    assert reclaim_dead_runs(tmp_path, by="x") == [] and live.manifest.flow.status == "running"
 
 
 def test_history_refuses_a_tampered_table(tmp_path):
@@ -138,7 +138,7 @@ def test_a_record_edited_after_the_crash_is_not_blessed_by_the_reclaim(tmp_path)
     run.append_jsonl("l", "prefill.jsonl", _record(9))
     child = subprocess.Popen(["true"])
     child.wait()
-    run.manifest.flow["owner"] = {**run.manifest.flow["owner"], "pid": child.pid, "start": "1"}
+    run.manifest.flow.owner = run.manifest.flow.owner.model_copy(update={"pid": child.pid, "start": "1"})
     run.save_manifest()
     path = run.path / "l" / "requests.jsonl"
     path.write_text(path.read_text().replace('"prompt_id":"p1"', '"prompt_id":"p7"', 1))

@@ -91,10 +91,13 @@ def test_effective_width_and_synthetic_acceptance_from_the_servers_own_words():
 
 
 def test_declared_against_effective_values_name_both_and_the_fix():
+    from tasks.record.manifest import ModelFacts
+
     lane = _lane(context=1024, binary="/opt/other/llama-server")
     facts = BootFacts(max_running_requests=7, context_per_slot=512, speculative_type="ngram-simple",
                       draft_model_loaded=True, extra={"draft_model": "/x/other.gguf", "temperature": 0.8, "top_k": 40})
-    models = [{"role": "model", "sha256": "a" * 64}, {"role": "drafter", "sha256": "a" * 64}]
+    models = [ModelFacts(role="model", path="t.gguf", bytes=1, sha256="a" * 64),
+              ModelFacts(role="drafter", path="d.gguf", bytes=1, sha256="a" * 64)]
     identity = {"path": "/opt/other/llama-server", "sha256": "b" * 64}
     pinned = {"source": "llama-cpp-python==0.3.36 sdist sha256 ...", "llama_server_sha256": "c" * 64}
     found = {f.check: f for f in effective_findings(lane, facts, models, identity, pinned)}
@@ -195,7 +198,7 @@ def test_kl_flags_a_quantized_reference_an_identical_candidate_and_a_shorter_ref
 
 
 def test_lowered_bars_under_a_new_matrix_name_are_compared_with_the_same_target_and_drafters(tmp_path):
-    import json
+    from manifests import matrix_section, write_manifest
 
     from tasks.matrix.bars import Registration, earlier_run
 
@@ -207,8 +210,7 @@ def test_lowered_bars_under_a_new_matrix_name_are_compared_with_the_same_target_
     old = tmp_path / "20261130T000000Z_matrix_aaaaaaaa"
     old.mkdir()
     old_reg = reg("october", "a" * 64, "weak: prose acceptance length at K=4 >= 2.6")
-    (old / "manifest.json").write_text(json.dumps({"flow": {"started_at": "2026-11-30", "matrix": {
-        "subject": "same-bytes", "registration": old_reg.model_dump(mode="json")}}}))
+    write_manifest(old, "matrix", "2026-11-30", matrix=matrix_section(old_reg.model_dump(mode="json"), "same-bytes"))
     now = reg("october-v2", "b" * 64, "weak: prose acceptance length at K=4 >= 1.2")
     assert earlier_run(tmp_path, now, tmp_path / "new") is None  # by name alone: "first registered run"
     found = earlier_run(tmp_path, now, tmp_path / "new", subject="same-bytes")

@@ -8,7 +8,6 @@ as for a lane's host.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import subprocess
 import sys
@@ -18,7 +17,10 @@ import pytest
 
 from conftest import REPO
 from lab.sshd import make_keypair, start_sshd
+from manifests import write_manifest
 from prefect_stack import free_port
+
+from tasks.record.manifest import ArtifactEntry
 
 
 def _run_folder(root: Path, name: str) -> Path:
@@ -27,10 +29,10 @@ def _run_folder(root: Path, name: str) -> Path:
     (folder / "lane").mkdir(parents=True)
     (folder / "report.md").write_text("# report\n")
     (folder / "lane" / "server.log").write_bytes(os.urandom(300_000))  # > one SFTP packet
-    listed = [{"path": str(p.relative_to(folder)), "sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
+    listed = [ArtifactEntry(path=str(p.relative_to(folder)), kind="raw", lane="lane",
+                            sha256=hashlib.sha256(p.read_bytes()).hexdigest())
               for p in sorted(folder.rglob("*")) if p.is_file()]
-    (folder / "manifest.json").write_text(json.dumps({"flow": {"name": "nightly"}, "artifacts": listed}))
-    return folder
+    return write_manifest(folder, artifacts=listed)
 
 
 @pytest.fixture(scope="module")

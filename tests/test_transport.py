@@ -482,7 +482,7 @@ def test_local_spawn_poll_stop_and_leftover(tmp_path, token):
     name = f"test-{uuid.uuid4().hex[:8]}"
     spawned = local.spawn(["sh", "-c", f'echo "v=$LB_V"; sleep {token} & sleep {token}; wait'], tmp_path / "l.log",
                           name=name, env={"LB_V": "a b"})
-    assert spawned.poll() is None and local_pidfile(name).read_text().strip() == str(spawned.pid)
+    assert spawned.poll() is None and local_pidfile(name).read_text().split()[0] == str(spawned.pid)
     end = time.monotonic() + 5
     while len(procs_with(f"sleep {token}", exact=True)) < 2 and time.monotonic() < end:
         time.sleep(0.05)
@@ -500,6 +500,27 @@ def test_local_spawn_poll_stop_and_leftover(tmp_path, token):
     finally:
         leftover.kill()
         leftover.wait()
+
+
+def test_a_live_lanebenchs_server_is_not_reclaimed_as_a_leftover(tmp_path, token):
+    """Two orchestrators with separate Prefect homes share no host lock: the pidfile names who
+    spawned the group, and only a dead owner's group is stopped."""
+    from tasks.hosts.owner import Owner
+
+    local, name = LocalTransport(), f"test-{uuid.uuid4().hex[:8]}"
+    group = subprocess.Popen(["sh", "-c", f"sleep {token} & sleep {token}; wait"], start_new_session=True)
+    try:
+        owner = Owner.here()  # this test process: alive
+        local_pidfile(name).write_text(f"{group.pid}\n{owner.model_dump_json()}\n")
+        assert local.stop_leftover(name, grace_s=1.0) is False
+        assert group.poll() is None and local_pidfile(name).exists()
+        gone = owner.model_copy(update={"start": "1"})  # the same pid, another start time: a dead owner
+        local_pidfile(name).write_text(f"{group.pid}\n{gone.model_dump_json()}\n")
+        assert local.stop_leftover(name, grace_s=1.0) is True
+        assert wait_gone(token) == [] and not local_pidfile(name).exists()
+    finally:
+        group.kill()
+        group.wait()
 
 
 def test_transport_for_builds_the_configured_transport(tmp_path):

@@ -83,8 +83,8 @@ def run_flow(flow: str, build: Callable[[], Any], artifacts: Path, launched: tup
     install_stop_handlers()
     install()  # before the flow run exists: its creation and first states are scrubbed too
     call = build()
-    import prefect.flow_engine  # noqa: F401  (Prefect imports its engines at the first flow call:
-    import prefect.task_engine  # noqa: F401   imported here, they load while the API server boots)
+    import prefect.flow_engine  # (Prefect imports its engines at the first flow call:
+    import prefect.task_engine  # noqa: F401 - imported here, they load while the API server boots)
     with api_server(launched):
         state = call(**params, return_state=True)
     return state, run_folder_of(state, artifacts, flow)

@@ -9,7 +9,6 @@ folder.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
@@ -38,19 +37,19 @@ def cmd_matrix(args: argparse.Namespace) -> int:
     state, folder = run_flow("matrix", build, artifacts, matrix_file=str(path.resolve()), artifacts_root=root)
     if (code := interrupted_exit(state, folder, "matrix")) is not None:
         return code
+    from tasks.record.manifest import MatrixVerdict, read_manifest
     from tasks.record.progress import closing, say
 
-    verdict: dict = {}
-    if folder:
-        verdict = json.loads((folder / "manifest.json").read_text())["flow"].get("matrix", {}).get("verdict") or {}
-    for name, d in (verdict.get("drafters") or {}).items():
+    matrix = read_manifest(folder).flow.matrix if folder else None
+    verdict = (matrix.verdict if matrix else None) or MatrixVerdict(complete=False)
+    for name, d in verdict.drafters.items():
         if d["checks"]:
             colour = "green" if d["verdict"] == "PASSED" else "red"
             say(f"drafter [bold]{name}[/bold]: [{colour}]{d['verdict']}[/{colour}] "
                 f"({d['passed']} passed, {d['failed']} failed, {d['no_data']} not measured of {d['checks']} checks)")
     if not closing(state, folder, f"matrix complete: {state.message}", "matrix incomplete"):
         return 1
-    return 1 if args.require_bars and verdict.get("bars_failed", 0) else 0
+    return 1 if args.require_bars and verdict.bars_failed else 0
 
 
 def register_cli(subparsers: Any) -> None:

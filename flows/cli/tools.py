@@ -9,7 +9,6 @@ run folder.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
@@ -62,11 +61,12 @@ def cmd_tools(args: argparse.Namespace) -> int:
     from tasks.record.progress import closing_verdict, say
 
     if folder:
-        flow = json.loads((folder / "manifest.json").read_text())["flow"]
-        for lane, entry in (flow.get("correctness") or {}).items():
-            for gate in entry.get("gates", []):
-                colour = "green" if gate["passed"] else "red"
-                say(f"[bold]{lane}[/bold] [{colour}]{gate['gate']}[/{colour}]: {gate['detail']}")
+        from tasks.record.manifest import read_manifest
+
+        for lane, entry in read_manifest(folder).flow.correctness.items():
+            for gate in entry.gates:
+                colour = "green" if gate.passed else "red"
+                say(f"[bold]{lane}[/bold] [{colour}]{gate.gate}[/{colour}]: {gate.detail}")
     return closing_verdict(state, folder, "tools")
 
 

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import httpx
+from tasks.client import auth
 from tasks.wire.replies import ChatReply
 
 if TYPE_CHECKING:
@@ -44,7 +45,8 @@ async def _one(client: httpx.AsyncClient, engine: Engine, spec: RequestSpec) -> 
 async def _many(base_url: str, engine: Engine, specs: Sequence[RequestSpec], concurrency: int) -> list[ChatReply]:
     gate = asyncio.Semaphore(concurrency)
     limits = httpx.Limits(max_connections=concurrency + 2, max_keepalive_connections=concurrency + 2)
-    async with httpx.AsyncClient(base_url=base_url, timeout=_TIMEOUT, limits=limits) as client:
+    async with httpx.AsyncClient(base_url=base_url, timeout=_TIMEOUT, limits=limits,
+                                 headers=auth.headers(base_url)) as client:
 
         async def bounded(spec: RequestSpec) -> ChatReply:
             async with gate:

@@ -13,10 +13,14 @@ from functools import cache
 
 import httpx
 
+from tasks.client import auth
+
 
 @cache
 def control() -> httpx.Client:
-    return httpx.Client(limits=httpx.Limits(max_connections=32, max_keepalive_connections=8))
+    # Every request carries the API key its server demands, if it demands one (tasks/client/auth.py).
+    return httpx.Client(limits=httpx.Limits(max_connections=32, max_keepalive_connections=8),
+                        event_hooks={"request": [auth.sign]})
 
 
 __all__ = ["control"]

@@ -73,7 +73,10 @@ class Pool:
             self.server_closed += 1
             conn.close()
         t0 = time.perf_counter()
-        sock = await asyncio.wait_for(connect(self.host, self.port), self.connect_timeout)
+        # asyncio.timeout, not wait_for: wait_for wraps the connect in a task of its own, and at
+        # C=64 against llama-server (a new connection per request) 64 of them start in one turn
+        async with asyncio.timeout(self.connect_timeout):
+            sock = await connect(self.host, self.port)
         self.opened += 1
         return Connection(Stamped(asyncio.get_running_loop(), sock), connect_s=time.perf_counter() - t0), False
 
@@ -88,10 +91,11 @@ class Pool:
             self._idle.pop().close()
 
 
-def request_bytes(host: str, port: int, path: str, body: bytes) -> bytes:
+def request_bytes(host: str, port: int, path: str, body: bytes, extra: bytes = b"") -> bytes:
+    """One POST; `extra`: more head lines, each ending in CRLF (the API key's header)."""
     head = (f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
-            f"Accept: text/event-stream\r\nContent-Length: {len(body)}\r\nConnection: keep-alive\r\n\r\n")
-    return head.encode() + body
+            f"Accept: text/event-stream\r\nContent-Length: {len(body)}\r\nConnection: keep-alive\r\n")
+    return head.encode() + extra + b"\r\n" + body
 
 
 async def _head(proto: Stamped) -> tuple[int, dict[str, str]]:
@@ -148,7 +152,7 @@ async def read_response(conn: Connection, sink: Callable[[float, bytes], None] |
                 raise HTTPError("connection closed inside a chunked body")
             buf = buf[pos:] + data if pos < len(buf) else data
             pos, end = 0, len(buf)
-            out = []
+            out: list[bytes] = []
             while True:
                 if need < 0:
                     i = buf.find(_CRLF, pos)

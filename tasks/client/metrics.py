@@ -9,20 +9,36 @@ are reported apart. Goodput counts the requests that met the declared TTFT and T
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import overload
 
 import numpy as np
 
 from tasks.wire.records import RequestRecord
 
 PERCENTILES = (50, 90, 95, 99)
+# The client's aggregate and the one the engine's own timings give may differ by this much (%,
+# of the engine's) before a decode level is flagged (issue 23: "within 2 %").
+SERVER_AGREE_PCT = 2.0
 
 
-def percentiles(values: list[float]) -> dict[int, float | None]:
-    if not values:
-        return {q: None for q in PERCENTILES}
-    got = np.percentile(np.asarray(values, dtype=float), PERCENTILES)
-    return {q: float(v) for q, v in zip(PERCENTILES, got)}
+@overload
+def percentile(values: Sequence[float] | np.ndarray, q: float) -> float | None: ...
+@overload
+def percentile(values: Sequence[float] | np.ndarray, q: float, empty: float) -> float: ...
+def percentile(values: Sequence[float] | np.ndarray, q: float, empty: float | None = None) -> float | None:
+    """The q-th percentile of `values` (numpy's linear interpolation), `empty` when there are none:
+    the one percentile every table of lanebench reports."""
+    if len(values) == 0:
+        return empty
+    return float(np.percentile(np.asarray(values, dtype=float), q))
+
+
+def percentiles(values: Sequence[float]) -> dict[int, float | None]:
+    """p50, p90, p95 and p99 (None each when there are no values)."""
+    return {q: percentile(values, q) for q in PERCENTILES}
 
 
 def exact_gaps(r: RequestRecord) -> list[float]:
@@ -84,21 +100,49 @@ def steady_window(records: list[RequestRecord], wall_s: float) -> Window:
         if r.stream is not None:
             streams.setdefault(r.stream, []).append(r)
     if streams:
-        start = max(min(r.sent_s for r in rs) for rs in streams.values())  # type: ignore[type-var]
-        end = min(max(r.ended_s for r in rs) for rs in streams.values())  # type: ignore[type-var]
+        start = max(min(r.sent_s or 0.0 for r in rs) for rs in streams.values())  # `or`: never None in `timed`
+        end = min(max(r.ended_s or 0.0 for r in rs) for rs in streams.values())
     else:
-        start = min(r.ended_s for r in timed)  # type: ignore[type-var]
-        end = max(r.sent_s for r in timed)  # type: ignore[type-var]
-    tokens = 0
+        start = min(r.ended_s or 0.0 for r in timed)
+        end = max(r.sent_s or 0.0 for r in timed)
+    tokens = 0.0
     for r in timed:
         if not r.ok or not r.chunk_arrivals_s:
             continue
         known = all(n > 0 for n in r.chunk_tokens)
         share = r.output_tokens / len(r.chunk_arrivals_s)
         for i, t in enumerate(r.chunk_arrivals_s):
-            if start <= r.sent_s + t <= end:  # type: ignore[operator]
+            if start <= (r.sent_s or 0.0) + t <= end:
                 tokens += r.chunk_tokens[i] if known else share
     return Window(float(start), float(end), wall_s, int(round(tokens)))
+
+
+def server_window_tokens(records: list[RequestRecord], window: Window) -> int | None:
+    """The tokens the server's own clock puts inside `window` (None: no request carried timings).
+
+    llama-server's final event carries `timings.predicted_n` tokens generated over
+    `predicted_ms`, from the first token sampled to the last. Each such request's tokens are
+    placed on the wave's clock evenly over that span, ending where the client stamped its last
+    token chunk; those inside the window are counted, as the client counts its own stamps. The
+    two counts differ where the client's stamps and the server's durations disagree (a client
+    late to read, or stamping wrong) or where the server's steps were uneven within a request."""
+    tokens, seen = 0, False
+    for r in records:
+        t = r.server_timings or {}
+        n, ms = int(t.get("predicted_n") or 0), t.get("predicted_ms")
+        if not r.ok or r.sent_s is None or not r.chunk_arrivals_s or n < 1 or ms is None:
+            continue
+        seen = True
+        end, span = r.sent_s + r.chunk_arrivals_s[-1], ms / 1e3
+        step = span / (n - 1) if n > 1 else 0.0
+        first = end - span
+        if step > 0:  # tokens k with start <= first + k*step <= end
+            lo = max(0, math.ceil((window.start_s - first) / step - 1e-9))
+            hi = min(n - 1, math.floor((window.end_s - first) / step + 1e-9))
+            tokens += max(0, hi - lo + 1)
+        elif window.start_s <= end <= window.end_s:
+            tokens += n
+    return tokens if seen else None
 
 
 def good(r: RequestRecord, ttft_bound_s: float | None, tpot_bound_s: float | None) -> bool:

@@ -1,25 +1,28 @@
 """Send waves of streamed requests and keep one raw record per request.
 
 One client path for every stage: a closed-loop wave is `concurrency` streams, each sending
-`requests_per_stream` requests one after another (starts optionally staggered); an open-loop
-wave sends on a Poisson or constant schedule with at most `concurrency` in flight. Either way
-the pool opens at most `concurrency` connections and every body is read to its end, so
-connections are reused; the wave records how many it opened.
+`requests_per_stream` requests one after another (starts optionally staggered); an open-loop wave sends
+on a Poisson or constant schedule with at most `concurrency` in flight. Either way the pool opens at
+most `concurrency` connections and every body is read to its end, so connections are reused; the wave
+records how many it opened.
 
-Clocks (docs/metrics.md): send time is taken just before the request's bytes are written, after
-any connect (timed apart); each piece of received bytes carries the kernel's receive time
-(tasks/client/stamped.py), and only later, in the
-reading task, are its events split and parsed (overlapping the wait for the next bytes). While a
-wave runs, the objects alive before it are frozen out of the cycle collector (a full collection
-of the imported heap stopped the loop for tens of ms). The loop is asyncio's own: uvloop was
-measured and dropped (docs/benchmarks.md, 2026-12-01 13:18 UTC). A wall deadline, not a read timeout, bounds each request: llama-server
-pings an idle stream every 30 s, so a read timeout would never fire. Once a request has run past
-it, the wave sends no new request (those in flight end by their own deadlines): the lane ends at
-its next check, so a fault costs one request deadline, not one per request left in the stream.
+Clocks (docs/metrics.md): send time is taken just before the request's bytes are written, after any
+connect (timed apart); each piece of received bytes carries the kernel's receive time
+(tasks/client/stamped.py), and only later, in the reading task, are its events split and parsed
+(overlapping the wait for the next bytes). While a wave runs, the objects alive before it are frozen out
+of the cycle collector (a full collection of the imported heap stopped the loop for tens of ms). The
+loop is asyncio's own: uvloop was measured and dropped (docs/benchmarks.md, 2026-12-01 13:18 UTC). A
+wall deadline, not a read timeout, bounds each request: llama-server pings an idle stream every 30 s, so
+a read timeout would never fire. Once a request has run past it, the wave sends no new request (those in
+flight end by their own deadlines): the lane ends at its next check, so a fault costs one request
+deadline, not one per request left in the stream.
 
-While a wave runs, a probe measures the event loop's lag and the process's CPU: a client that
-is itself the bottleneck says so (WaveResult.client_saturated) instead of reporting its own
-queueing as the server's latency.
+While a wave runs, a probe measures the event loop's lag and the process's CPU: a client that is itself
+the bottleneck says so (WaveResult.client_saturated) instead of reporting its own queueing as the
+server's latency. So the loop does per request only what the clocks need: a finished request's record is
+built and kept later, one per loop turn (tasks/client/recorder.py), and one watchdog task per wave, not
+one per request, looks for stalls (issue 23: at C=64 on an H200 the 64 streams end in one decode step,
+and building and writing their records in one loop turn held it for 10-20 ms).
 """
 
 from __future__ import annotations
@@ -32,11 +35,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-import numpy as np
-
-from tasks.client import http
+from tasks.client import auth, http
+from tasks.client.metrics import percentile
 from tasks.client.prompts import Prompt, nonce, with_nonce
 from tasks.client.deadline import request_deadline_s
+from tasks.client.recorder import Builder, Recorder
 from tasks.wire.records import RequestRecord, truncation_of
 from tasks.client.shapes import LoadShape
 from tasks.client.stream import Assembler
@@ -75,12 +78,11 @@ class Wave:
 
     @property
     def shape(self) -> LoadShape:
-        return LoadShape(kind="open" if self.rate else "closed", concurrency=self.concurrency,
-                         requests=self.concurrency * self.requests_per_stream, stagger_s=self.stagger_s,
-                         rate=self.rate, arrival=self.arrival, seed=self.seed)  # type: ignore[arg-type]
+        return LoadShape(kind="open" if self.rate else "closed", concurrency=self.concurrency, stagger_s=self.stagger_s,
+                         requests=self.concurrency * self.requests_per_stream, rate=self.rate, arrival=self.arrival, seed=self.seed)
 
 
-STALL_POLL_S = 0.25  # how often a guarded request looks at its last token
+STALL_POLL_S = 0.25  # how often the stall watchdog looks at each request's last token
 
 
 class Stalled(Exception):
@@ -98,7 +100,7 @@ class Stalled(Exception):
                 f"wave; bound {self.bound:.1f} s from the lane's warm steady state)")
 
 
-@dataclass
+@dataclass(repr=False)
 class WaveResult:
     records: list[RequestRecord]
     wall_s: float
@@ -114,6 +116,11 @@ class WaveResult:
     def output_tokens(self) -> int:
         return sum(r.output_tokens for r in self.records if r.ok)
 
+    def __repr__(self) -> str:
+        # Short on purpose: asyncio.run's SIGINT restore (3.11) formats the main task's repr, its
+        # result included, on every wave: a full repr of every record cost ~20 ms at 128 records.
+        return f"WaveResult({len(self.records)} records, {self.wall_s:.3f} s, {self.shape!r})"
+
     @property
     def client_saturated(self) -> bool:
         return self.loop_lag_p99_s > LAG_LIMIT_S or self.client_cpu > CPU_LIMIT
@@ -128,90 +135,103 @@ class _Client:
         self.prefix = url.path.rstrip("/")
         self.engine, self.wave = engine, wave
         self.pool = http.Pool(self.host, self.port, wave.concurrency)
+        self.auth = auth.header_bytes(self.host, self.port)  # the server's API key, if it demands one
         self.t0 = time.perf_counter()
         self.late = False  # a request ran past its wall deadline or stalled: send no more
+        self.flights: set[_Flight] = set()  # requests under the stall watchdog (wave.stall_s set)
 
     async def _exchange(self, payload: bytes, sink: Callable[[float, bytes], None],
-                        sent: Callable[[float], None]) -> tuple[http.Response, float, float | None, bool]:
+                        flight: _Flight) -> tuple[http.Response, float, float | None, bool]:
         """Send on a pooled connection and read the whole response. A kept-alive connection the
         server has meanwhile closed is replaced once, on a new connection."""
         for attempt in (0, 1):
             # The retry takes a new connection: another idle one may be just as closed (llama-server
             # closes after every stream).
             conn, reused = await self.pool.acquire(fresh=attempt == 1)
+            flight.conn = conn
             keep = False
             try:
                 t_send = time.perf_counter()
-                sent(t_send)
+                flight.acc.t_send = t_send
                 conn.write(payload)
                 resp = await http.read_response(conn, sink)
                 keep = resp.reused
                 self.pool.server_closed += not keep  # `Connection: close` or a body ended by the close
                 return resp, t_send, None if reused else conn.connect_s, reused
             except (http.HTTPError, ConnectionError) as e:
-                if not (reused and attempt == 0 and "before the response head" in str(e)):
+                if flight.stalled or not (reused and attempt == 0 and "before the response head" in str(e)):
                     raise
                 self.pool.server_closed += 1  # it closed the kept-alive connection after the last response
             finally:
                 self.pool.release(conn, keep)
         raise AssertionError("unreachable")
 
-    async def _guarded(self, exchange, acc: Assembler):  # type: ignore[no-untyped-def]
-        """The exchange, cut when no token came for the wave's stall bound (a stopped or stuck
-        server: a read timeout never fires, llama-server pings every 30 s)."""
+    async def watch(self) -> None:
+        """The wave's one stall watchdog: every STALL_POLL_S it cuts (closes the connection of)
+        each request with no token for longer than the wave's stall bound (a stopped or stuck
+        server: a read timeout never fires, llama-server pings every 30 s). One task for the
+        wave, not a polling task per request: at C=64 those woke together every 0.25 s."""
         wave = self.wave
-        task = asyncio.ensure_future(exchange)
-        try:
-            while True:
-                done, _ = await asyncio.wait({task}, timeout=STALL_POLL_S)
-                if done:
-                    return task.result()
-                if not acc.t_send:
+        while True:
+            await asyncio.sleep(STALL_POLL_S)
+            now = time.perf_counter()
+            for f in list(self.flights):
+                acc = f.acc
+                if not acc.t_send or f.stalled is not None or f.conn is None:
                     continue
                 arrivals = acc.out.arrivals
                 since = arrivals[-1] if arrivals else 0.0
-                gap = time.perf_counter() - acc.t_send - since
+                gap = now - acc.t_send - since
                 bound = wave.stall_s if arrivals else (wave.first_token_stall_s or wave.stall_s)
                 if bound is not None and gap > bound:
-                    raise Stalled(since, gap, bound, len(arrivals), acc.t_send - self.t0)
-        finally:
-            if not task.done():
-                task.cancel()
+                    f.stalled = Stalled(since, gap, bound, len(arrivals), acc.t_send - self.t0)
+                    f.conn.close()  # its read ends now; the request records the stall
 
     async def request(self, prompt: Prompt, stream: int | None, scheduled: float | None,
-                      queued: float = 0.0) -> RequestRecord:
+                      queued: float = 0.0) -> Builder:
+        """Send one request and read its stream to the end; what it measured comes back as a
+        builder of its record, which the wave's Recorder calls on a later loop turn (recorder.py)."""
         wave, engine = self.wave, self.engine
         tag = nonce()
         spec = engine.completion_request(with_nonce(prompt.text, tag), wave.max_tokens)
-        payload = http.request_bytes(self.host, self.port, self.prefix + spec.path, json.dumps(spec.body).encode())
+        payload = http.request_bytes(self.host, self.port, self.prefix + spec.path, json.dumps(spec.body).encode(),
+                                     self.auth)
         started = time.time()
         t_start = time.perf_counter()
         resp, t_send, connect_s, reused, error = None, None, None, False, None
         # Events are split and parsed piece by piece, each piece already stamped at its arrival.
         splitter, acc = http.EventSplitter(), Assembler(engine, 0.0)
-
-        def sent(t: float) -> None:
-            acc.t_send = t
+        flight = _Flight(acc)
 
         def sink(t: float, data: bytes) -> None:
             for et, raw, shared in splitter.feed(t, data):
                 acc.feed(et, raw, shared)  # after an error event it ignores the rest
 
+        if wave.stall_s:
+            self.flights.add(flight)
         try:
             async with asyncio.timeout(wave.deadline_s):
-                exchange = self._exchange(payload, sink, sent)
-                resp, t_send, connect_s, reused = await (self._guarded(exchange, acc) if wave.stall_s else exchange)
+                resp, t_send, connect_s, reused = await self._exchange(payload, sink, flight)
         except TimeoutError:
             error = f"deadline: no complete response within {wave.deadline_s:g} s (wall clock)"
             self.late = True
-        except Stalled as e:
-            error = e.words()
-            self.late = True
         except (OSError, http.HTTPError, asyncio.IncompleteReadError) as e:
             error = f"{type(e).__name__}: {e}"
+        finally:
+            self.flights.discard(flight)
+        if flight.stalled is not None:  # the watchdog cut it: a stall, in its words
+            resp, error = None, flight.stalled.words()
+            self.late = True
+        t_end = time.perf_counter()
+        measured = _Measured(prompt, tag, started, t_start, t_end, resp, t_send, connect_s, reused, error,
+                             stream, scheduled, queued)
+        return lambda: self._record(measured, splitter, acc)
+
+    def _record(self, m: _Measured, splitter: http.EventSplitter, acc: Assembler) -> RequestRecord:
+        """The request's record from what it measured (no clock is read here: it runs later)."""
+        wave, resp, t_send, error, t_end = self.wave, m.resp, m.t_send, m.error, m.t_end
         if error is not None and acc.out.error is not None:
             error = acc.out.error  # the server said why before the stream broke off: its words
-        t_end = time.perf_counter()
         out = None
         if resp is not None and resp.status >= 400:
             body = b"".join(p for _, p in resp.pieces).decode(errors="replace")
@@ -230,23 +250,52 @@ class _Client:
         ttft = out.ttft_s if out else None
         tokens = out.output_tokens if ok and out else 0
         return RequestRecord(
-            lane=wave.lane, stage=wave.stage,  # type: ignore[arg-type]
-            repeat=wave.repeat, concurrency=wave.concurrency, prompt_class=prompt.prompt_class,
-            prompt_id=prompt.id, nonce=tag, max_tokens=wave.max_tokens, ok=ok,
+            lane=wave.lane, stage=wave.stage,
+            repeat=wave.repeat, concurrency=wave.concurrency, prompt_class=m.prompt.prompt_class,
+            prompt_id=m.prompt.id, nonce=m.tag, max_tokens=wave.max_tokens, ok=ok,
             http_status=resp.status if resp else None, error=error,
             prompt_tokens=final.prompt_tokens if final else None, output_tokens=tokens,
-            finish_reason=final.finish_reason if final else None, started_at=started,
+            finish_reason=final.finish_reason if final else None, started_at=m.started,
             ttft_s=ttft, e2el_s=e2el, itl_p50_s=out.itl_p50_s() if out else None,
             chunks=len(out.arrivals) if out else 0, spec=final.spec if final else None,
+            server_timings=final.timings if final else None,
             tpot_s=(e2el - ttft) / (tokens - 1) if e2el is not None and ttft is not None and tokens > 1 else None,
-            stream=stream, sent_s=(t_send if t_send is not None else t_start) - self.t0,
-            ended_s=t_end - self.t0, scheduled_s=scheduled, queued_s=queued, connect_s=connect_s,
-            reused_connection=reused, chunk_arrivals_s=out.arrivals if out else [],
+            stream=m.stream, sent_s=(t_send if t_send is not None else m.t_start) - self.t0,
+            ended_s=t_end - self.t0, scheduled_s=m.scheduled, queued_s=m.queued, connect_s=m.connect_s,
+            reused_connection=m.reused, chunk_arrivals_s=out.arrivals if out else [],
             chunk_tokens=out.tokens if out else [], chunk_coalesced=out.coalesced if out else [],
             events=out.events if out else 0, deadline_s=wave.deadline_s,
             truncation=truncation_of(ok, final.finish_reason if final else None, tokens, wave.max_tokens,
                                      final.truncated if final else None),
         )
+
+
+@dataclass(eq=False)
+class _Flight:
+    """One request in flight, as the stall watchdog sees it."""
+
+    acc: Assembler
+    conn: http.Connection | None = None
+    stalled: Stalled | None = None
+
+
+@dataclass
+class _Measured:
+    """What one request measured on the loop, handed to the recorder thread."""
+
+    prompt: Prompt
+    tag: str
+    started: float
+    t_start: float
+    t_end: float
+    resp: http.Response | None
+    t_send: float | None
+    connect_s: float | None
+    reused: bool
+    error: str | None
+    stream: int | None
+    scheduled: float | None
+    queued: float
 
 
 async def _probe_loop(lags: list[float]) -> None:
@@ -264,14 +313,10 @@ async def _run_wave(base_url: str, engine: Engine, wave: Wave, prompts: list[Pro
     perf_counter value, CLOCK_MONOTONIC: the same in every process on the host; None: now)."""
     client = _Client(base_url, engine, wave)
     shape = wave.shape
-    records: list[RequestRecord] = []
+    recorder = Recorder(on_record)
+    keep = recorder.put
     index, count = part
     mine = range(index, wave.concurrency, count)  # closed loop: these streams; open loop: this ceiling
-
-    def keep(record: RequestRecord) -> None:
-        records.append(record)
-        if on_record:
-            on_record(record)
 
     async def closed_stream(i: int) -> None:
         if (delay := client.t0 + i * shape.stagger_s - time.perf_counter()) > 0:
@@ -303,6 +348,7 @@ async def _run_wave(base_url: str, engine: Engine, wave: Wave, prompts: list[Pro
 
     lags: list[float] = []
     probe = asyncio.create_task(_probe_loop(lags))
+    watch = asyncio.create_task(client.watch()) if wave.stall_s else None
     cpu0 = time.process_time()
     client.t0 = time.perf_counter() if t0 is None else t0
     try:
@@ -314,11 +360,14 @@ async def _run_wave(base_url: str, engine: Engine, wave: Wave, prompts: list[Pro
         wall = time.perf_counter() - client.t0
         cpu = time.process_time() - cpu0
         probe.cancel()
+        if watch is not None:
+            watch.cancel()
         client.pool.close()
+        records = await recorder.close()  # the last records kept (the wave's clocks are already read)
     records.sort(key=lambda r: r.sent_s or 0.0)
     return WaveResult(records=records, wall_s=wall, connections_opened=client.pool.opened,
                       server_closed=client.pool.server_closed,
-                      loop_lag_p99_s=float(np.percentile(lags, 99)) if lags else 0.0,
+                      loop_lag_p99_s=percentile(lags, 99, 0.0),
                       loop_lag_max_s=max(lags, default=0.0), client_cpu=cpu / wall if wall > 0 else 0.0,
                       client_cpu_s=cpu,
                       shape=shape.describe())

@@ -21,8 +21,10 @@ import multiprocessing as mp
 import os
 import time
 from collections.abc import Callable
+from typing import cast
 from multiprocessing.connection import Connection, wait
 
+from tasks.client import auth
 from tasks.client.prompts import Prompt
 from tasks.wire.records import RequestRecord
 from tasks.client.waves import Wave, WaveResult, run_part
@@ -33,8 +35,10 @@ READY_TIMEOUT_S = 120.0  # a worker that has not imported by then is broken, not
 
 
 def _worker(conn: Connection, base_url: str, engine: Engine, wave: Wave, prompts: list[Prompt],
-            part: tuple[int, int], cpus: list[int] | None) -> None:
-    """One worker: report ready, take t0, run its share, send each record as it ends."""
+            part: tuple[int, int], cpus: list[int] | None, keys: dict[str, str]) -> None:
+    """One worker: report ready, take t0, run its share, send each record as it ends. `keys`:
+    the API keys of the parent's servers (a spawned interpreter starts with none), over the pipe."""
+    auth.install(keys)
     if cpus:
         os.sched_setaffinity(0, {cpus[part[0] % len(cpus)]})
     conn.send("ready")
@@ -55,7 +59,8 @@ def run_spread(base_url: str, engine: Engine, wave: Wave, prompts: list[Prompt],
     procs, conns = [], []
     for index in range(count):
         parent, child = ctx.Pipe()
-        proc = ctx.Process(target=_worker, args=(child, base_url, engine, wave, prompts, (index, count), cpus),
+        proc = ctx.Process(target=_worker, args=(child, base_url, engine, wave, prompts, (index, count), cpus,
+                                                   auth.snapshot()),
                            daemon=True, name=f"wave-worker-{index}")
         proc.start()
         child.close()
@@ -73,7 +78,7 @@ def run_spread(base_url: str, engine: Engine, wave: Wave, prompts: list[Prompt],
         parts: dict[int, WaveResult] = {}
         live = {conn: index for index, conn in enumerate(conns)}
         while live:
-            for conn in wait(list(live)):
+            for conn in cast("list[Connection]", wait(list(live))):  # wait() returns what it was given
                 try:
                     kind, payload = conn.recv()
                 except EOFError:

@@ -19,7 +19,7 @@ import math
 import random
 import re
 from collections.abc import Callable
-from typing import Literal
+from typing import Any, Literal
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
@@ -192,8 +192,8 @@ def run_ladder(base_url: str, engine: Engine, lane_name: str, lane: Lane, plan: 
     replies = iter(send_chats(base_url, engine, specs, concurrency=2))
     rows = []
     for kind, i, target, hay in built:
-        common = {"lane": lane_name, "needle_kind": kind, "rung": i, "target_tokens": target,
-                  "context_per_slot": lane.context}
+        common: dict[str, Any] = {"lane": lane_name, "needle_kind": kind, "rung": i, "target_tokens": target,
+                                  "context_per_slot": lane.context}
         if isinstance(hay, str):
             rows.append(NeedleRow(**common, message_tokens=0, prompt_tokens=None, keys_expected=0, keys_found=0,
                                   outcome="error", finish_reason=None, answer=hay, seconds=0.0))

@@ -9,11 +9,11 @@ tables as markdown; `write` puts them in `<lane>/correctness.md` for report.md t
 
 from __future__ import annotations
 
-from typing import Any
-
 import pandas as pd
 
 from tasks.record.markdown import table
+from tasks.record.manifest import CorrectnessEntry
+from tasks.record.rows import GateResult
 from tasks.record.run_folder import RunFolder
 from tasks.correctness.tool_grader import MISS_KINDS, MISS_LABELS
 
@@ -22,24 +22,18 @@ def _money(v: float | None) -> str:
     return "" if v is None or pd.isna(v) else f"${v:.3f}"
 
 
-def ledger(run: RunFolder, lane: str) -> dict[str, Any]:
-    """The lane's correctness entry in the manifest (created on first use)."""
-    return run.manifest.flow.setdefault("correctness", {}).setdefault(lane, {})
-
-
-def verdicts(run: RunFolder, lane: str) -> list[dict[str, Any]]:
-    """The lane's correctness verdicts (GateResult dicts), in the order they were judged."""
-    return ledger(run, lane).setdefault("gates", [])
+def verdicts(run: RunFolder, lane: str) -> list[GateResult]:
+    """The lane's correctness verdicts, in the order they were judged (append under `run.edit()`)."""
+    return run.correctness(lane).gates
 
 
 def section(run: RunFolder, lane: str) -> list[str]:
     """Markdown lines for one lane's correctness verdicts and tables (empty when it ran none)."""
     out: list[str] = []
     entries = {a.kind: a for a in run.manifest.artifacts if a.lane == lane and a.kind in ("tools", "needles")}
-    entry_ledger = (run.manifest.flow.get("correctness") or {}).get(lane) or {}
-    for gate in entry_ledger.get("gates", []):
-        verdict = "passed" if gate["passed"] else "FAILED"
-        out.append(f"- {gate['kind']} **{gate['gate']}** {verdict}: {gate['detail']}")
+    entry_ledger = run.manifest.flow.correctness.get(lane) or CorrectnessEntry()
+    for gate in entry_ledger.gates:
+        out.append(f"- {gate.kind} **{gate.gate}** {'passed' if gate.passed else 'FAILED'}: {gate.detail}")
     if "tools" in entries:
         entry = entries["tools"]
         out += ["", "### Tool-call gate" + (": QUARANTINED" if entry.validation == "failed" else ""), ""]
@@ -53,16 +47,16 @@ def section(run: RunFolder, lane: str) -> list[str]:
                      f"{r.solved}/{r.cases}", f"{r.solved_pct:.1f}", *(str(getattr(r, k)) for k in kinds),
                      f"{r.seconds:.1f}", _money(r.cost_per_1000_solved)] for r in df.itertuples()]
             out += table(header, rows)
-        protocol = (entry_ledger.get("tool_gate") or {}).get("protocol") or {}
+        protocol = entry_ledger.tool_gate.protocol if entry_ledger.tool_gate else {}
         if protocol:
             out += ["", f"Protocol `{protocol.get('path')}` (sha256 {str(protocol.get('sha256'))[:12]}): "
                         f"T={protocol.get('temperature')}, tool_choice {protocol.get('tool_choice')}, thinking "
                         f"{protocol.get('thinking')}, strict {'on' if protocol.get('strict') else 'off'}, no retries, "
                         f"concurrency {protocol.get('concurrency')}, max_tokens {protocol.get('max_tokens')}. "
                         "Scores compare candidates on this grader; they are not a leaderboard entry."]
-        held = (entry_ledger.get("tool_gate") or {}).get("held_out") or {}
-        if held and not held.get("run"):
-            out += [f"Held-out suite `{held.get('suite')}` not run ({held.get('why')})."]
+        held = entry_ledger.tool_gate.held_out if entry_ledger.tool_gate else None
+        if held and not held.run:
+            out += [f"Held-out suite `{held.suite}` not run ({held.why})."]
     if "needles" in entries:
         entry = entries["needles"]
         out += ["", "### Needle ladder" + (": QUARANTINED" if entry.validation == "failed" else ""), ""]

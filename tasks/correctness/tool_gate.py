@@ -16,7 +16,6 @@ leaderboard entry.
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any, Literal
@@ -25,13 +24,13 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel
 
+from tasks.record.manifest import SuiteRun, ToolGateLedger, scan_manifests
 from tasks.record.run_folder import RunFolder
 from tasks.serving.live import Endpoint
 from tasks.client.chat import send_chats
 from tasks.wire.replies import ChatReply
 from tasks.inventory.models import Agentic, Host, Lane, ToolGatePlan, ToolProtocol, load_protocol
 from tasks.inventory.load import shipped_or_local
-from tasks.correctness.record import ledger as correctness_ledger
 from tasks.engines import Engine, engine_for
 from tasks.hosts.files import sha256_of
 from tasks.record.rows import GateResult
@@ -198,17 +197,13 @@ def gate_result(plan: ToolGatePlan, row: ToolGateRow) -> GateResult:
 def earlier_held_out_runs(artifacts_root: Path, suite_sha256: str, this_run: str) -> list[str]:
     """`<run folder>:<lane>` of every earlier run of the same held-out suite bytes under the artifacts folder."""
     earlier = []
-    for manifest in sorted(artifacts_root.glob("*/manifest.json")):
-        if manifest.parent.name == this_run:
+    for folder, m in scan_manifests(artifacts_root):
+        if folder.name == this_run:
             continue
-        try:
-            flow = json.loads(manifest.read_text()).get("flow") or {}
-        except (OSError, ValueError):
-            continue
-        for lane, entry in (flow.get("correctness") or {}).items():
-            held = ((entry or {}).get("tool_gate") or {}).get("held_out") or {}
-            if held.get("sha256") == suite_sha256 and held.get("run_number"):
-                earlier.append(f"{manifest.parent.name}:{lane}")
+        for lane, entry in m.flow.correctness.items():
+            held = entry.tool_gate.held_out if entry.tool_gate else None
+            if held is not None and held.sha256 == suite_sha256 and held.run_number:
+                earlier.append(f"{folder.name}:{lane}")
     return earlier
 
 
@@ -223,28 +218,26 @@ def tool_gate(endpoint: Endpoint, run_dir: str, lane: Lane, host: Host, base_dir
     engine = engine_for(lane.engine)
     protocol_path = shipped_or_local(base_dir, plan.protocol)
     protocol = load_protocol(protocol_path)
-    ledger: dict[str, Any] = {"protocol": {"path": plan.protocol, "sha256": sha256_of(protocol_path),
-                                           **protocol.model_dump()}}
-    correctness_ledger(run, lane_name)["tool_gate"] = ledger
+    ledger = ToolGateLedger(protocol={"path": plan.protocol, "sha256": sha256_of(protocol_path), **protocol.model_dump()})
+    run.correctness(lane_name).tool_gate = ledger
     splits: list[tuple[Literal["dev", "held_out"], str]] = [("dev", plan.dev)]
     if plan.held_out is not None:
         if held_out:
             splits.append(("held_out", plan.held_out))
         else:
-            ledger["held_out"] = {"suite": plan.held_out, "run": False,
-                                  "why": "runs only when asked: lanebench tools --held-out"}
+            ledger.held_out = SuiteRun(suite=plan.held_out, run=False, why="runs only when asked: lanebench tools --held-out")
     rows, results = [], []
     for split, rel in splits:
         path = shipped_or_local(base_dir, rel)
         cases, sha = load_suite(path), sha256_of(path)
-        entry: dict[str, Any] = {"suite": rel, "sha256": sha, "cases": len(cases)}
+        entry = SuiteRun(suite=rel, sha256=sha, cases=len(cases))
         run_number = 1
         if split == "held_out":
             earlier = earlier_held_out_runs(run.path.parent, sha, run.path.name)
             run_number = len(earlier) + 1
-            entry |= {"run": True, "run_number": run_number, "earlier_runs": earlier}
-        ledger[split] = entry
-        run.save_manifest()
+            entry = entry.model_copy(update={"run_number": run_number, "earlier_runs": earlier})
+        with run.edit():
+            setattr(ledger, split, entry)
         records, t = run_suite(endpoint.base_url, engine, lane_name, cases, Path(rel).name, split, protocol, lane.agentic)
         for record in records:
             run.append_jsonl(lane_name, "tool_cases.jsonl", record)
@@ -257,7 +250,8 @@ def tool_gate(endpoint: Endpoint, run_dir: str, lane: Lane, host: Host, base_dir
             cost_per_1000_solved=cost_per_1000_solved(t["seconds"], t["solved"], host.dollars_per_hour),
             run_number=run_number, **t, **truncation,
         )
-        entry |= {"solved": row.solved, "seconds": round(row.seconds, 3)}
+        with run.edit():
+            entry.solved, entry.seconds = row.solved, round(row.seconds, 3)
         rows.append(row)
         results.append(gate_result(plan, row))
     run.register(lane_name, f"{lane_name}/tool_cases.jsonl", "tool-cases", rows=sum(r.cases for r in rows))

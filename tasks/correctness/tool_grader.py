@@ -33,6 +33,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
+from tasks.inventory.config_file import config_error
 from tasks.wire.replies import ChatReply
 
 MissKind = Literal["http_error", "truncated", "no_call", "malformed_call", "wrong_count", "wrong_function",
@@ -108,9 +109,8 @@ def load_suite(path: str | Path) -> list[ToolCase]:
         except json.JSONDecodeError as e:
             raise ValueError(f"line {n}: not JSON ({e.msg})") from None
         except ValidationError as e:
-            err = e.errors()[0]
-            where = ".".join(str(x) for x in err["loc"])
-            raise ValueError(f"line {n}: {where + ': ' if where else ''}{err['msg'].removeprefix('Value error, ')}") from None
+            bad = config_error(path, e)
+            raise ValueError(f"line {n}: {'' if bad.field == '(top level)' else bad.field + ': '}{bad.problem}") from None
         if case.id in seen:
             raise ValueError(f"line {n}: id {case.id!r} appears twice")
         seen.add(case.id)
@@ -152,7 +152,7 @@ def wire_name(name: str) -> str:
 def _json_schema(schema: Any) -> Any:
     if not isinstance(schema, dict):
         return schema
-    out = {}
+    out: dict[str, Any] = {}
     for key, value in schema.items():
         if key == "type" and isinstance(value, str):
             out[key] = _TO_JSON_SCHEMA.get(value, value)
@@ -257,7 +257,7 @@ def _function(functions: list[dict[str, Any]], name: str) -> dict[str, Any]:
 
 
 def _miss(kind: str, detail: str) -> Verdict:
-    return Verdict(solved=False, kind=kind, detail=detail)  # type: ignore[arg-type]
+    return Verdict(solved=False, kind=kind, detail=detail)
 
 
 _PY_TYPES: dict[str, type | tuple[type, ...]] = {

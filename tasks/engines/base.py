@@ -23,6 +23,22 @@ from tasks.engines.facts import Acceptance, BootFacts, DraftPlan, LoggedAcceptan
 
 class Engine(ABC):
     name: ClassVar[str]
+    # --- What differs between engines, asked by config checks, stages and gates outside engines/ --
+    # lanebench builds this engine from a pin (scripts/build-llama-cpp.sh): a lane without
+    # `binary` runs that build, and a lane naming its own binary is compared with the pin.
+    pinned_build: ClassVar[bool] = False
+    # Spans hosts with its own RPC workers (the lane's `rpc` plan), not with node flags given to
+    # a server on every host (`nodes`, tasks/stages/topology.py).
+    spans_nodes_by_rpc: ClassVar[bool] = False
+    # Loads a Hugging Face model folder (config.json, weights, tokenizer), not only a single file.
+    loads_model_folder: ClassVar[bool] = True
+    # The bytes a model file for this engine starts with, also its format's name (b"GGUF"),
+    # checked before boot (None: not checked).
+    model_magic: ClassVar[bytes | None] = None
+    # Serves what llama-quantize writes, so the KL gate can quantize a candidate for it.
+    serves_quantized_gguf: ClassVar[bool] = False
+    # Launch flags that set the running-request cap a lane calls `slots` (a matrix arm's own wins).
+    slots_flags: ClassVar[tuple[str, ...]] = ()
     health_path: ClassVar[str] = "/health"
     metrics_path: ClassVar[str] = "/metrics"
     info_path: ClassVar[str | None] = None  # a JSON endpoint describing the resolved server settings
@@ -72,6 +88,11 @@ class Engine(ABC):
         """The server's own words when its speculation output is not valid (synthetic acceptance)."""
         return None
     queue_gauge: ClassVar[str | None] = None  # the metric counting requests waiting past the running cap
+    # The environment variable the server reads its API key from: a lane's key (api_key_env /
+    # api_key_file) reaches the server there, never on its argv, which every user of the host reads
+    # (ps, /proc/PID/cmdline). None: the release takes a key only on its command line, so a lane
+    # with a key is refused at load (tasks/inventory/api_key.py).
+    api_key_env: ClassVar[str | None] = None
 
     # --- The engine's own acceptance line, to check the counters against -------------------
 

@@ -42,7 +42,14 @@ _POSITION = re.compile(r'^llamacpp:spec_decode_num_accepted_tokens_per_pos_total
 
 class LlamaCpp(Engine):
     name = "llamacpp"
+    pinned_build = True
+    spans_nodes_by_rpc = True
+    loads_model_folder = False
+    model_magic = b"GGUF"
+    serves_quantized_gguf = True
+    slots_flags = ("--parallel", "-np")
     info_path = "/slots"
+    api_key_env = "LLAMA_API_KEY"  # common/arg.cpp: --api-key ... set_env("LLAMA_API_KEY"); only /health is exempt
     draft_counter = _P + "spec_decode_num_drafts_total"
     draft_tokens_counter = _P + "spec_decode_num_draft_tokens_total"
 
@@ -193,7 +200,7 @@ class LlamaCpp(Engine):
             return StreamEvent(text=data.get("content", ""), tokens=len(data.get("tokens") or []) or 1,
                                tokens_total=total)
         timings = data.get("timings") or {}
-        spec = None
+        spec: dict[str, float | list[float]] | None = None
         if "draft_n" in timings:
             spec = {"draft_n": float(timings["draft_n"]), "draft_n_accepted": float(timings.get("draft_n_accepted", 0))}
         return StreamEvent(
@@ -206,6 +213,8 @@ class LlamaCpp(Engine):
             finish_reason="length" if data.get("stop_type") == "limit" else "stop",
             spec=spec,
             truncated=bool(data.get("truncated")),  # context full, or shifted (server-context.cpp)
+            timings={k: float(v) for k, v in timings.items()
+                     if isinstance(v, (int, float)) and not isinstance(v, bool)} or None,
         )
 
     # --- Agentic flags (tools/server, common/chat.cpp and common/arg.cpp of the pinned tree) ---

@@ -46,6 +46,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
+from tasks.hosts.files import file_sha256
+
 FLAGS_DIR = Path(__file__).resolve().parent / "flags"
 WHEEL_CACHE = Path.home() / ".cache" / "lanebench" / "wheels"
 
@@ -243,7 +245,7 @@ def extract(engine: str, wheel: Path) -> ReleaseFlags:
     for name, text in texts.items():
         flags |= flags_in_source(engine, name, text, classes)
     return ReleaseFlags(engine=engine, version=m[1], wheel=wheel.name,
-                        wheel_sha256=hashlib.sha256(wheel.read_bytes()).hexdigest(),
+                        wheel_sha256=file_sha256(wheel),
                         sources=sources, flags=sorted(flags))
 
 

@@ -156,6 +156,8 @@ class SGLang(Engine):
     draft_counter = "sglang:spec_verify_calls_total"  # srt/observability/metrics_collector.py
     queue_gauge = "sglang:num_queue_reqs"
     info_path = "/server_info"  # /get_server_info before it was renamed
+    # No api_key_env: 0.5.23 reads its key only from --api-key or a --config YAML (server_args.py,
+    # arg_groups/fields/serving.py), and logs its server args at boot; a keyed lane is refused.
 
     def launch_command(self, lane: Lane, binary: str, host: str) -> list[str]:
         argv = [
@@ -224,9 +226,9 @@ class SGLang(Engine):
         """Per release (tasks/engines/sglang_boot.py): server args, per-worker caps x DP workers."""
         return sglang_boot.boot_facts(log, version)
 
-    def info_facts(self, facts: BootFacts, info: dict) -> BootFacts:
+    def info_facts(self, facts: BootFacts, info: dict | list) -> BootFacts:
         """/server_info's cap, speculation type and version beside the log's (the lowest cap wins)."""
-        return sglang_boot.info_facts(facts, info)
+        return sglang_boot.info_facts(facts, info) if isinstance(info, dict) else facts
 
     def planned_cap(self, lane: Lane) -> PlannedCap | None:
         return planned.sglang_cap(lane, self.launch_command(lane, "python3", "0.0.0.0"))

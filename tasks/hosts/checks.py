@@ -28,9 +28,12 @@ MIN_FREE_BYTES = 256 * 2**20  # a run folder, its logs and a boot log
 
 
 class FileLike(Protocol):
-    path: str
-    bytes: int | None
-    sha256: str | None
+    @property
+    def path(self) -> str: ...
+    @property
+    def bytes(self) -> int | None: ...
+    @property
+    def sha256(self) -> str | None: ...
 
 
 class GpuFacts(BaseModel):

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from tasks.hosts.links import lane_links
 from tasks.hosts.transport import LocalTransport, Transport
+from tasks.inventory.lane_hosts import every_host
 from tasks.inventory.models import Host, Inventory, Lane
 
 
@@ -35,7 +36,7 @@ class Reach:
     def of(cls, host_name: str, lane: Lane, host: Host, base_dir: Path, inventory: Inventory | None) -> Reach:
         hosts = {host_name: host}
         if inventory is not None:
-            for name in [*(lane.rpc.workers if lane.rpc else []), *(lane.nodes.hosts if lane.nodes else [])]:
+            for name in every_host(lane)[1:]:  # its RPC workers and nodes: the hosts its lock holds
                 hosts[name] = inventory.hosts[name]
             for link in inventory.links:
                 if link.name in lane_links(lane):

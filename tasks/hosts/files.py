@@ -1,4 +1,8 @@
-"""File facts for the manifest: bytes and sha256, with the hash cached by size and mtime."""
+"""File facts for the manifest: bytes and sha256, with the hash cached by size and mtime.
+
+`file_sha256` is the one way lanebench hashes a file's bytes (artifacts, manifests, seals'
+files, wheels, prompt sets, copies in a store): every other module calls it.
+"""
 
 from __future__ import annotations
 
@@ -6,13 +10,20 @@ import hashlib
 import json
 import os
 from pathlib import Path
+from typing import BinaryIO
 
 _CACHE = Path(os.environ.get("LANEBENCH_CACHE", Path.home() / ".cache" / "lanebench")) / "sha256.json"
 
 
-def file_sha256(path: str | Path) -> str:
-    """sha256 of a file as it is now (artifacts, which change while a run writes them)."""
-    with Path(path).open("rb") as f:
+def file_sha256(source: str | Path | BinaryIO) -> str:
+    """sha256 (hex) of a file's bytes as they are now, read in 1 MiB chunks: a path, or a file
+    opened for binary reading (an fsspec store's file, say), read from where it stands."""
+    if not isinstance(source, (str, Path)):
+        digest = hashlib.sha256()
+        while chunk := source.read(1 << 20):
+            digest.update(chunk)
+        return digest.hexdigest()
+    with Path(source).open("rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 

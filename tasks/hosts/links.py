@@ -18,6 +18,7 @@ import time
 from pydantic import BaseModel
 
 from tasks.inventory.models import Lane, Link, LinkEnd
+from tasks.hosts.retry import retrying
 from tasks.hosts.transport import Transport, TransportError
 
 IPERF_PORT = 5201
@@ -148,6 +149,10 @@ def _has(t: Transport, tool: str) -> bool:
     return _run(t, ["sh", "-c", 'command -v "$1" >/dev/null', "sh", tool]).exit_code == 0
 
 
+def _measured(got: Bandwidth | str) -> bool:
+    return isinstance(got, Bandwidth)
+
+
 def _iperf3(link: Link, ta: Transport, tb: Transport) -> Bandwidth | str:
     """A one-shot iperf3 server on b (daemon, exits after one client or 10 s idle), 1 s client from a."""
     pidfile = f"/tmp/lanebench-iperf3-{link.name}.pid"
@@ -155,23 +160,23 @@ def _iperf3(link: Link, ta: Transport, tb: Transport) -> Bandwidth | str:
                         "-p", str(IPERF_PORT), "-I", pidfile])
     if started.exit_code != 0:
         return f"iperf3 server on {link.b.host} did not start: {started.stderr.strip()[-200:]}"
-    try:
-        last = ""
-        for _ in range(10):  # the daemon listens a moment after it forks
-            r = _run(ta, ["iperf3", "-c", link.b.address, "-B", link.a.address, "-p", str(IPERF_PORT),
-                          "-t", "1", "-J"], deadline_s=30)
-            try:
-                data = json.loads(r.stdout)
-            except ValueError:
-                data = {}
-            if r.exit_code == 0 and "end" in data:
-                end = data["end"]
-                bps = (end.get("sum_received") or end.get("sum_sent") or {}).get("bits_per_second")
-                if bps is not None:
-                    return Bandwidth(tool="iperf3", gbps=bps / 1e9, seconds=1.0)
-            last = data.get("error") or r.stderr.strip() or r.stdout.strip()[-200:]
-            time.sleep(0.3)
-        return f"iperf3 from {link.a.host} to {link.b.address} failed: {last}"
+    def client() -> Bandwidth | str:
+        r = _run(ta, ["iperf3", "-c", link.b.address, "-B", link.a.address, "-p", str(IPERF_PORT),
+                      "-t", "1", "-J"], deadline_s=30)
+        try:
+            data = json.loads(r.stdout)
+        except ValueError:
+            data = {}
+        if r.exit_code == 0 and "end" in data:
+            end = data["end"]
+            bps = (end.get("sum_received") or end.get("sum_sent") or {}).get("bits_per_second")
+            if bps is not None:
+                return Bandwidth(tool="iperf3", gbps=bps / 1e9, seconds=1.0)
+        return data.get("error") or r.stderr.strip() or r.stdout.strip()[-200:]
+
+    try:  # the daemon listens a moment after it forks
+        got = retrying(tries=10, wait_s=0.3, until=_measured)(client)
+        return got if isinstance(got, Bandwidth) else f"iperf3 from {link.a.host} to {link.b.address} failed: {got}"
     finally:
         _run(tb, ["sh", "-c", 'test -f "$1" && kill "$(cat "$1")" 2>/dev/null; rm -f "$1"; true', "sh", pidfile])
 
@@ -185,15 +190,17 @@ def _ib_write_bw(link: Link, ta: Transport, tb: Transport) -> Bandwidth | str:
     started = _run(tb, ["sh", "-c", '"$@" >/dev/null 2>&1 &', "sh", *server])
     if started.exit_code != 0:
         return f"ib_write_bw server on {link.b.host} did not start"
-    last = ""
-    for _ in range(5):
-        time.sleep(1.0)
+
+    def client() -> Bandwidth | str:
         r = _run(ta, ["ib_write_bw", "--report_gbits", "-F", "-p", str(IB_PORT), "-D", "1", link.b.address], deadline_s=30)
         m = _IB_LINE.findall(r.stdout)
         if r.exit_code == 0 and m:
             return Bandwidth(tool="ib_write_bw", gbps=float(m[-1]), seconds=1.0)
-        last = (r.stderr or r.stdout).strip()[-200:]
-    return f"ib_write_bw from {link.a.host} to {link.b.address} failed: {last}"
+        return (r.stderr or r.stdout).strip()[-200:]
+
+    time.sleep(1.0)  # the server listens a moment after it starts
+    got = retrying(tries=5, wait_s=1.0, until=_measured)(client)
+    return got if isinstance(got, Bandwidth) else f"ib_write_bw from {link.a.host} to {link.b.address} failed: {got}"
 
 
 def check_link(link: Link, transports: dict[str, Transport]) -> LinkCheck:

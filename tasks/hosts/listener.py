@@ -28,7 +28,8 @@ class Runs(Protocol):
 LISTENER_SCRIPT = r'''
 for c in awk find sed cut sort; do command -v "$c" >/dev/null 2>&1 || { echo "no $c" >&2; exit 3; }; done
 p=$(printf ':%04X' "$1")
-for i in $(awk -v p="$p" '$4 == "0A" && substr($2, length($2) - 4) == p { print $10 }' /proc/net/tcp /proc/net/tcp6 2>/dev/null | sort -u); do
+for i in $(awk -v p="$p" '$4 == "0A" && substr($2, length($2) - 4) == p { print $10 }' \
+           /proc/net/tcp /proc/net/tcp6 2>/dev/null | sort -u); do
   echo "inode $i"
   for fd in $(find /proc/[0-9]*/fd -lname "socket:\[$i\]" 2>/dev/null); do
     pid=${fd#/proc/}; pid=${pid%%/*}

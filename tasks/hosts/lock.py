@@ -61,23 +61,23 @@ class Hold(BaseModel):
     reclaimed: int = 0  # expired leases of dead holders handed back while waiting
 
 
-def _register_holder():  # type: ignore[no-untyped-def]
+def _register_holder():
     """The lease holder (this flow run, or a fresh id outside one), its process written beside the leases."""
-    from uuid import uuid4
+    from uuid import UUID, uuid4
 
     from prefect.client.schemas.objects import ConcurrencyLeaseHolder
     from prefect.runtime import flow_run
 
-    from tasks.hosts.owner import owner
+    from tasks.hosts.owner import Owner
 
     run_id = flow_run.get_id() or str(uuid4())
     folder = _holders()
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / f"{run_id}.json").write_text(json.dumps(owner()))
+        (folder / f"{run_id}.json").write_text(Owner.here().model_dump_json())
     except OSError:
         pass
-    return ConcurrencyLeaseHolder(type="flow_run", id=run_id)
+    return ConcurrencyLeaseHolder(type="flow_run", id=UUID(run_id))
 
 
 def limit_name(host: str) -> str:
@@ -114,14 +114,13 @@ def _holders() -> Path:
 
 def _holder_dead(lease: dict) -> bool:
     """The lease's holder (a flow run of this host) has no process any more."""
-    from tasks.hosts.owner import owner_alive
+    from tasks.hosts.owner import Owner
 
     holder = (lease.get("metadata") or {}).get("holder") or {}
     try:
-        owner = json.loads((_holders() / f"{holder.get('id')}.json").read_text())
-    except (OSError, ValueError):
+        return Owner.model_validate_json((_holders() / f"{holder.get('id')}.json").read_text()).alive() is False
+    except (OSError, ValueError):  # a pydantic ValidationError is a ValueError
         return False
-    return owner_alive(owner) is False
 
 
 def reclaim_expired(names: list[str], grace_s: float = 5.0, on_line: Callable[[str], None] | None = None) -> int:

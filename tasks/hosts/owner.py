@@ -1,15 +1,14 @@
-"""Who owns a run or a lease: this host, this boot, this process (and the process's start time).
-
-A run folder and a host lock both name their owner so that a later process on the same host can
-tell a live owner from a dead one (a recycled pid has another start time; a reboot another boot id).
-"""
+"""Who owns a run folder or a host lease: host, boot id, pid and the pid's start
+time, so a later process can tell a dead writer from a live one (a recycled pid has another
+start time; a reboot, another boot id)."""
 
 from __future__ import annotations
 
 import os
 import socket
 from pathlib import Path
-from typing import Any
+
+from pydantic import BaseModel
 
 
 def _boot_id() -> str:
@@ -28,15 +27,21 @@ def _start_time(pid: int) -> str:
         return ""
 
 
-def owner() -> dict[str, Any]:
-    pid = os.getpid()
-    return {"hostname": socket.gethostname(), "boot_id": _boot_id(), "pid": pid, "start": _start_time(pid)}
+class Owner(BaseModel):
+    hostname: str = ""
+    boot_id: str = ""
+    pid: int | None = None
+    start: str = ""
 
+    @classmethod
+    def here(cls) -> Owner:
+        pid = os.getpid()
+        return cls(hostname=socket.gethostname(), boot_id=_boot_id(), pid=pid, start=_start_time(pid))
 
-def owner_alive(o: dict[str, Any]) -> bool | None:
-    """True/False for an owner on this host (this boot); None when it cannot be judged from here."""
-    if not o or o.get("hostname") != socket.gethostname():
-        return None
-    if o.get("boot_id") != _boot_id():
-        return False  # the machine rebooted since: nothing of that run survives
-    return bool(o.get("pid")) and _start_time(int(o["pid"])) == o.get("start")
+    def alive(self) -> bool | None:
+        """True/False for an owner on this host (this boot); None when it cannot be judged from here."""
+        if not self.hostname or self.hostname != socket.gethostname():
+            return None
+        if self.boot_id != _boot_id():
+            return False  # the machine rebooted since: nothing of that run survives
+        return bool(self.pid) and _start_time(self.pid or 0) == self.start

@@ -34,8 +34,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import paramiko
+from tenacity import Retrying
 
 from tasks.hosts.listener import Listeners, listeners
+from tasks.hosts.retry import Faults, retrying
 from tasks.hosts.transport import (
     PIDFILE_DIR,
     CommandResult,
@@ -261,8 +263,8 @@ class SSHTransport(Transport):
     def where(self) -> str:
         return f"{self.user}@{self.address}:{self.port}"
 
-    def _delay(self, attempt: int) -> float:
-        return self.backoff_s * 2 ** (attempt - 1)  # 0.5 s, 1 s, 2 s, ...
+    def _retrying(self, on: Faults) -> Retrying:
+        return retrying(tries=self.attempts, wait_s=self.backoff_s, growth=2.0, on=on)  # 0.5 s, 1 s, 2 s, ...
 
     # -- connection ---------------------------------------------------------------------------
 
@@ -273,23 +275,12 @@ class SSHTransport(Transport):
                 return self._conn
             self._close_conn()
             key = self._load_key()
-            last: Exception | None = None
-            for attempt in range(1, self.attempts + 1):
-                try:
-                    self._conn = self._open(key)
-                    return self._conn
-                except (HostKeyError, paramiko.AuthenticationException) as e:
-                    if isinstance(e, HostKeyError):
-                        raise
-                    raise TransportError(
-                        f"{self.host_name}: {self.where} refused key {self.identity_file} ({e}). Fix: add "
-                        f"{self.identity_file}.pub to ~{self.user}/.ssh/authorized_keys on the host") from None
-                except _CONNECTION_FAULTS as e:
-                    last = e
-                    if attempt < self.attempts:
-                        time.sleep(self._delay(attempt))
-            raise TransportError(f"{self.host_name}: cannot connect to {self.where} after {self.attempts} "
-                                 f"attempts: {type(last).__name__}: {last}")
+            try:
+                self._conn = self._retrying(_CONNECTION_FAULTS)(self._open, key)
+            except _CONNECTION_FAULTS as e:
+                raise TransportError(f"{self.host_name}: cannot connect to {self.where} after {self.attempts} "
+                                     f"attempts: {type(e).__name__}: {e}") from None
+            return self._conn
 
     def _load_key(self) -> paramiko.PKey:
         try:
@@ -306,6 +297,15 @@ class SSHTransport(Transport):
             raise TransportError(f"{self.host_name}: cannot read identity file {self.identity_file}: {e}") from None
 
     def _open(self, key: paramiko.PKey) -> paramiko.Transport:
+        """One connection; a refused key or host key is a TransportError (never retried)."""
+        try:
+            return self._handshake(key)
+        except paramiko.AuthenticationException as e:
+            raise TransportError(
+                f"{self.host_name}: {self.where} refused key {self.identity_file} ({e}). Fix: add "
+                f"{self.identity_file}.pub to ~{self.user}/.ssh/authorized_keys on the host") from None
+
+    def _handshake(self, key: paramiko.PKey) -> paramiko.Transport:
         sock = socket.create_connection((self.address, self.port), timeout=self.connect_timeout_s)
         conn = paramiko.Transport(sock)
         try:
@@ -397,23 +397,20 @@ class SSHTransport(Transport):
             raise ValueError("empty argv")
         env = check_env(env)
         t0 = time.monotonic()
-        attempt = 0
-        while True:
-            attempt += 1
-            try:
-                result = self._run_once(argv, deadline_s, stdin, on_output, env)
-                return result.model_copy(update={"attempts": attempt, "seconds": time.monotonic() - t0})
-            except (_NotStarted, _Dropped) as e:
-                started = isinstance(e, _Dropped)
-                if started and not idempotent:
-                    raise TransportError(
-                        f"{self.host_name}: the connection to {self.where} dropped while `{shlex.join(argv)}` was "
-                        f"running ({e}); it was not re-run because it is not declared idempotent (its effect on "
-                        "the host is unknown)") from None
-                if attempt >= self.attempts:
-                    raise TransportError(f"{self.host_name}: the connection to {self.where} dropped on each of "
-                                         f"{attempt} attempts of `{shlex.join(argv)}`: {e}") from None
-                time.sleep(self._delay(attempt))
+        try:
+            for attempt in self._retrying((_NotStarted, _Dropped) if idempotent else _NotStarted):
+                with attempt:
+                    result = self._run_once(argv, deadline_s, stdin, on_output, env)
+        except (_NotStarted, _Dropped) as e:
+            if isinstance(e, _Dropped) and not idempotent:
+                raise TransportError(
+                    f"{self.host_name}: the connection to {self.where} dropped while `{shlex.join(argv)}` was "
+                    f"running ({e}); it was not re-run because it is not declared idempotent (its effect on "
+                    "the host is unknown)") from None
+            raise TransportError(f"{self.host_name}: the connection to {self.where} dropped on each of "
+                                 f"{self.attempts} attempts of `{shlex.join(argv)}`: {e}") from None
+        return result.model_copy(update={"attempts": attempt.retry_state.attempt_number,
+                                         "seconds": time.monotonic() - t0})
 
     def _run_once(self, argv: list[str], deadline_s: float, stdin: bytes | None,
                   on_output: OutputCallback | None, env: dict[str, str] | None = None) -> CommandResult:

@@ -39,6 +39,8 @@ from typing import IO, TYPE_CHECKING
 
 from pydantic import BaseModel
 
+from tasks.hosts.owner import Owner
+
 if TYPE_CHECKING:
     from tasks.hosts.listener import Listeners
 
@@ -176,11 +178,31 @@ def _killpg(pgid: int, sig: int = signal.SIGKILL) -> None:
 _PIDFILES: dict[int, Path] = {}  # a spawned group's pidfile, removed with it at exit
 
 
+def _pidfile_pgid(pidfile: Path) -> int | None:
+    """The process group a local pidfile names (its first line), None when unreadable."""
+    try:
+        return int(pidfile.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _pidfile_owner_alive(pidfile: Path) -> bool:
+    """Whether the lanebench that spawned the group (the pidfile's second line) still runs here.
+    Two orchestrators with separate Prefect homes share no host lock, so the lock alone cannot say
+    a pidfile is a dead run's: a live owner's server is never reclaimed (preflight then finds the
+    port taken and skips the lane with that reason)."""
+    try:
+        line = pidfile.read_text().splitlines()[1]
+        return Owner.model_validate_json(line).alive() is True
+    except (OSError, IndexError, ValueError):
+        return False  # a pidfile of an older lanebench, or unreadable: judged by the lock alone
+
+
 def _unrecord(pgid: int) -> None:
     """Remove the group's pidfile while it still names this group (a newer spawn may own the name)."""
     pidfile = _PIDFILES.pop(pgid, None)
     try:
-        if pidfile is not None and pidfile.read_text().strip() == str(pgid):
+        if pidfile is not None and _pidfile_pgid(pidfile) == pgid:
             pidfile.unlink()
     except OSError:
         pass
@@ -262,7 +284,7 @@ class LocalSpawned(Spawned):
         _killpg(self.pid)  # children that outlived the leader
         _LIVE.pop(self.pid, None)
         _PIDFILES.pop(self.pid, None)
-        if self.pidfile.exists() and self.pidfile.read_text().strip() == str(self.pid):
+        if _pidfile_pgid(self.pidfile) == self.pid:
             self.pidfile.unlink(missing_ok=True)
 
 
@@ -317,17 +339,17 @@ class LocalTransport(Transport):
                                     env=full_env, start_new_session=True)
         _LIVE[proc.pid] = proc
         pidfile.parent.mkdir(parents=True, exist_ok=True)
-        pidfile.write_text(f"{proc.pid}\n")
+        pidfile.write_text(f"{proc.pid}\n{Owner.here().model_dump_json()}\n")  # pgid, then who spawned it
         _PIDFILES[proc.pid] = pidfile
         return LocalSpawned(proc, argv, pidfile)
 
     def stop_leftover(self, name: str, grace_s: float = 5.0) -> bool:
         pidfile = local_pidfile(name)
-        try:
-            pgid = int(pidfile.read_text().split()[0])
-        except (OSError, ValueError, IndexError):
+        if (pgid := _pidfile_pgid(pidfile)) is None:
             pidfile.unlink(missing_ok=True)
             return False
+        if _pidfile_owner_alive(pidfile):
+            return False  # another live lanebench's server: not a leftover
         running = pgid > 1 and _group_alive(pgid)
         if running:
             _stop_group(pgid, grace_s)

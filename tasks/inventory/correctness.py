@@ -6,10 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-import yaml
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from tasks.inventory.base import _NAME, _SAFE_FLAG, _Strict
+from tasks.inventory.config_file import load_model
 
 
 # The values that turn thinking on and off, per chat-template switch, unless a lane says otherwise.
@@ -145,18 +145,10 @@ class ToolProtocol(_Strict):
 
 
 def load_protocol(path: str | Path) -> ToolProtocol:
-    """Read a protocol file; any problem is a ValueError naming the field."""
-    try:
-        raw = yaml.safe_load(Path(path).read_text()) or {}
-    except yaml.YAMLError as e:
-        raise ValueError(f"not valid YAML ({e})") from None
-    if not isinstance(raw, dict):
-        raise ValueError("must be a mapping of protocol settings (see toolsuites/protocol.yaml)")
-    try:
-        return ToolProtocol.model_validate(raw)
-    except ValidationError as e:
-        err = e.errors()[0]
-        raise ValueError(f"{'.'.join(str(x) for x in err['loc'])}: {err['msg']}") from None
+    """Read a protocol file; any problem is one ConfigError naming the protocol file and field."""
+    return load_model(path, ToolProtocol, missing_fix="point the lane's tool_gate.protocol at an existing file",
+                      keys="protocol settings", example="toolsuites/protocol.yaml",
+                      fixes={"extra_forbidden": "remove it, or check its spelling against toolsuites/protocol.yaml"})
 
 
 class Correctness(_Strict):

@@ -12,6 +12,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
+from tasks.inventory import api_key
 from tasks.inventory.base import _NAME, _SAFE_FLAG, ConfigError, _RefError, _Strict  # noqa: F401  (re-exported)
 from tasks.inventory.benches import (  # noqa: F401  (re-exported)
     AcceptancePlan,
@@ -256,12 +257,26 @@ class Lane(_Strict):
     # The allow-list: flags and env names whose values are kept in clear although they look like
     # credentials (a token prefix, a long high-entropy string): tasks/inventory/secrets.py
     not_secrets: list[Annotated[str, Field(pattern=r"^(--?[A-Za-z0-9][A-Za-z0-9-]*|[A-Z_][A-Z0-9_]*)$")]] = []
+    # The server's API key, by reference only (tasks/inventory/api_key.py): a variable of lanebench's
+    # environment, or a file on its machine. It reaches the server through its environment, never argv.
+    api_key_env: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")] | None = None
+    api_key_file: str | None = None
     boot_timeout_s: Annotated[float, Field(gt=0)] = 180.0
     bench: BenchPlan
     gates: list[Gate] = []
     waivers: list[Waiver] = []  # implied gates turned off, each with its reason
     agentic: Agentic | None = None
     correctness: Correctness | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _inline_key(cls, data: object) -> object:
+        return api_key.refuse_inline(data)
+
+    @model_validator(mode="after")
+    def _key_by_reference(self) -> Lane:
+        api_key.check(self)
+        return self
 
     @model_validator(mode="after")
     def _rpc_engine(self) -> Lane:

@@ -34,7 +34,7 @@ class StrictLoader(yaml.SafeLoader):
         super().__init__(stream)
         self._depth = 0
 
-    def compose_node(self, parent: Any, index: Any) -> Any:  # type: ignore[override]
+    def compose_node(self, parent: Any, index: Any) -> Any:
         self._depth += 1
         try:
             if self._depth > MAX_DEPTH:
@@ -44,7 +44,7 @@ class StrictLoader(yaml.SafeLoader):
         finally:
             self._depth -= 1
 
-    def construct_mapping(self, node: Any, deep: bool = False) -> dict:  # type: ignore[override]
+    def construct_mapping(self, node: Any, deep: bool = False) -> dict:
         seen: dict[Any, Any] = {}
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=True)

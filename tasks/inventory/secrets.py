@@ -147,6 +147,11 @@ def remember(inventory: Any) -> None:
         _VALUES.update(secret_values(lane))
 
 
+def remember_value(value: str) -> None:
+    """A secret that is not in any lane's text (a lane's API key, read from where it points)."""
+    _VALUES.add(value)
+
+
 def known_values() -> list[str]:
     """The secret values `scrub` replaces, longest first (a value inside another is not cut in two)."""
     return sorted((v for v in _VALUES if len(v) >= 4), key=len, reverse=True)

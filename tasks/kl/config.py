@@ -17,12 +17,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from tasks.engines import engine_for
 from tasks.inventory.paths import REPO
 from tasks.inventory.models import BenchPlan, ConfigError, DecodePlan, FileRef, Host, Inventory, Lane
 from tasks.inventory.base import _RefError
-from tasks.inventory.load import _FIXES, _field_path, read_yaml_mapping, load_inventory
+from tasks.inventory.config_file import load_model, validate
+from tasks.inventory.load import load_inventory
 
 DEFAULT_INVENTORY = REPO / "hosts.yaml"
 # Text every lane tokenizes before it is trusted: KL compares token ids, so one vocabulary.
@@ -120,21 +122,10 @@ class ResolvedLane(BaseModel):
 
 def load_kl_file(path: str | Path) -> KlFile:
     path = Path(path)
-    raw = read_yaml_mapping(path, "pass an existing KL file, e.g. kl/rehearsal.yaml",
-                            "'reference', 'candidates', 'lanes' and 'bars'", "kl/rehearsal.yaml")
-    try:
-        spec = KlFile.model_validate(raw)
-    except ValidationError as e:
-        err = e.errors()[0]
-        ref = (err.get("ctx") or {}).get("error")
-        if isinstance(ref, _RefError):
-            raise ConfigError(path, ref.field, ref.problem, ref.fix) from None
-        problem = err["msg"].removeprefix("Value error, ")
-        fix = f"use {err['ctx']['expected']}" if err["type"] == "literal_error" else _FIXES.get(
-            err["type"], "correct the value as the message says")
-        if err["type"] == "extra_forbidden":
-            fix = "remove it, or check its spelling against the fields documented in kl/rehearsal.yaml"
-        raise ConfigError(path, _field_path(tuple(err["loc"])), problem, fix) from None
+    spec = load_model(path, KlFile, missing_fix="pass an existing KL file, e.g. kl/rehearsal.yaml",
+                      keys="'reference', 'candidates', 'lanes' and 'bars'", example="kl/rehearsal.yaml",
+                      fixes={"extra_forbidden": "remove it, or check its spelling against the fields documented in "
+                                                "kl/rehearsal.yaml"})
     prompts = resolve(path.parent, spec.prompts)
     if not prompts.is_file():
         raise ConfigError(path, "prompts", f"prompt file {prompts} does not exist",
@@ -193,12 +184,7 @@ def resolve_lanes(spec: KlFile, kl_path: Path) -> dict[str, ResolvedLane]:
                     bench=BenchPlan(decode=DecodePlan(prompts=prompts)).model_dump())
         kept, dropped = strip_speculation(list(data.get("flags") or []))
         data["flags"] = kept
-        try:
-            lane = Lane.model_validate(data)
-        except ValidationError as e:
-            err = e.errors()[0]
-            raise ConfigError(kl_path, f"{field}.{_field_path(tuple(err['loc']))}", err["msg"].removeprefix("Value error, "),
-                              _FIXES.get(err["type"], "correct the value as the message says")) from None
+        lane = validate(kl_path, Lane, data, under=field)
         if inventory is not None and lane.host in inventory.hosts:
             host = inventory.hosts[lane.host]
         elif lane.host == "localhost":
@@ -208,7 +194,7 @@ def resolve_lanes(spec: KlFile, kl_path: Path) -> dict[str, ResolvedLane]:
                               "name a host of the inventory, or leave 'host' out for this machine")
         source = None
         if k.quantize is not None:
-            if lane.engine != "llamacpp":
+            if not engine_for(lane.engine).serves_quantized_gguf:
                 raise ConfigError(kl_path, f"{field}.quantize", f"quantize needs a llamacpp lane, this one is {lane.engine}",
                                   "remove 'quantize' and point 'model' at the quantized checkpoint")
             source = resolve(kl_path.parent, k.quantize.source) if k.quantize.source else resolve(base_dir, lane.model.path)

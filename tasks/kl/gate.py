@@ -16,13 +16,16 @@ import httpx
 import pandas as pd
 from prefect import get_run_logger
 
+from tasks.client import auth
+from tasks.record.manifest import KlSection
+from tasks.inventory.lane_hosts import every_host
 from tasks.record.run_folder import RunFolder
 from tasks.hosts.lock import host_lock
 from tasks.serving.live import Server
 from tasks.stages.serve import served_lane
 from tasks.kl.stages import LaneDied, checksum, generate, quantize, score, tokenize, tokenizer_difference
 from tasks.kl.config import TOKENIZER_PROBE, KlFile, ResolvedLane
-from tasks.wire.kl_probes import ForcedScore, ScoreRecord, Sequence
+from tasks.wire.kl_probes import ForcedScore, KlStatus, KlVerdict, ScoreRecord, Scoring, Sequence
 from tasks.kl.report import histogram, render
 from tasks.kl.stats import bar_failures, pair_rows, position_rows, summary_row
 from tasks.record.progress import progress
@@ -33,7 +36,7 @@ GATE_DIR = "gate"  # run-folder folder of the cross-lane tables, beside one fold
 
 @dataclass
 class Outcome:
-    status: str  # complete | partial | refused | skipped | failed
+    status: KlStatus
     reason: str = ""
     scores: dict[str, list[ForcedScore]] = field(default_factory=dict)
 
@@ -51,8 +54,8 @@ class Gate:
         self.refusal = ""  # set when the gate cannot judge at all
         for name, rl in lanes.items():
             self.run.lane(name).config = {**rl.lane.model_dump(mode="json"),
-                                          "quantize": rl.quantize.model_dump() if rl.quantize else None,
-                                          "dropped_flags": rl.dropped_flags}
+                                          "quantize": rl.quantize.model_dump(mode="json") if rl.quantize else None,
+                                          "dropped_flags": [*rl.dropped_flags]}
         self.run.save_manifest()
 
     # --- steps --------------------------------------------------------------------------------
@@ -67,22 +70,22 @@ class Gate:
                 continue
             self._stage(name, f"quantize {rl.quantize.type}")
             try:
+                assert rl.quantize_source is not None  # resolved with `quantize` (tasks/kl/config.py)
                 out = quantize(rl.quantize_source, rl.quantize.type, self.run.lane_dir(name) / "quantize.log")
             except Exception as e:  # noqa: BLE001 - the reason goes to the record
                 self.outcomes[name] = Outcome("skipped", f"quantize: {e}")
                 continue
             model = rl.lane.model.model_copy(update={"path": str(out), "bytes": None, "sha256": None})
             self.lanes[name] = rl.model_copy(update={"lane": rl.lane.model_copy(update={"model": model})})
-            self.run.lane(name).config["model"] = model.model_dump()
+            self.run.lane(name).config["model"] = model.model_dump(mode="json")
 
     @contextmanager
     def _served(self, name: str) -> Iterator[tuple[Server, httpx.Client] | None]:
         """Serve one lane the way every flow does (host lock, preflight, image pull, boot; teardown
         always); yields None when it cannot run, with the reason on its record."""
         rl, record = self.lanes[name], self.run.lane(name)
-        with host_lock([rl.lane.host, *(rl.lane.rpc.workers if rl.lane.rpc else [])],
-                       on_wait=lambda m: progress(name, m)) as hold:
-            record.host_lock = hold.model_dump()
+        with host_lock(every_host(rl.lane), on_wait=lambda m: progress(name, m)) as hold:
+            record.host_lock = hold.model_copy()  # as acquired
             with served_lane(self.run, name, rl.lane, rl.host, rl.base_dir, rl.inventory, gates=False) as served:
                 if served is None:
                     yield None
@@ -91,11 +94,12 @@ class Gate:
                 # side, and no idle keep-alive is left for the server to close (its TIME_WAIT would
                 # hold the port for a minute against the next preflight).
                 n = self.spec.concurrency + 1
-                with httpx.Client(limits=httpx.Limits(max_connections=n, max_keepalive_connections=n)) as client:
+                with httpx.Client(limits=httpx.Limits(max_connections=n, max_keepalive_connections=n),
+                                  headers=auth.headers(served.server.base_url)) as client:
                     yield served.server, client
-            record.host_lock = hold.model_dump()
+            record.host_lock = hold.model_copy()  # as acquired
 
-    def _keep(self, lane: str, scoring: str):
+    def _keep(self, lane: str, scoring: Scoring):
         def on_prompt(prompt_id: str, scores: list[ForcedScore], seconds: float) -> None:
             self.run.append_jsonl(lane, "scores.jsonl", ScoreRecord(
                 lane=lane, scoring=scoring, prompt_id=prompt_id, positions=[s.position for s in scores],
@@ -184,7 +188,8 @@ class Gate:
     # --- record ------------------------------------------------------------------------------
 
     def finish(self) -> tuple[bool, list[str]]:
-        """Tables (validated), histogram, report.md and Prefect artifacts; returns (passed, reasons)."""
+        """Tables (validated), histogram, report.md and Prefect artifacts, in the run folder the flow's
+        lifecycle has finished (flows/lifecycle.py); returns (passed, reasons)."""
         spec, expected = self.spec, _expected(self.sequences)
         frames: dict[str, pd.DataFrame] = {}
         summary = []
@@ -203,6 +208,7 @@ class Gate:
         for name in spec.candidates:
             out = self.outcomes.get(name) or Outcome("skipped", "not scored: " + (self.refusal or "the gate stopped"))
             record = self.run.lane(name)
+            verdict: KlVerdict
             df = self._table(name, position_rows(name, self.sequences, self.ref, out.scores)) if out.scores else pd.DataFrame()
             if self.refusal:
                 verdict, reason = "no verdict", out.reason
@@ -238,7 +244,7 @@ class Gate:
                 if (self.run.path / name / raw).exists():
                     self.run.register(name, f"{name}/{raw}", kind)
         passed = not reasons
-        verdict = "PASS" if passed else ("NO VERDICT" if self.refusal else "FAIL")
+        headline = "PASS" if passed else ("NO VERDICT" if self.refusal else "FAIL")
         flags = self._flags()
         # The headline states what the verdict rests on: positions scored against those asked, and
         # a reference that is not what it claims (kl/suspicious.py).
@@ -250,13 +256,11 @@ class Gate:
             short.insert(0, f"{self.spec.reference} generated {_expected(self.sequences)}/{asked} positions asked")
         suffix = (f" (ONLY {'; '.join(short)})" if short else "") + \
             (f", FLAGGED: {'; '.join(f.split(':')[0] for f in flags)}" if flags else "")
-        self.run.manifest.flow["kl_headline"] = verdict + suffix
-        report = render(self.title, self._facts(), summary_df, pairs_df, verdict, reasons, plot)
-        report = report.replace(f"**{verdict}**", f"**{verdict}**{suffix}", 1)
+        report = render(self.title, self._facts(headline + suffix, flags), summary_df, pairs_df, headline, reasons, plot)
+        report = report.replace(f"**{headline}**", f"**{headline}**{suffix}", 1)
         report += "".join(f"\n- **FLAG** {f}" for f in flags) + ("\n" if flags else "")
         (self.run.path / "report.md").write_text(report)
         self.run.register("", "report.md", "report")
-        self.run.finish()
         _publish(summary_df, pairs_df, report, self.run.path.name)
         return passed, reasons
 
@@ -267,13 +271,12 @@ class Gate:
         lanes = {}
         for name, rl in self.lanes.items():
             record = self.run.lane(name)
-            model = next((m for m in record.models if m.get("role") == "model"), {})
-            lanes[name] = {"path": rl.lane.model.path, "sha256": model.get("sha256"),
+            model = next((m for m in record.models if m.role == "model"), None)
+            lanes[name] = {"path": rl.lane.model.path, "sha256": model.sha256 if model else None,
                            "quantize": rl.quantize.type if rl.quantize else None,
                            "context": record.boot_facts.get("context_per_slot") or rl.lane.context,
                            "flags": list(rl.lane.flags)}
         flags = kl_flags(self.spec.reference, lanes)
-        self.run.manifest.flow["kl_flags"] = flags
         for flag in flags:
             self.logger.warning(flag)
             progress("kl", f"FLAG: {flag}")
@@ -285,17 +288,17 @@ class Gate:
         df, _ = self.run.write_table(lane, "kl_positions", rows)
         return df
 
-    def _facts(self) -> dict:
+    def _facts(self, headline: str, flags: list[str]) -> dict:
         spec = self.spec
-        self.run.manifest.flow["kl"] = facts = {
-            "reference": spec.reference, "candidates": spec.candidates, "prompts": len(self.prompts),
-            "prompt_count_in_file": spec.prompt_count, "tokens_per_prompt": spec.tokens_per_prompt,
-            "positions": _expected(self.sequences), "text_sha256": checksum(self.sequences),
-            "probe_tokens": len(self.probe), "ignore_eos": spec.ignore_eos, "concurrency": spec.concurrency,
-            "resamples": spec.bootstrap_resamples, "seed": spec.seed, "tolerance": spec.exactness_tolerance,
-            "bars": spec.bars.model_dump(), "exactness": self.exactness}
-        self.run.save_manifest()
-        return facts
+        with self.run.edit() as m:
+            m.flow.kl = facts = KlSection(
+                reference=spec.reference, candidates=spec.candidates, prompts=len(self.prompts),
+                prompt_count_in_file=spec.prompt_count, tokens_per_prompt=spec.tokens_per_prompt,
+                positions=_expected(self.sequences), text_sha256=checksum(self.sequences),
+                probe_tokens=len(self.probe), ignore_eos=spec.ignore_eos, concurrency=spec.concurrency,
+                resamples=spec.bootstrap_resamples, seed=spec.seed, tolerance=spec.exactness_tolerance,
+                bars=spec.bars.model_dump(mode="json"), exactness=self.exactness, headline=headline, flags=flags)
+        return facts.model_dump(exclude={"headline", "flags"})
 
 
 def _engine(rl: ResolvedLane):

@@ -29,7 +29,7 @@ def _f(v: object, digits: int = 4) -> str:
     return f"{v:.{digits}f}" if isinstance(v, float) else str(v)
 
 
-def _pct(v: object) -> str:
+def _pct(v: float | None) -> str:
     return "-" if v is None or (isinstance(v, float) and np.isnan(v)) else f"{100 * float(v):.1f}%"
 
 
@@ -48,7 +48,7 @@ def histogram(positions: dict[str, pd.DataFrame], path: Path) -> bool:
     bins = np.logspace(np.log10(floor), np.log10(max(top, floor * 10)) + 0.05, 50)
     fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
     for lane, d in data.items():
-        ax.hist(np.clip(d, floor, None), bins=bins, histtype="step", linewidth=1.6,
+        ax.hist(np.clip(d, floor, None), bins=bins.tolist(), histtype="step", linewidth=1.6,
                 label=f"{lane} (mean {d.mean():.3f}, n={len(d)})")
     ax.set_xscale("log")
     ax.set_xlabel("|Δ logprob| vs reference (nats; values below 1e-7, exact ties included, drawn at 1e-7)")

@@ -16,12 +16,15 @@ Definitions (the seeds' table "mean |Δlogp| vs FP8, median, p95, argmax ≠ FP8
 from __future__ import annotations
 
 from itertools import combinations
+from math import nan
 
 import numpy as np
 import pandas as pd
 
+from tasks.client.metrics import percentile
 from tasks.kl.config import Bars
-from tasks.wire.kl_probes import ForcedScore, KlPairRow, KlPositionRow, KlSummaryRow, Sequence
+from tasks.wire.kl_probes import (ForcedScore, KlPairRow, KlPositionRow, KlRole, KlStatus, KlSummaryRow, KlVerdict,
+                                   Sequence)
 
 
 def position_rows(lane: str, sequences: list[Sequence], ref: dict[str, list[ForcedScore]],
@@ -46,7 +49,7 @@ def describe(df: pd.DataFrame) -> dict[str, float | None]:
                               "argmax_flip_share"))
     d = df["abs_dlogprob"].to_numpy(dtype=float)
     return {"mean_abs_dlogprob": float(d.mean()), "median_abs_dlogprob": float(np.median(d)),
-            "p95_abs_dlogprob": float(np.percentile(d, 95)), "max_abs_dlogprob": float(d.max()),
+            "p95_abs_dlogprob": percentile(d, 95), "max_abs_dlogprob": float(d.max()),
             "argmax_flip_share": float(df["flip"].mean())}
 
 
@@ -61,7 +64,7 @@ def bar_failures(stats: dict[str, float | None], bars: Bars) -> list[str]:
     return out
 
 
-def summary_row(lane: str, role: str, status: str, df: pd.DataFrame, expected: int, verdict: str,
+def summary_row(lane: str, role: KlRole, status: KlStatus, df: pd.DataFrame, expected: int, verdict: KlVerdict,
                 reason: str = "") -> KlSummaryRow:
     return KlSummaryRow(lane=lane, role=role, status=status, prompts=int(df["prompt_id"].nunique()) if not df.empty else 0,
                         positions=len(df), positions_expected=expected, verdict=verdict, reason=reason, **describe(df))
@@ -97,7 +100,7 @@ def pair_row(a: str, b: str, da: pd.DataFrame, db: pd.DataFrame, resamples: int,
     return KlPairRow(
         lane_a=a, lane_b=b, prompts=len(per), positions=len(m),
         mean_abs_dlogprob=float(between.mean()), median_abs_dlogprob=float(np.median(between)),
-        p95_abs_dlogprob=float(np.percentile(between, 95)),
+        p95_abs_dlogprob=percentile(between, 95, nan),
         argmax_differs_share=float((m["argmax_a"] != m["argmax_b"]).mean()),
         same_wrong_flip_share=float(both_same_wrong.mean()),
         gap_mean_abs_dlogprob=gap, gap_ci_low=low, gap_ci_high=high, gap_ci_excludes_zero=bool(low > 0 or high < 0),

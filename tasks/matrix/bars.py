@@ -23,7 +23,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from tasks.record.manifest import scan_manifests
+
+from tasks.hosts.files import file_sha256
 
 # metric -> (words, unit, what selects the measurement)
 METRICS: dict[str, tuple[str, str, str]] = {
@@ -165,7 +169,7 @@ def register(name: str, matrix_file: Path, bars: tuple[Bar, ...], baseline: str,
              prompt_counts: dict[str, int], prompts_per_class: int) -> Registration:
     """Hash the bars and the prompt sets' bytes: the registration written before any arm boots."""
     canonical = tuple(b.canonical() for b in bars)
-    sets = {c: PromptSetFacts(path=str(p), sha256=hashlib.sha256(p.read_bytes()).hexdigest(), prompts=prompt_counts[c])
+    sets = {c: PromptSetFacts(path=str(p), sha256=file_sha256(p), prompts=prompt_counts[c])
             for c, p in prompt_sets.items()}
     bars_sha = _sha({"baseline": baseline, "bars": list(canonical)})
     sets_sha = _sha({"prompts_per_class": prompts_per_class, "sets": {c: f.sha256 for c, f in sets.items()}})
@@ -214,20 +218,15 @@ class EarlierRun(BaseModel):
         return out
 
 
-def subject_of(run_facts: dict) -> str | None:
-    """What a matrix measured, by content: the target's and the drafters' sha256 (any names)."""
-    subject = run_facts.get("subject") if isinstance(run_facts, dict) else None
-    return str(subject) if subject else None
-
-
-def _subject_changes(facts: dict, lanes: dict, drafters: dict[str, str], target: str | None) -> list[str]:
+def _subject_changes(manifest: Any, drafters: dict[str, str], target: str | None) -> list[str]:
     """Labels the earlier run shares with this one whose bytes differ (target, then each drafter)."""
     cut = lambda v: f"{str(v)[:16]}..."  # noqa: E731
-    before_target = facts.get("target_sha256") or next(
-        (m.get("sha256") for lane in lanes.values() for m in lane.get("models") or [] if m.get("role") == "model"), None)
+    facts = manifest.flow.matrix
+    before_target = facts.target_sha256 or next(
+        (m.sha256 for lane in manifest.lanes.values() for m in lane.models if m.role == "model"), None)
     out = [f"target: sha256 {cut(before_target)} -> {cut(target)}"] if target and before_target and \
         before_target != target else []
-    before = facts.get("drafter_sha256") or {}
+    before = facts.drafter_sha256
     return out + [f"drafter {d}: sha256 {cut(before[d])} -> {cut(sha)}" for d, sha in sorted(drafters.items())
                   if d in before and before[d] != sha]
 
@@ -238,42 +237,36 @@ def earlier_run(artifacts_root: Path, now: Registration, exclude: Path, subject:
     the same target and drafter bytes under any name: lowering the bars under a new matrix name
     must not read as a "first registered run". `drafters` (label -> sha256) and `target` (sha256):
     what this run measures, so a label whose bytes changed refuses the comparison."""
-    found: list[tuple[str, Path, dict, dict]] = []
-    for manifest in artifacts_root.glob("*_matrix_*/manifest.json"):
-        if manifest.parent.resolve() == exclude.resolve():
+    found: list[tuple[str, Path, Registration, Any]] = []
+    for folder, manifest in scan_manifests(artifacts_root, "*_matrix_*"):
+        facts = manifest.flow.matrix
+        if folder.resolve() == exclude.resolve() or facts is None:
             continue
         try:
-            data = json.loads(manifest.read_text())
-        except (OSError, ValueError):
+            reg = Registration.model_validate(facts.registration)
+        except ValidationError:  # registered by a lanebench whose bars this one cannot read
             continue
-        facts = (data.get("flow") or {}).get("matrix", {})
-        reg = facts.get("registration")
-        same = isinstance(reg, dict) and (reg.get("matrix") == now.matrix
-                                          or (subject is not None and subject_of(facts) == subject))
-        if same and reg.get("bars_sha256"):
-            found.append((str(data["flow"].get("started_at", "")), manifest.parent, reg, data))
+        if reg.matrix == now.matrix or (subject is not None and facts.subject == subject):
+            found.append((manifest.flow.started_at, folder, reg, manifest))
     if not found:
         return None
-    started, folder, reg, data = max(found, key=lambda f: (f[0], f[1].name))
-    before_text = [str(t) for t in reg.get("bars_text", [])]
+    started, folder, reg, earlier = max(found, key=lambda f: (f[0], f[1].name))
+    before_text = list(reg.bars_text)
     removed = [t for t in before_text if t not in now.bars_text]
     added = [t for t in now.bars_text if t not in before_text]
     changes = []
-    before_sets = reg.get("prompt_sets") or {}
-    for c in sorted(set(before_sets) | set(now.prompt_sets)):
-        a, b = before_sets.get(c), now.prompt_sets.get(c)
+    for c in sorted(set(reg.prompt_sets) | set(now.prompt_sets)):
+        a, b = reg.prompt_sets.get(c), now.prompt_sets.get(c)
         if a is None:
             changes.append(f"prompt set {c} added")
         elif b is None:
             changes.append(f"prompt set {c} removed")
-        elif a.get("sha256") != b.sha256:
-            changes.append(f"prompt set {c}: file bytes differ (sha256 {str(a.get('sha256'))[:12]} -> {b.sha256[:12]})")
-    if reg.get("prompts_per_class") != now.prompts_per_class:
-        changes.append(f"prompts per class {reg.get('prompts_per_class')} -> {now.prompts_per_class}")
-    return EarlierRun(run=folder.name, matrix=str(reg.get("matrix")), started_at=started,
-                      bars_sha256=str(reg["bars_sha256"]),
-                      same_bars=reg["bars_sha256"] == now.bars_sha256,
-                      same_prompt_sets=reg.get("prompt_sets_sha256") == now.prompt_sets_sha256,
+        elif a.sha256 != b.sha256:
+            changes.append(f"prompt set {c}: file bytes differ (sha256 {a.sha256[:12]} -> {b.sha256[:12]})")
+    if reg.prompts_per_class != now.prompts_per_class:
+        changes.append(f"prompts per class {reg.prompts_per_class} -> {now.prompts_per_class}")
+    return EarlierRun(run=folder.name, matrix=reg.matrix, started_at=started, bars_sha256=reg.bars_sha256,
+                      same_bars=reg.bars_sha256 == now.bars_sha256,
+                      same_prompt_sets=reg.prompt_sets_sha256 == now.prompt_sets_sha256,
                       removed=removed, added=added, prompt_set_changes=changes,
-                      subject_changes=_subject_changes(data["flow"]["matrix"], data.get("lanes") or {}, drafters or {},
-                                                       target))
+                      subject_changes=_subject_changes(earlier, drafters or {}, target))

@@ -30,10 +30,12 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from tasks.engines import engine_for
 from tasks.inventory.paths import REPO
 from tasks.inventory.models import _NAME, AcceptancePlan, BenchPlan, ConfigError, DecodePlan, FileRef, Host, Lane, Speculative
 from tasks.inventory.flag_conflicts import flag_values
-from tasks.inventory.load import _FIXES, _field_path, read_yaml_mapping, load_inventory
+from tasks.inventory.config_file import config_error, load_model
+from tasks.inventory.load import load_inventory
 from tasks.matrix.bars import METRICS, Bar
 
 DEFAULT_INVENTORY = REPO / "hosts.yaml"
@@ -145,31 +147,8 @@ def resolve(base_dir: Path, p: str) -> Path:
     return q if q.is_absolute() else (base_dir / q).resolve()
 
 
-def _yaml(path: Path) -> dict:
-    return read_yaml_mapping(path, "pass an existing matrix file, e.g. matrix/rehearsal.yaml",
-                             "'target', 'drafters', 'arms', 'prompt_sets' and 'bars'", "matrix/rehearsal.yaml")
-
-
-def _parse(path: Path, raw: dict) -> MatrixFile:
-    try:
-        return MatrixFile.model_validate(raw)
-    except ValidationError as e:
-        err = e.errors()[0]
-        loc = tuple(x for x in err["loc"] if not (isinstance(x, str) and x.startswith(("int", "list["))))
-        problem = err["msg"].removeprefix("Value error, ")
-        if err["type"] == "literal_error":
-            fix = f"use {err['ctx']['expected']}"
-        elif err["type"] == "extra_forbidden":
-            fix = f"remove it, or check its spelling against the fields documented in {_DOC}"
-        elif err["type"] == "value_error":
-            fix = f"write the bar in one of the forms documented in {_DOC}" if loc and loc[0] == "bars" else \
-                "correct the value as the message says"
-        else:
-            fix = _FIXES.get(err["type"], "correct the value as the message says")
-        more = len(e.errors()) - 1
-        if more:
-            problem += f" (and {more} more problem{'s' if more > 1 else ''} after this one)"
-        raise ConfigError(path, _field_path(loc), problem, fix) from None
+_FIXES = {"extra_forbidden": f"remove it, or check its spelling against the fields documented in {_DOC}",
+          "bars.value_error": f"write the bar in one of the forms documented in {_DOC}"}
 
 
 def _count_prompts(path: Path, field: str, matrix_path: Path) -> list[tuple[str, str]]:
@@ -267,7 +246,8 @@ def arm_lane(m: Matrix, arm: Arm) -> Lane:
     method = drafter.method or m.spec.method or (m.target.speculative.method if m.target.speculative else "draft-simple")
     data = m.target.model_dump()
     # An arm's own slot count is its declaration (the lane's would contradict the flag: a config error).
-    if m.target.engine == "llamacpp" and (slots := flag_values(list(arm.flags), ("--parallel", "-np"))):
+    slots_flags = engine_for(m.target.engine).slots_flags
+    if slots_flags and (slots := flag_values(list(arm.flags), slots_flags)):
         data["slots"] = int(slots[-1]) if slots[-1].isdigit() else data["slots"]
     data.update(
         drafter=FileRef(path=str(resolve(m.base_dir, drafter.path)), bytes=drafter.bytes, sha256=drafter.sha256,
@@ -290,7 +270,9 @@ def arm_lane(m: Matrix, arm: Arm) -> Lane:
 def load_matrix(path: str | Path) -> Matrix:
     """Read and check a matrix file and everything it names; any problem is one ConfigError."""
     path = Path(path).resolve()
-    spec = _parse(path, _yaml(path))
+    spec = load_model(path, MatrixFile, missing_fix="pass an existing matrix file, e.g. matrix/rehearsal.yaml",
+                      keys="'target', 'drafters', 'arms', 'prompt_sets' and 'bars'", example="matrix/rehearsal.yaml",
+                      fixes=_FIXES)
     name = spec.name or path.stem
     if not _NAME.fullmatch(name):
         raise ConfigError(path, "name", f"{name!r} is not a valid matrix name", "letters, digits, '_', '.', '-' (at most 63)")
@@ -324,7 +306,8 @@ def load_matrix(path: str | Path) -> Matrix:
                               "lower prompts_per_class or add prompts")
         for key in keys[: spec.prompts_per_class]:
             if key in seen and seen[key] != c:
-                raise ConfigError(path, f"prompt_sets.{c}", f"holds prompt {key[1]!r} (class {key[0]}) that prompt set {seen[key]} holds too",
+                raise ConfigError(path, f"prompt_sets.{c}",
+                                  f"holds prompt {key[1]!r} (class {key[0]}) that prompt set {seen[key]} holds too",
                                   "give every prompt set its own prompts (ids or class fields must differ)")
             seen[key] = c
         counts[c] = len(keys)
@@ -341,10 +324,7 @@ def load_matrix(path: str | Path) -> Matrix:
         try:
             arm_lane(m, arm)
         except ValidationError as e:
-            err = e.errors()[0]
-            field = _field_path(tuple(err["loc"]))
-            raise ConfigError(path, f"arms[{i}].{field}", err["msg"].removeprefix("Value error, "),
-                              _FIXES.get(err["type"], "correct the value as the message says")) from None
+            raise config_error(path, e, under=f"arms[{i}]") from None
     return m
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tasks.record.manifest import Manifest, MatrixSection
 from tasks.record.markdown import table
 from tasks.matrix.config import Matrix
 from tasks.matrix.bars import EarlierRun, Registration
@@ -57,7 +58,7 @@ def curves_png(m: Matrix, rows: list[ArmClassRow], path: Path) -> bool:
     fig, axes = plt.subplots(1, len(classes), figsize=(4.6 * len(classes), 3.8), dpi=110, squeeze=False)
     for ax, c in zip(axes[0], classes):
         for r in [r for r in measured if r.prompt_class == c]:
-            xs = list(range(1, len(r.per_position) + 1))
+            xs = list(range(1, len(r.per_position or []) + 1))
             tree = f", {r.draft_shape}: path >= i" if r.draft_shape.startswith("tree") else ""
             ax.plot(xs, r.per_position, _STYLES[ks.index(r.k) % len(_STYLES)], marker="o", markersize=3,
                     color=colors[r.drafter], label=f"{r.arm} (AL {r.acceptance_length:.2f}{tree})")
@@ -75,7 +76,7 @@ def curves_png(m: Matrix, rows: list[ArmClassRow], path: Path) -> bool:
 
 
 def _by_k(points: list[tuple[int, float | None, float | None, float | None]]):
-    pts = sorted(p for p in points if p[1] is not None)
+    pts = sorted((k, v, low, high) for k, v, low, high in points if v is not None)
     xs = [p[0] for p in pts]
     ys = [p[1] for p in pts]
     lo = [p[1] - (p[2] if p[2] is not None else p[1]) for p in pts]
@@ -167,8 +168,8 @@ def k_trade(m: Matrix, rows: list[ArmClassRow]) -> list[str]:
         if len(usable) < 2:
             out.append(f"- **{d}**: K={lo_k} and K={hi_k} were not both measured on two classes.")
             continue
-        easy = max(usable, key=lambda c: at[(lo_k, c)].acceptance_length)
-        hard = min(usable, key=lambda c: at[(lo_k, c)].acceptance_length)
+        easy = max(usable, key=lambda c: at[(lo_k, c)].acceptance_length or 0.0)
+        hard = min(usable, key=lambda c: at[(lo_k, c)].acceptance_length or 0.0)
         e0, e1, h0, h1 = at[(lo_k, easy)], at[(hi_k, easy)], at[(lo_k, hard)], at[(hi_k, hard)]
         added = hi_k - lo_k
         keep_easy = (e1.acceptance_length - e0.acceptance_length) / added  # type: ignore[operator]
@@ -202,72 +203,30 @@ def k_trade(m: Matrix, rows: list[ArmClassRow]) -> list[str]:
     return out
 
 
-def render(run_name: str, manifest: dict, m: Matrix, reg: Registration, earlier: EarlierRun | None,
-           rows: list[ArmClassRow], speed: list[SpeedRow], verdict: list[VerdictRow], drafters: list[DrafterVerdict],
-           plots: dict[str, str], warnings: list[str], quarantined: list[str], lanes_appendix: str) -> str:
-    flow, host, git = manifest["flow"], manifest["host"], manifest["lanebench"]
-    lanes = manifest["lanes"]
-    out = [f"# Drafter matrix `{m.name}`: verdict", ""]
-    judged = [d for d in drafters if not d.baseline] or drafters
-    out += [f"- {d.sentence()}" for d in judged]
-    out += [f"- {d.sentence()} (The baseline's own arms are judged by absolute bars only.)" for d in drafters
-            if d.baseline and d is not judged[0] and d.checks]
-    if quarantined:
-        out += ["", f"**Not a trustworthy verdict**: these tables failed their expectations and were quarantined: "
-                    f"{', '.join(quarantined)}."]
-    drift = manifest["flow"].get("matrix", {}).get("verdict", {}).get("model_drift") or []
-    if drift:
-        out += ["", "**Not a trustworthy comparison**: " + "; ".join(drift) + "."]
-    failed_arms = [a.name for a in m.arms if lanes.get(a.name, {}).get("status") != "passed"]
-    if failed_arms:
-        out += ["", f"**Incomplete matrix**: arm(s) {', '.join(failed_arms)} did not pass; their bars read no-data "
-                    "(see Arms)."]
-    out += ["", f"- run `{run_name}`, matrix file `{m.path}`, lanebench {git['git_sha'][:12]}"
-                f"{' (dirty tree)' if git.get('dirty') else ''}, Prefect flow run `{flow['flow_run_id']}`",
-            f"- host {host['hostname']}: {host['cpu']}, {host['cores']} cores, {host['memory_gib']} GiB",
-            f"- started {flow['started_at']}, finished {flow.get('finished_at')}",
-            f"- target lane **{m.spec.target}** ({m.target.engine}, model `{Path(m.target.model.path).name}`) from "
-            f"`{m.inventory_path}`; every arm booted fresh on it, one at a time",
-            f"- {m.spec.repeats} repeats; acceptance probe: {m.spec.prompts_per_class} prompts per class, up to "
-            f"{m.spec.max_tokens} tokens each, one request at a time; speed rows: `{m.speed_set}` prompts at "
-            f"C={m.spec.speed.concurrency}, {m.spec.speed.max_tokens} tokens", ""]
-
-    out += ["## Bars as registered", "",
-            f"Registered at {reg.registered_at}, before any arm booted: sha256 `{reg.sha256}` "
-            f"(bars `{reg.bars_sha256[:16]}`, prompt sets `{reg.prompt_sets_sha256[:16]}`). Baseline drafter: "
-            f"**{reg.baseline}** (a relative bar compares an arm with the baseline's arm at the same K). "
-            "The verdict below judges this registered copy, not the file as it is now.", ""]
-    out += [f"{i + 1}. {t}" for i, t in enumerate(reg.bars_text)]
-    out += ["", *table(["prompt set", "file", "sha256", "prompts used / in file"],
-                        [[c, f"`{Path(f.path).name}`", f"`{f.sha256[:16]}`", f"{reg.prompts_per_class} / {f.prompts}"]
-                         for c, f in reg.prompt_sets.items()]), ""]
-    if earlier is None:
-        out.append(f"First registered run of matrix `{m.name}` in this artifacts folder.")
-    else:
-        out += [f"**{line}**" if "CHANGED" in line else f"- {line}" for line in earlier.lines()]
-    changed = manifest["flow"].get("matrix", {}).get("file_changed_during_run")
-    if changed:
-        out += ["", f"**The matrix file changed while the run was going** ({changed}); the verdict uses the bars registered at the start."]
-
-    out += ["", "## Arms", ""]
+def _arms(m: Matrix, manifest: Manifest, facts: MatrixSection) -> list[str]:
+    """Each arm as it ran: status, port, boot and the load at its end."""
+    lanes = manifest.lanes
+    out = ["", "## Arms", ""]
     arm_rows = []
     for a in m.arms:
-        rec = lanes.get(a.name, {})
-        boot = rec.get("boot_seconds")
-        arm_facts = manifest["flow"].get("matrix", {}).get("arms", {}).get(a.name, {})
+        rec, arm_facts = lanes.get(a.name), facts.arms.get(a.name)
+        boot = rec.boot_seconds if rec else None
+        port, load = (arm_facts.port, arm_facts.load_at_end) if arm_facts else (None, None)
         arm_rows.append([a.name, a.drafter + (" (baseline)" if a.baseline else ""), a.revision, str(a.k),
-                         f"**{rec.get('status', 'not run')}**", str(arm_facts.get("port", "—")),
-                         f"{boot:.1f}" if boot else "—", str(arm_facts.get("load_at_end", "—")),
-                         (rec.get("reason") or "").replace("|", "/")])
+                         f"**{rec.status if rec else 'not run'}**", "—" if port is None else str(port),
+                         f"{boot:.1f}" if boot else "—", "—" if load is None else str(load),
+                         (rec.reason if rec else "").replace("|", "/")])
     out += table(["arm", "drafter", "revision", "K", "status", "port", "boot s", "1-min load at end", "reason"],
                   arm_rows)
-    moved = [f"{name}: {f['port_note']}" for name, f in manifest["flow"].get("matrix", {}).get("arms", {}).items()
-             if f.get("port_note")]
+    moved = [f"{name}: {f.port_note}" for name, f in facts.arms.items() if f.port_note]
     if moved:
         out += ["", "Ports:"] + [f"- {line}" for line in moved]
+    return out
 
-    out += ["", "## Verdict: arms x bars", "",
-            "Each cell: outcome, measured median [min, max] over repeats. — : the bar does not judge that arm.", ""]
+
+def _verdict_grid(m: Matrix, reg: Registration, verdict: list[VerdictRow]) -> list[str]:
+    out = ["", "## Verdict: arms x bars", "",
+           "Each cell: outcome, measured median [min, max] over repeats. — : the bar does not judge that arm.", ""]
     header = ["arm"] + [f"bar {i + 1}" for i in range(len(reg.bars_text))]
     grid = []
     for a in m.arms:
@@ -288,12 +247,15 @@ def render(run_name: str, manifest: dict, m: Matrix, reg: Registration, earlier:
          _ranged(v.measured, v.measured_min, v.measured_max, 3),
          f"{v.op} {_f(v.threshold, 3)}", f"{v.baseline_arm} = {_f(v.baseline_value, 3)}" if v.baseline_arm else "",
          _f(v.margin, 3), f"**{v.outcome}**", v.note] for v in verdict])]
+    return out
 
-    out += ["", "## Acceptance, draft efficiency and speed per arm and class", "",
-            "Acceptance length = 1 + accepted / verify steps (counter deltas over the probe window). Draft efficiency = "
-            "accepted / drafted tokens: the share of verify work spent on tokens the target kept. Rejected/step = draft "
-            "tokens the target verified and threw away per verify step. Single-stream tok/s: the probe's requests, one "
-            "at a time, end to end. Median [min, max] over repeats.", ""]
+
+def _acceptance(m: Matrix, rows: list[ArmClassRow], speed: list[SpeedRow]) -> list[str]:
+    out = ["", "## Acceptance, draft efficiency and speed per arm and class", "",
+           "Acceptance length = 1 + accepted / verify steps (counter deltas over the probe window). Draft efficiency = "
+           "accepted / drafted tokens: the share of verify work spent on tokens the target kept. Rejected/step = draft "
+           "tokens the target verified and threw away per verify step. Single-stream tok/s: the probe's requests, one "
+           "at a time, end to end. Median [min, max] over repeats.", ""]
     out += table(["arm", "class", "acceptance length", "per-position acceptance", "draft efficiency", "rejected/step",
                    "single-stream tok/s"],
                   [[r.arm, r.prompt_class,
@@ -309,7 +271,57 @@ def render(run_name: str, manifest: dict, m: Matrix, reg: Registration, earlier:
         out += table(["arm", "C", "aggregate tok/s"],
                       [[s.arm, str(s.concurrency), _ranged(s.aggregate_tok_s, s.aggregate_tok_s_min, s.aggregate_tok_s_max, 1)]
                        for s in speed])
+    return out
 
+
+def render(run_name: str, manifest: Manifest, m: Matrix, reg: Registration, earlier: EarlierRun | None,
+           rows: list[ArmClassRow], speed: list[SpeedRow], verdict: list[VerdictRow], drafters: list[DrafterVerdict],
+           plots: dict[str, str], warnings: list[str], quarantined: list[str], lanes_appendix: str) -> str:
+    flow, host, git, lanes = manifest.flow, manifest.host, manifest.lanebench, manifest.lanes
+    facts = flow.matrix
+    assert facts is not None  # registered before the first arm booted
+    out = [f"# Drafter matrix `{m.name}`: verdict", ""]
+    judged = [d for d in drafters if not d.baseline] or drafters
+    out += [f"- {d.sentence()}" for d in judged]
+    out += [f"- {d.sentence()} (The baseline's own arms are judged by absolute bars only.)" for d in drafters
+            if d.baseline and d is not judged[0] and d.checks]
+    if quarantined:
+        out += ["", f"**Not a trustworthy verdict**: these tables failed their expectations and were quarantined: "
+                    f"{', '.join(quarantined)}."]
+    drift = facts.verdict.model_drift if facts.verdict else []
+    if drift:
+        out += ["", "**Not a trustworthy comparison**: " + "; ".join(drift) + "."]
+    failed_arms = [a.name for a in m.arms if a.name not in lanes or lanes[a.name].status != "passed"]
+    if failed_arms:
+        out += ["", f"**Incomplete matrix**: arm(s) {', '.join(failed_arms)} did not pass; their bars read no-data "
+                    "(see Arms)."]
+    out += ["", f"- run `{run_name}`, matrix file `{m.path}`, lanebench {git.git_sha[:12]}"
+                f"{' (dirty tree)' if git.dirty else ''}, Prefect flow run `{flow.flow_run_id}`",
+            f"- host {host.hostname}: {host.cpu}, {host.cores} cores, {host.memory_gib} GiB",
+            f"- started {flow.started_at}, finished {flow.finished_at}",
+            f"- target lane **{m.spec.target}** ({m.target.engine}, model `{Path(m.target.model.path).name}`) from "
+            f"`{m.inventory_path}`; every arm booted fresh on it, one at a time",
+            f"- {m.spec.repeats} repeats; acceptance probe: {m.spec.prompts_per_class} prompts per class, up to "
+            f"{m.spec.max_tokens} tokens each, one request at a time; speed rows: `{m.speed_set}` prompts at "
+            f"C={m.spec.speed.concurrency}, {m.spec.speed.max_tokens} tokens", ""]
+
+    out += ["## Bars as registered", "",
+            f"Registered at {reg.registered_at}, before any arm booted: sha256 `{reg.sha256}` "
+            f"(bars `{reg.bars_sha256[:16]}`, prompt sets `{reg.prompt_sets_sha256[:16]}`). Baseline drafter: "
+            f"**{reg.baseline}** (a relative bar compares an arm with the baseline's arm at the same K). "
+            "The verdict below judges this registered copy, not the file as it is now.", ""]
+    out += [f"{i + 1}. {t}" for i, t in enumerate(reg.bars_text)]
+    out += ["", *table(["prompt set", "file", "sha256", "prompts used / in file"],
+                        [[c, f"`{Path(f.path).name}`", f"`{f.sha256[:16]}`", f"{reg.prompts_per_class} / {f.prompts}"]
+                         for c, f in reg.prompt_sets.items()]), ""]
+    if earlier is None:
+        out.append(f"First registered run of matrix `{m.name}` in this artifacts folder.")
+    else:
+        out += [f"**{line}**" if "CHANGED" in line else f"- {line}" for line in earlier.lines()]
+    if changed := facts.file_changed_during_run:
+        out += ["", f"**The matrix file changed while the run was going** ({changed}); the verdict uses the bars registered at the start."]
+
+    out += _arms(m, manifest, facts) + _verdict_grid(m, reg, verdict) + _acceptance(m, rows, speed)
     out += ["", "## The K trade", "",
             "The seeds found that longer drafts raise acceptance length on the easier class and waste verify work on "
             "the harder one. Checked here per drafter from the smallest to the largest K:", ""]

@@ -47,7 +47,7 @@ class ArmClassRow(_Row):
     revision: str
     k: int
     baseline: bool
-    status: Literal["passed", "failed", "skipped", "running"]
+    status: Literal["passed", "failed", "skipped", "running", "interrupted"]  # the arm lane's own status
     reason: str
     prompt_class: str
     repeats: int | None = None
@@ -206,8 +206,8 @@ def model_drift(run: RunFolder, m: Matrix) -> list[str]:
     for arm in m.arms:
         record = run.manifest.lanes.get(arm.name)
         for f in (record.models if record else []):
-            label = "target model" if f.get("role") == "model" else f"drafter {arm.drafter}"
-            seen.setdefault(label, {}).setdefault(str(f.get("sha256")), []).append(arm.name)
+            label = "target model" if f.role == "model" else f"drafter {arm.drafter}"
+            seen.setdefault(label, {}).setdefault(str(f.sha256), []).append(arm.name)
     out = []
     for label, by_sha in seen.items():
         if len(by_sha) > 1:
@@ -226,9 +226,9 @@ def contention(run: RunFolder, m: Matrix) -> list[str]:
     keeps about `threads` cores busy; a 1-minute load average well above the host's cores at the
     end of an arm means other processes competed for the CPU while it was timed. Acceptance (counter
     deltas, greedy) is unaffected; tok/s is not."""
-    cores = run.manifest.host.get("cores") or 1
-    busy = {name: f.get("load_at_end") for name, f in run.manifest.flow.get("matrix", {}).get("arms", {}).items()
-            if (f.get("load_at_end") or 0) > 1.5 * cores}
+    cores = run.manifest.host.cores or 1
+    arms = run.manifest.flow.matrix.arms if run.manifest.flow.matrix else {}
+    busy = {name: f.load_at_end for name, f in arms.items() if (f.load_at_end or 0) > 1.5 * cores}
     if not busy:
         return []
     return [f"speed rows and single-stream tok/s are not comparable across arms: other processes competed for the "
@@ -261,6 +261,7 @@ def judge(reg: Registration, m: Matrix, rows: list[ArmClassRow], speed: list[Spe
             base = baseline_arm(arm, m.arms) if bar.relative_to else None
             base_value = _measure(bar, base, rows, speed)[0] if base else None
             notes = []
+            outcome: Literal["pass", "fail", "no-data"]
             if bar.relative_to:
                 threshold = base_value + bar.margin if base_value is not None else None
             else:
@@ -279,7 +280,8 @@ def judge(reg: Registration, m: Matrix, rows: list[ArmClassRow], speed: list[Spe
                     notes.append("the bound lies inside the repeats' range: a close call")
                 if base is not None:
                     b_lo, b_hi = _measure(bar, base, rows, speed)[1:]
-                    if b_lo is not None and lo is not None and not (hi < b_lo or lo > b_hi):
+                    if (lo is not None and hi is not None and b_lo is not None and b_hi is not None
+                            and not (hi < b_lo or lo > b_hi)):
                         notes.append("arm and baseline ranges overlap")
             out.append(VerdictRow(
                 bar_index=i, bar=words, bars_sha256=reg.bars_sha256, arm=arm.name, drafter=arm.drafter, k=arm.k,

@@ -8,14 +8,14 @@ tasks/record/interrupted.py), a manifest whose digest differs from the signed hi
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 from pathlib import Path
 
 from pydantic import BaseModel
 
+from tasks.hosts.files import file_sha256
 from tasks.record.confined import Outside, confined
+from tasks.record.manifest import ManifestError, read_manifest
 
 # Files the manifest cannot list by hash: itself; the reserve (freed space for a last manifest,
 # tasks/record/run_folder.py); the seals of a run that died (per-append digests, checked by reclaim).
@@ -35,11 +35,6 @@ class Audit(BaseModel):
     @property
     def ok(self) -> bool:
         return not (self.missing or self.changed or self.extra or self.problems)
-
-
-def _sha256(path: Path) -> str:
-    with path.open("rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _present(run_dir: Path, result: Audit) -> set[str]:
@@ -63,27 +58,14 @@ def audit(run_dir: Path) -> Audit:
         result.problems.append("manifest.json: a symlink, not followed")
         return result
     try:
-        manifest = json.loads(mpath.read_text())
-    except ValueError as e:
-        result.problems.append(f"manifest.json: not valid JSON ({getattr(e, 'msg', e)} at line "
-                               f"{getattr(e, 'lineno', '?')}): truncated or edited; nothing in the folder can be checked")
+        manifest = read_manifest(mpath)
+    except ManifestError as e:
+        result.problems.append(f"manifest.json: {e.why}; nothing in the folder can be checked")
         return result
     except OSError as e:
         result.problems.append(f"manifest.json: cannot be read ({e.strerror})")
         return result
-    if not isinstance(manifest, dict):
-        result.problems.append("manifest.json: not a JSON object")
-        return result
-    artifacts = manifest.get("artifacts")
-    if not isinstance(artifacts, list):
-        result.problems.append("manifest.json: no 'artifacts' list: the files it should list cannot be checked")
-        artifacts = []
-    listed: dict[str, str] = {}
-    for i, a in enumerate(artifacts):
-        if not isinstance(a, dict) or not isinstance(a.get("path"), str) or not isinstance(a.get("sha256"), str):
-            result.problems.append(f"manifest.json: artifacts[{i}] has no 'path' and 'sha256'")
-            continue
-        listed[a["path"]] = a["sha256"]
+    listed = {a.path: a.sha256 for a in manifest.artifacts}
     result.checked = len(listed)
     for rel, digest in sorted(listed.items()):
         try:
@@ -94,12 +76,11 @@ def audit(run_dir: Path) -> Audit:
         try:
             if not path.is_file():
                 result.missing.append(rel)
-            elif _sha256(path) != digest:
+            elif file_sha256(path) != digest:
                 result.changed.append(rel)
         except OSError as e:
             result.problems.append(f"{rel}: cannot be read ({e.strerror})")
-    flow = manifest.get("flow") if isinstance(manifest.get("flow"), dict) else {}
-    for line in flow.get("changed_after_crash") or []:
+    for line in manifest.flow.reclaim.changed_after_crash if manifest.flow.reclaim else []:
         result.problems.append(f"changed after the run died (found by its reclaim): {line}")
     from tasks.record import ledger
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from tasks.hosts.files import sha256_of
+from tasks.record.manifest import HostFacts, LaneRecord
 
 # Boot facts that say how a boot went, not what it serves: per-source readings, timings.
 _BOOT_NOISE = {"sources", "disagreements", "cap_source", "extra"}
@@ -76,34 +77,28 @@ def _argv(command: str, known: dict[str, str], base_dir: Path | None) -> str:
     return " ".join(out)
 
 
-def fingerprint(record: Any, host: dict[str, Any], base_dir: Path | None = None) -> dict[str, str]:
-    """The fingerprint of one lane's record (a LaneRecord or its manifest dict) on `host`
-    (the manifest's host facts). `base_dir`: where the inventory's relative paths start."""
-    get = (lambda k: record.get(k) or {}) if isinstance(record, dict) else (lambda k: getattr(record, k) or {})
-    models = record.get("models", []) if isinstance(record, dict) else record.models
-    known = {str(m.get("path")): str(m.get("sha256")) for m in models if m.get("sha256")}
-    out: dict[str, str] = {}
-    for m in models:
-        out[f"{m.get('role', 'model')}.sha256"] = str(m.get("sha256"))
+def fingerprint(record: LaneRecord, host: HostFacts, base_dir: Path | None = None) -> dict[str, str]:
+    """The fingerprint of one lane's record on `host` (the manifest's host facts). `base_dir`:
+    where the inventory's relative paths start."""
+    known = {m.path: m.sha256 for m in record.models if m.sha256 is not None}
+    out = {f"{m.role}.sha256": str(m.sha256) for m in record.models}
     if "drafter.sha256" not in out:
         out["drafter.sha256"] = "none"
-    for k, v in sorted(get("engine_identity").items()):
+    for k, v in sorted(record.engine_identity.items()):
         if k != "path":
             out[f"engine.{k}"] = str(v)
-    image = get("image")
     for k in ("digest", "image_id", "id"):
-        if image.get(k):
-            out[f"image.{k}"] = str(image[k])
-    command = (record.get("launch_command") if isinstance(record, dict) else record.launch_command) or ""
-    out["launch"] = _argv(command, known, base_dir)
-    facts = get("boot_facts")
+        if record.image.get(k):
+            out[f"image.{k}"] = str(record.image[k])
+    out["launch"] = _argv(record.launch_command, known, base_dir)
+    facts = record.boot_facts
+    extra = facts.get("extra")
     out |= _flat({k: v for k, v in facts.items() if k not in _BOOT_NOISE}, "server")
-    out |= _flat(_by_content({k: v for k, v in (facts.get("extra") or {}).items()
+    out |= _flat(_by_content({k: v for k, v in (extra if isinstance(extra, dict) else {}).items()
                               if not re.search(r"(_s|_ms|_seconds)$", k)}, base_dir, known), "server")
-    config = get("config")
-    out |= _flat(_by_content(config.get("bench") or {}, base_dir, known), "bench")
+    out |= _flat(_by_content(record.config.get("bench") or {}, base_dir, known), "bench")
     for k in ("machine", "cpu", "cores", "memory_gib"):
-        out[f"host.{k}"] = str(host.get(k))
+        out[f"host.{k}"] = str(getattr(host, k))
     return out
 
 

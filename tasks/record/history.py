@@ -26,8 +26,11 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+from pydantic import JsonValue
 
-from tasks.record.confined import Outside, confined, inside
+from tasks.hosts.files import file_sha256
+from tasks.record.confined import Outside, confined
+from tasks.record.manifest import Manifest, scan_manifests
 from tasks.record.kinds import ADDED_COLUMNS, KINDS, METRICS, MetricDef, history_kinds, metric_def  # noqa: F401  (re-exported for queries)
 
 INDEX_FILE = ".history.duckdb"
@@ -44,24 +47,22 @@ def _sql_type(annotation: Any) -> str:
     return {int: "BIGINT", float: "DOUBLE", bool: "BOOLEAN"}.get(annotation, "VARCHAR")
 
 
-def _lane_rows(run: str, manifest: dict) -> list[dict[str, Any]]:
+def _lane_rows(run: str, manifest: Manifest) -> list[dict[str, JsonValue]]:
     rows = []
-    for name, lane in manifest.get("lanes", {}).items():
-        config = lane.get("config") or {}
-        models = {m.get("role"): m for m in lane.get("models") or []}
-        identity = lane.get("engine_identity") or {}
-        config_json = json.dumps(config, sort_keys=True)
+    for name, lane in manifest.lanes.items():
+        models = {m.role: m for m in lane.models}
+        model, drafter = models.get("model"), models.get("drafter")
+        identity, config_json = lane.engine_identity, json.dumps(lane.config, sort_keys=True)
         rows.append({
-            "run": run, "lane": name, "status": lane.get("status"), "reason": lane.get("reason", ""),
-            "stage": lane.get("stage", ""), "host": config.get("host"), "engine": config.get("engine"),
-            "image": config.get("image") or identity.get("image"),
-            "model_path": models.get("model", {}).get("path"), "model_sha256": models.get("model", {}).get("sha256"),
-            "drafter_path": models.get("drafter", {}).get("path"),
-            "drafter_sha256": models.get("drafter", {}).get("sha256"),
+            "run": run, "lane": name, "status": lane.status, "reason": lane.reason, "stage": lane.stage,
+            "host": lane.config.get("host"), "engine": lane.config.get("engine"),
+            "image": lane.config.get("image") or identity.get("image"),
+            "model_path": model.path if model else None, "model_sha256": model.sha256 if model else None,
+            "drafter_path": drafter.path if drafter else None, "drafter_sha256": drafter.sha256 if drafter else None,
             "engine_source": identity.get("source"),
             "engine_sha256": identity.get("sha256") or next(
                 (v for k, v in identity.items() if k.endswith("sha256") and k != "source"), None),
-            "launch_command": lane.get("launch_command", ""), "config": config_json,
+            "launch_command": lane.launch_command, "config": config_json,
             "config_sha256": hashlib.sha256(config_json.encode()).hexdigest(),
         })
     return rows
@@ -70,35 +71,22 @@ def _lane_rows(run: str, manifest: dict) -> list[dict[str, Any]]:
 def scan(root: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """runs, lanes and artifacts of every run folder under `root` (folders without a readable manifest are left out)."""
     runs, lanes, artifacts = [], [], []
-    for manifest_path in sorted(Path(root).glob("*/manifest.json")):
-        folder = manifest_path.parent
-        try:
-            inside(Path(root), manifest_path)  # a symlinked run folder is not read (tasks/record/confined.py)
-            m = json.loads(manifest_path.read_text())
-        except (OSError, ValueError):
-            continue
-        if not isinstance(m, dict):
-            continue
-        flow, lb = m.get("flow", {}), m.get("lanebench", {})
+    for folder, m in scan_manifests(root):
+        flow = m.flow
         runs.append({
-            "run": folder.name, "path": str(folder.resolve()), "flow": flow.get("name"),
-            "flow_run_id": flow.get("flow_run_id"), "started_at": flow.get("started_at"),
-            "finished_at": flow.get("finished_at"), "git_sha": lb.get("git_sha"), "dirty": bool(lb.get("dirty")),
-            "inventory_sha256": (m.get("inventory") or {}).get("sha256"),
-            "hostname": (m.get("host") or {}).get("hostname"),
-            "status": flow.get("status") or "running", "interrupted_by": flow.get("interrupted_by"),
+            "run": folder.name, "path": str(folder.resolve()), "flow": flow.name, "flow_run_id": flow.flow_run_id,
+            "started_at": flow.started_at, "finished_at": flow.finished_at, "git_sha": m.lanebench.git_sha,
+            "dirty": m.lanebench.dirty, "inventory_sha256": m.inventory.sha256 if m.inventory else None,
+            "hostname": m.host.hostname, "status": flow.status, "interrupted_by": flow.interrupted_by,
         })
         lanes += _lane_rows(folder.name, m)
-        for a in m.get("artifacts") or []:
-            if not isinstance(a, dict) or not isinstance(a.get("path"), str):
-                continue
+        for a in m.artifacts:
             try:
-                path, outside = str(confined(folder, a["path"]).resolve()), None
+                path, outside = str(confined(folder, a.path).resolve()), None
             except Outside as e:
                 path, outside = "", str(e)
-            artifacts.append({"run": folder.name, "lane": a.get("lane"), "kind": a.get("kind"),
-                              "path": path, "rel": a["path"], "sha256": a.get("sha256"), "rows": a.get("rows"),
-                              "validation": a.get("validation"), "outside": outside})
+            artifacts.append({"run": folder.name, "lane": a.lane, "kind": a.kind, "path": path, "rel": a.path,
+                              "sha256": a.sha256, "rows": a.rows, "validation": a.validation, "outside": outside})
     runs_df = pd.DataFrame(runs, columns=["run", "path", "flow", "flow_run_id", "started_at", "finished_at", "git_sha",
                                           "dirty", "inventory_sha256", "hostname", "status", "interrupted_by"])
     for col in ("started_at", "finished_at"):
@@ -147,14 +135,6 @@ def _metrics_view(con: Any) -> None:
              LEFT JOIN regressed g ON g.run = m.run AND g.lane = m.lane""")
 
 
-def _file_sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def refuse_tampered(artifacts: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Tables whose bytes no longer match their manifest's sha256 are refused (never served), and
     said so: (kept artifacts, refused rows with run, path and reason)."""
@@ -166,7 +146,7 @@ def refuse_tampered(artifacts: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame
             continue
         if a.kind in {k.name for k in history_kinds()} and a.validation == "passed":
             try:
-                ok = _file_sha256(a.path) == a.sha256
+                ok = file_sha256(a.path) == a.sha256
                 why = "its sha256 differs from the manifest (changed after the run)"
             except OSError as e:
                 ok, why = False, f"cannot be read ({e.strerror})"
@@ -234,7 +214,8 @@ def _check(path: str | None, value: float, others: pd.Series) -> str:
     from tasks.record import ledger
 
     state, _ = ledger.check(Path(path)) if path else ("absent", "")
-    notes = [] if state == "verified" else [f"unverified ({'not in the signed ledger' if state == 'absent' else 'rewritten after its run'})"]
+    why = "not in the signed ledger" if state == "absent" else "rewritten after its run"
+    notes = [] if state == "verified" else [f"unverified ({why})"]
     others = others.dropna()
     if len(others) >= 2 and not (others.min() <= value <= others.max()):
         notes.append(f"outlier: outside the lane's recorded range {others.min():.4g}-{others.max():.4g}")

@@ -22,6 +22,8 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from tasks.hosts.files import file_sha256
+
 
 def ledger_dir() -> Path:
     return Path(os.environ.get("LANEBENCH_LEDGER_DIR") or Path.home() / ".config" / "lanebench")
@@ -65,8 +67,7 @@ def _body(entry: dict) -> bytes:
 
 
 def manifest_digest(folder: Path) -> str:
-    with (folder / "manifest.json").open("rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
+    return file_sha256(folder / "manifest.json")
 
 
 def _lines() -> list[str]:

@@ -22,9 +22,12 @@ what matters.
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
+
+from pydantic import BaseModel
+
+from tasks.hosts.retry import retrying
 
 URL_ENV = "LANEBENCH_NOTIFY_URL"
 BLOCK_ENV = "LANEBENCH_NOTIFY_BLOCK"
@@ -41,46 +44,68 @@ def run_folder(artifacts_root: str | None, flow_name: str, flow_run_id: str) -> 
     return found[-1] if found else None
 
 
+class Regression(BaseModel):
+    lane: str
+    metric: str
+    better: str
+    current: float
+    baseline: float
+    change_pct: float
+    ci_low_pct: float
+    ci_high_pct: float
+    baseline_runs: int
+
+
+class Notice(BaseModel):
+    """The webhook's JSON body; `text` is what a chat block shows."""
+
+    source: str = "lanebench"
+    flow: str
+    flow_run_id: str
+    flow_run_name: str
+    state: str
+    message: str
+    run_folder: str | None
+    failed_lanes: dict[str, str] = {}
+    regressions: list[Regression] = []
+    text: str
+
+
 def payload(flow_name: str, flow_run_id: str, flow_run_name: str, state_name: str, message: str,
-            folder: Path | None) -> dict[str, Any]:
+            folder: Path | None) -> Notice:
     """What failed and why: failed lanes with reasons, regressions with size and interval."""
     import pandas as pd
 
     failed_lanes: dict[str, str] = {}
-    regressions: list[dict[str, Any]] = []
+    regressions: list[Regression] = []
     if folder is not None and (folder / "manifest.json").is_file():
-        from tasks.record.run_folder import Manifest
+        from tasks.record.manifest import read_manifest
 
-        manifest = Manifest.model_validate_json((folder / "manifest.json").read_text())
+        manifest = read_manifest(folder)
         failed_lanes = {n: lane.reason for n, lane in manifest.lanes.items() if lane.status == "failed"}
         for a in manifest.artifacts:
             if a.kind == "regression" and a.validation == "passed":
                 df = pd.read_parquet(folder / a.path)
-                for r in df[df.verdict == "regression"].to_dict(orient="records"):
-                    regressions.append({k: r[k] for k in ("lane", "metric", "better", "current", "baseline",
-                                                          "change_pct", "ci_low_pct", "ci_high_pct",
-                                                          "baseline_runs")})
+                regressions += [Regression.model_validate(r) for r in df[df.verdict == "regression"].to_dict(orient="records")]
     lines = [f"lanebench {flow_name} {flow_run_name}: {state_name}: {message}"]
-    lines += [f"- regression {r['lane']} {r['metric']} {r['change_pct']:+.1f}% "
-              f"[{r['ci_low_pct']:+.1f}%, {r['ci_high_pct']:+.1f}%]" for r in regressions]
-    return {
-        "source": "lanebench", "flow": flow_name, "flow_run_id": flow_run_id, "flow_run_name": flow_run_name,
-        "state": state_name, "message": message, "run_folder": str(folder) if folder else None,
-        "failed_lanes": failed_lanes, "regressions": regressions, "text": "\n".join(lines),
-    }
+    lines += [f"- regression {r.lane} {r.metric} {r.change_pct:+.1f}% [{r.ci_low_pct:+.1f}%, {r.ci_high_pct:+.1f}%]"
+              for r in regressions]
+    return Notice(flow=flow_name, flow_run_id=flow_run_id, flow_run_name=flow_run_name, state=state_name,
+                  message=message, run_folder=str(folder) if folder else None, failed_lanes=failed_lanes,
+                  regressions=regressions, text="\n".join(lines))
 
 
-def send(body: dict[str, Any]) -> None:
+def send(body: Notice) -> None:
     """Deliver through the configured notification block; raises when delivery fails."""
     from prefect.blocks.core import Block
     from prefect.blocks.notifications import CustomWebhookNotificationBlock
 
-    subject = f"lanebench {body['flow']}: {body['state']}"
+    subject = f"lanebench {body.flow}: {body.state}"
     if name := os.environ.get(BLOCK_ENV):
-        Block.load(name).notify(body=body["text"], subject=subject)
+        cast(Any, Block.load(name)).notify(body=body.text, subject=subject)  # a notification block, loaded sync
     if url := os.environ.get(URL_ENV):
-        CustomWebhookNotificationBlock(name="lanebench", url=url, json_data=body, timeout=10).notify(
-            body=body["text"], subject=subject)
+        CustomWebhookNotificationBlock(name="lanebench", url=url, json_data=body.model_dump(mode="json"),
+                                       timeout=10).notify(body=body.text, subject=subject)
 
 
 def on_failure(flow: Any, flow_run: Any, state: Any) -> None:
@@ -97,12 +122,7 @@ def on_failure(flow: Any, flow_run: Any, state: Any) -> None:
     except Exception:  # a broken notifier must never change the run's outcome
         logger.exception("failure notification could not be built")
         return
-    for attempt in range(2):  # one retry: a receiver restarting is common, a long outage is not ours to wait out
-        try:
-            send(body)
-            return
-        except Exception as e:
-            if attempt == 1:
-                logger.error("could not deliver the failure notification: %s: %s", type(e).__name__, e)
-            else:
-                time.sleep(2)
+    try:  # one retry: a receiver restarting is common, a long outage is not ours to wait out
+        retrying(tries=2, wait_s=2.0, on=Exception)(send, body)
+    except Exception as e:
+        logger.error("could not deliver the failure notification: %s: %s", type(e).__name__, e)

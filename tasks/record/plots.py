@@ -123,7 +123,7 @@ def trend(history: dict[str, pd.DataFrame], rows: list[RegressionRow], current_r
         cur = [i for i in x if df.run[i] == current_run]
         if cur and row is not None:
             ax.scatter(cur, df.value[cur], color=_VERDICT_COLOUR[row.verdict], s=60, zorder=4, edgecolor="black")
-        sub = row.verdict if row is not None else ""
+        sub: str = row.verdict if row is not None else ""
         if row is not None and row.change_pct is not None:
             sub += f" {row.change_pct:+.1f}%"
         ax.set_title(f"{metric}\n{sub}", fontsize=9)

@@ -38,7 +38,7 @@ from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 from tasks.record.kinds import metric_def
 
@@ -147,9 +147,9 @@ def verdict(better: str, change: float, lo: float, hi: float, min_effect: float)
     return "no change"
 
 
-def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+def _flatten(d: JsonValue, prefix: str = "") -> dict[str, JsonValue]:
     if isinstance(d, dict):
-        out: dict[str, Any] = {}
+        out: dict[str, JsonValue] = {}
         for k, v in d.items():
             out |= _flatten(v, f"{prefix}{k}.")
         return out
@@ -174,15 +174,16 @@ def _fingerprint_of(con: Any, run: str, lane: str, cache: dict[str, dict[str, st
 
         from tasks.record.fingerprint import fingerprint
 
+        from tasks.record.manifest import HostFacts, LaneRecord, ManifestError, read_manifest
+
         (path,), = con.execute("SELECT path FROM runs WHERE run = ?", [run]).fetchall()
         try:
-            m = json.loads((Path(path) / "manifest.json").read_text())
-        except (OSError, ValueError):
-            m = {}
-        record = (m.get("lanes") or {}).get(lane) or {}
-        inventory = (m.get("inventory") or {}).get("path")
-        cache[run] = record.get("fingerprint") or fingerprint(record, m.get("host") or {},
-                                                              Path(inventory).parent if inventory else None)
+            m = read_manifest(Path(path))
+        except (OSError, ManifestError):
+            m = None
+        record = (m.lanes.get(lane) if m else None) or LaneRecord()
+        base = Path(m.inventory.path).parent if m and m.inventory else None
+        cache[run] = record.fingerprint or fingerprint(record, m.host if m else HostFacts(), base)
     return cache[run]
 
 
@@ -207,7 +208,7 @@ def compare_lane(con: Any, run: str, lane: str, policy: RegressionPolicy) -> Lan
     prints: dict[str, dict[str, str]] = {}
     tonight = _fingerprint_of(con, run, lane, prints)
     refused_against: str | None = None
-    for metric, value, samples in current:
+    for metric, _value, _samples in current:
         d = metric_def(metric)
         assert d is not None
         earlier = con.execute(
@@ -225,7 +226,7 @@ def compare_lane(con: Any, run: str, lane: str, policy: RegressionPolicy) -> Lan
     judged_count = sum(1 for m in enough if len(bases[m]) >= policy.min_runs)
     confidence = 1 - (1 - policy.confidence) / max(judged_count, 1)  # for the lane as a whole (docstring)
     rows = []
-    for metric, value, samples in current:
+    for metric, value, _samples in current:
         d = metric_def(metric)
         assert d is not None
         base = bases[metric]

@@ -104,6 +104,11 @@ class DecodeRow(_Record):
     # Chunks whose read also carried a later event (their stamp is an upper bound; their gaps are
     # left out of the ITL columns): the share of all chunks at this level (docs/metrics.md).
     coalesced_share: float | None = None
+    # The engine's own clock beside the client's (llama.cpp's per-request `timings`): the tokens
+    # its timings put in the same steady window over the window (median over repeats), and how far
+    # the client's aggregate is from it, in % of it (tasks/client/metrics.py server_window_tokens).
+    server_tok_s: float | None = None
+    server_gap_pct: float | None = None
     # Open loop: requests/s the waves really sent (median over repeats: (sent - 1) / first-to-last
     # send), and how late each request left after its scheduled time, queueing under the ceiling
     # apart (send - scheduled - queued: the load generator's own lateness).

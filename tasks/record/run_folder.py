@@ -1,7 +1,7 @@
 """The run folder: the auditable record of one run.
 
-Long because it is the run folder's one writer: appends and their seals, tables, validation,
-the finish and the signed ledger all change the manifest under its one lock.
+The one writer of a run folder: appends and their seals, tables, validation, the finish, the
+signed ledger and the reclaim of a dead run (`reopen`) all change the manifest under its lock.
 
 `artifacts/<UTC time>_<flow>_<short id>/` holds the manifest, each lane's raw JSONL and
 boot log, tables as Parquet, GX validation results and report.md. Raw records are appended
@@ -31,114 +31,23 @@ import json
 import os
 import threading
 import time
+from collections.abc import Iterator, Sequence
+from typing import Literal
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
 
 import pandas as pd
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel
 
 from tasks.hosts.files import file_sha256
-from tasks.record.provenance import git_identity, host_facts
 from tasks.record.expectations import validate
+from tasks.record.manifest import (ArtifactEntry, CorrectnessEntry, FileRef, FlowRecord, LaneRecord, Manifest,
+                                   StageMark, read_manifest)
+from tasks.hosts.owner import Owner
+from tasks.record.provenance import git_identity, host_facts
 
-
-class ArtifactEntry(BaseModel):
-    path: str  # relative to the run folder
-    kind: str
-    lane: str
-    sha256: str
-    rows: int | None = None
-    validation: Literal["passed", "failed", "not-validated"] = "not-validated"
-    failed_expectations: list[str] = []
-    validation_seconds: float | None = None  # time spent in its GX suite (overhead, not measurement)
-
-
-class StageMark(BaseModel):
-    """A lane entered a stage at this moment (seconds since the epoch): the lane's timeline."""
-
-    stage: str
-    at: float
-
-
-class LaneRecord(BaseModel):
-    status: Literal["passed", "failed", "skipped", "running", "interrupted"] = "running"
-    reason: str = ""
-    stage: str = ""
-    config: dict[str, Any] = {}
-    launch_command: str = ""
-    engine_identity: dict[str, str] = {}
-    models: list[dict[str, Any]] = []
-    preflight: dict[str, Any] = {}  # links, hosts and RPC workers as preflight found them
-    image: dict[str, Any] = {}  # container lanes: the pinned reference, digest and image id as pulled
-    boot_seconds: float | None = None
-    boot_facts: dict[str, Any] = {}
-    gates: list[dict[str, Any]] = []
-    warnings: list[str] = []
-    # Safe by default (tasks/stages/safety.py): declared against effective values and values too
-    # good to be true (check, declared, effective, severity, message), and the implied gates the
-    # lane turned off, each with its reason.
-    flags: list[dict[str, Any]] = []
-    waivers: list[dict[str, Any]] = []
-    started_at: str | None = None  # when the lane got its hosts (UTC ISO); lanes of two hosts overlap
-    finished_at: str | None = None
-    host_lock: dict[str, Any] = {}  # the hold on `gpu:<host>`: asked, got, let go
-    timeline: list[StageMark] = []  # every stage entered, in order; "done" when teardown ended
-    gpu: dict[str, Any] = {}  # hosts with nvidia-smi: its facts "before" boot, "booted" and "after" teardown
-    bandwidth: dict[str, Any] = {}  # what the decode curve's bandwidth share divides: model bytes, memory_gbps
-    capacity: dict[str, Any] = {}  # the capacity plan's check before the curve (tasks/stages/capacity.py)
-    fingerprint: dict[str, str] = {}  # what can move a number (tasks/record/fingerprint.py): comparisons hold it equal
-
-
-class FlowRecord(BaseModel):
-    """What ran: the flow and its run, when, and the sections a flow adds (typed where every flow
-    writes them; a flow's own section, such as `matrix` or `kl`, is kept as it writes it).
-
-    Mapping-style access (`flow["kl"] = ...`, `.get`, `.setdefault`) reads and writes the same
-    fields, so a section is one line to add wherever a flow builds it."""
-
-    model_config = ConfigDict(extra="allow")
-
-    name: str
-    flow_run_id: str
-    started_at: str
-    finished_at: str | None = None
-    status: Literal["running", "finished", "interrupted"] = "running"
-    regression_policy: dict[str, Any] | None = None
-    regression_error: str | None = None
-    held_out_requested: bool | None = None
-    correctness: dict[str, Any] = {}  # per lane: agentic, tool-gate and needle verdicts, protocol, ledger
-    matrix: dict[str, Any] | None = None
-    kl: dict[str, Any] | None = None
-
-    def __getitem__(self, key: str) -> Any:
-        if key not in type(self).model_fields and key not in (self.model_extra or {}):
-            raise KeyError(key)
-        return getattr(self, key)
-
-    def __setitem__(self, key: str, value: Any) -> None:
-        setattr(self, key, value)
-
-    def __contains__(self, key: object) -> bool:
-        return isinstance(key, str) and getattr(self, key, None) is not None
-
-    def get(self, key: str, default: Any = None) -> Any:
-        value = getattr(self, key, None)
-        return default if value is None else value
-
-    def setdefault(self, key: str, default: Any) -> Any:
-        if getattr(self, key, None) is None or (key == "correctness" and not self.correctness):
-            setattr(self, key, default)
-        return getattr(self, key)
-
-
-class Manifest(BaseModel):
-    lanebench: dict[str, Any]
-    flow: FlowRecord
-    host: dict[str, Any]
-    inventory: dict[str, Any]
-    lanes: dict[str, LaneRecord] = {}
-    artifacts: list[ArtifactEntry] = []
+__all__ = ["ArtifactEntry", "LaneRecord", "Manifest", "RunFolder", "RunFolderWriteError"]
 
 
 RESERVE = ".reserve"  # freed when a write fails, so the manifest can still be written
@@ -166,42 +75,67 @@ class RunFolder:
 
     def __init__(self, root: Path, flow_name: str, flow_run_id: str, inventory_path: Path) -> None:
         now = datetime.now(UTC)
-        self.path = root / f"{now:%Y%m%dT%H%M%SZ}_{flow_name}_{flow_run_id[:8]}"
-        self.path.mkdir(parents=True, exist_ok=False)
-        self._lock = threading.RLock()
-        self._seals: dict[str, hashlib._Hash] = {}  # raw file -> running sha256 of what we appended
-        self.write_error: str | None = None
-        from tasks.hosts.owner import owner
-
-        self.manifest = Manifest(
+        self._attach(root / f"{now:%Y%m%dT%H%M%SZ}_{flow_name}_{flow_run_id[:8]}", Manifest(
             lanebench=git_identity(),
-            flow=FlowRecord(name=flow_name, flow_run_id=flow_run_id, started_at=now.isoformat(), owner=owner()),
+            flow=FlowRecord(name=flow_name, flow_run_id=flow_run_id, started_at=now.isoformat(), owner=Owner.here()),
             host=host_facts(),
-            inventory={"path": str(inventory_path), "sha256": file_sha256(inventory_path)},
-        )
+            inventory=FileRef(path=str(inventory_path), sha256=file_sha256(inventory_path)), artifacts=[],
+        ))
+        self.path.mkdir(parents=True, exist_ok=False)
         (self.path / RESERVE).write_bytes(b"\0" * RESERVE_BYTES)
         self.save_manifest()
         RunFolder._open[str(self.path)] = self
 
+    def _attach(self, path: Path, manifest: Manifest) -> None:
+        self.path = path
+        self.manifest = manifest
+        self._lock = threading.RLock()
+        self._seals: dict[str, hashlib._Hash] = {}  # raw file -> running sha256 of what we appended
+        self._pinned: dict[str, str | None] = {}  # file -> the digest to list whatever the disk says (None: unlisted)
+        self._ledger_warned = False
+        self.write_error: str | None = None
+
+    @classmethod
+    def reopen(cls, path: Path) -> RunFolder:
+        """The folder of a run that is gone (its writer died), for the run that reclaims it
+        (tasks/record/interrupted.py): every change still goes through here, under the lock."""
+        run = cls.__new__(cls)
+        run._attach(Path(path), read_manifest(path))
+        return run
+
+    @contextmanager
+    def edit(self) -> Iterator[Manifest]:
+        """Change the manifest under the lock, then save it: lanes of different hosts run in
+        threads, and a save must never meet a record mid-change."""
+        with self._lock:
+            yield self.manifest
+            self.save_manifest()
+
     def lane(self, name: str) -> LaneRecord:
-        return self.manifest.lanes.setdefault(name, LaneRecord())
+        with self._lock:
+            return self.manifest.lanes.setdefault(name, LaneRecord())
+
+    def correctness(self, lane: str) -> CorrectnessEntry:
+        """The lane's correctness entry in the flow record (created on first use)."""
+        with self._lock:
+            return self.manifest.flow.correctness.setdefault(lane, CorrectnessEntry())
 
     def stage(self, lane: str, name: str) -> None:
         """The lane enters a stage: recorded with its time (the overhead benchmark reads the
         timeline), saved, and shown on the terminal."""
         from tasks.record.progress import progress
 
-        record = self.lane(lane)
-        record.stage = name
-        record.timeline.append(StageMark(stage=name, at=time.time()))
-        self.save_manifest()
+        with self.edit():
+            record = self.lane(lane)
+            record.stage = name
+            record.timeline.append(StageMark(stage=name, at=time.time()))
         progress(lane, name)
 
     def mark(self, lane: str, name: str) -> None:
         """A moment on the lane's timeline that is no stage of its own (teardown, done): the
         lane's `stage` keeps naming where it ended or failed."""
-        self.lane(lane).timeline.append(StageMark(stage=name, at=time.time()))
-        self.save_manifest()
+        with self.edit():
+            self.lane(lane).timeline.append(StageMark(stage=name, at=time.time()))
 
     def lane_dir(self, lane: str) -> Path:
         d = self.path / lane
@@ -251,7 +185,7 @@ class RunFolder:
     def _refresh(self, rel: str, kind: str | None = None) -> None:
         """List a live file (or refresh its hash); its kind is kept once a stage has named it."""
         path = self.path / rel
-        if not path.is_file():
+        if not path.is_file() or (rel in self._pinned and self._pinned[rel] is None):
             return
         digest = self._digest(rel)
         for entry in self.manifest.artifacts:
@@ -262,20 +196,22 @@ class RunFolder:
         self.manifest.artifacts.append(ArtifactEntry(path=rel, kind=kind, lane=rel.split("/", 1)[0], sha256=digest))
 
     def _digest(self, rel: str) -> str:
-        """A raw record file's digest is what this process appended; anything else as on disk."""
+        """A raw record file's digest is what this process appended (or, reopened, what its seal
+        says was appended); anything else as on disk."""
         seal = self._seals.get(rel)
-        return seal.hexdigest() if seal is not None else file_sha256(self.path / rel)
+        if seal is not None:
+            return seal.hexdigest()
+        return self._pinned.get(rel) or file_sha256(self.path / rel)
+
+    def pin(self, rel: str, digest: str | None) -> None:
+        """List `rel` with this digest whatever is on disk, or never list it (None): a reclaimed
+        run's raw records as their seals say lanebench wrote them."""
+        self._pinned[rel] = digest
 
     def _write_manifest(self) -> None:
-        """Lanes of different hosts run in threads and update their own records while another
-        thread saves: a dump that met a record mid-change is retried."""
-        for attempt in range(5):
-            try:
-                text = self.manifest.model_dump_json(indent=2)
-                break
-            except RuntimeError:  # "dictionary changed size during iteration"
-                if attempt == 4:
-                    raise
+        """Called under the lock: sections are added through `lane`, `correctness` and `edit`,
+        which hold it too, so the dump never meets a dict mid-change."""
+        text = self.manifest.model_dump_json(indent=2)
         tmp = self.path / "manifest.json.tmp"
         try:
             tmp.write_text(text)
@@ -292,11 +228,11 @@ class RunFolder:
         (self.path / RESERVE).unlink(missing_ok=True)
         reason = "disk full" if e.errno == errno.ENOSPC else (e.strerror or type(e).__name__)
         line = f"run folder write failed ({reason}) at {what}; every record written before it is kept"
-        if self.write_error is None:
-            self.write_error = line
-            self.manifest.flow["write_error"] = line
-        self.manifest.artifacts = [a for a in self.manifest.artifacts if (self.path / a.path).is_file()]
-        self.save_manifest(quiet=True)
+        with self._lock:
+            if self.write_error is None:
+                self.write_error = self.manifest.flow.write_error = line
+            self.manifest.artifacts = [a for a in self.manifest.artifacts if (self.path / a.path).is_file()]
+            self.save_manifest(quiet=True)
         raise RunFolderWriteError(e.errno or errno.EIO, line) from None
 
     def save_manifest(self, quiet: bool = False) -> None:
@@ -308,7 +244,7 @@ class RunFolder:
                     self._refresh(str(path.relative_to(self.path)))
             try:
                 self._write_manifest()
-                if self.manifest.flow.finished_at:
+                if self.manifest.flow.finished_at or self.manifest.flow.reclaim:
                     self._sign()
                 return
             except OSError as e:
@@ -328,52 +264,41 @@ class RunFolder:
             self.save_manifest()
         return entry
 
-    def write_table(self, lane: str, kind: str, records: list[BaseModel]) -> tuple[pd.DataFrame, ArtifactEntry]:
+    def write_table(self, lane: str, kind: str, records: Sequence[BaseModel]) -> tuple[pd.DataFrame, ArtifactEntry]:
         """Validate a table against its GX suite, then write it as a result or into quarantine."""
         df = pd.DataFrame([r.model_dump() for r in records])
-        t0 = time.perf_counter()
-        outcome = validate(kind, df)
-        seconds = time.perf_counter() - t0
-        sub = "" if outcome.success else "quarantine/"
-        (self.lane_dir(lane) / "validation").mkdir(exist_ok=True)
-        if sub:
-            (self.lane_dir(lane) / "quarantine").mkdir(exist_ok=True)
-        rel = f"{lane}/{sub}{kind}.parquet"
-        vrel = f"{lane}/validation/{kind}.json"
-        try:
-            df.to_parquet(self.path / rel, index=False)
-            (self.path / vrel).write_text(json.dumps(outcome.result, indent=2, default=str))
-        except OSError as e:
-            self._failed_write(rel, e, self.path / rel, self.path / vrel)
-        self.register(lane, vrel, "validation")
-        entry = self.register(lane, rel, kind, rows=len(df))
-        entry.validation = "passed" if outcome.success else "failed"
-        entry.failed_expectations = outcome.failed
-        entry.validation_seconds = round(seconds, 3)
-        self.save_manifest()
-        return df, entry
+        return df, self._validated(lane, kind, df, table=True)
 
     def validate_raw(self, lane: str, name: str, kind: str) -> ArtifactEntry | None:
         """Validate a raw JSONL file in place (raw records are kept even when they fail)."""
         path = self.lane_dir(lane) / name
         if not path.exists():
             return None
-        df = pd.read_json(path, lines=True, convert_dates=False)
+        return self._validated(lane, kind, pd.read_json(path, lines=True, convert_dates=False), raw=name)
+
+    def _validated(self, lane: str, kind: str, df: pd.DataFrame, table: bool = False, raw: str = "") -> ArtifactEntry:
+        """Run the kind's GX suite on `df`; write its result (and the table, quarantined when it
+        failed), list both, and mark the entry with the outcome."""
         t0 = time.perf_counter()
         outcome = validate(kind, df)
         seconds = time.perf_counter() - t0
-        vrel = f"{lane}/validation/{kind}.json"
         (self.lane_dir(lane) / "validation").mkdir(exist_ok=True)
+        rel = f"{lane}/{raw}" if raw else f"{lane}/{'' if outcome.success else 'quarantine/'}{kind}.parquet"
+        vrel = f"{lane}/validation/{kind}.json"
+        written = [self.path / vrel] + ([self.path / rel] if table else [])
         try:
+            if table:
+                (self.path / rel).parent.mkdir(exist_ok=True)
+                df.to_parquet(self.path / rel, index=False)
             (self.path / vrel).write_text(json.dumps(outcome.result, indent=2, default=str))
         except OSError as e:
-            self._failed_write(vrel, e, self.path / vrel)
-        self.register(lane, vrel, "validation")
-        entry = self.register(lane, f"{lane}/{name}", kind, rows=len(df))
-        entry.validation = "passed" if outcome.success else "failed"
-        entry.failed_expectations = outcome.failed
-        entry.validation_seconds = round(seconds, 3)
-        self.save_manifest()
+            self._failed_write(rel if table else vrel, e, *written)
+        with self.edit():
+            self.register(lane, vrel, "validation")
+            entry = self.register(lane, rel, kind, rows=len(df))
+            entry.validation = "passed" if outcome.success else "failed"
+            entry.failed_expectations = outcome.failed
+            entry.validation_seconds = round(seconds, 3)
         return entry
 
     def free_space_problem(self) -> str | None:
@@ -386,12 +311,12 @@ class RunFolder:
                     f"{need / (1 << 20):.0f} MiB a lane may write (LANEBENCH_MIN_FREE_MB)")
         return None
 
-    def finish(self, status: str = "finished") -> None:
-        self.manifest.flow["finished_at"] = datetime.now(UTC).isoformat()
-        if self.manifest.flow.get("status") in (None, "running"):
-            self.manifest.flow["status"] = status
-        (self.path / RESERVE).unlink(missing_ok=True)
-        self.save_manifest()
+    def finish(self, status: Literal["finished", "interrupted"] = "finished") -> None:
+        with self.edit() as m:
+            m.flow.finished_at = datetime.now(UTC).isoformat()
+            if m.flow.status == "running":
+                m.flow.status = status
+            (self.path / RESERVE).unlink(missing_ok=True)
         shutil.rmtree(self.path / SEALS, ignore_errors=True)  # the manifest holds every final digest
 
     def _sign(self) -> None:
@@ -402,7 +327,7 @@ class RunFolder:
         try:
             ledger.record(self.path)
         except (OSError, ValueError) as e:
-            if not getattr(self, "_ledger_warned", False):
+            if not self._ledger_warned:
                 from tasks.record.progress import progress
 
                 progress("run", f"signed ledger not written ({e}): `verify` cannot prove this folder later")

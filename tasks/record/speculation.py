@@ -14,22 +14,23 @@ lane's but for speculation; with none, the report says no plain baseline exists.
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import pandas as pd
 
 from tasks.record.fingerprint import beyond_speculation, describe_differences
+from tasks.record.manifest import LaneRecord
+from tasks.record.run_folder import RunFolder
 
 
-def _speculative(record: Any) -> bool:
+def _speculative(record: LaneRecord) -> bool:
     return bool(record.config.get("drafter") or record.config.get("speculative"))
 
 
-def _target(record: Any) -> str | None:
-    return next((m.get("sha256") for m in record.models if m.get("role") == "model"), None)
+def _target(record: LaneRecord) -> str | None:
+    return next((m.sha256 for m in record.models if m.role == "model"), None)
 
 
-def _decode(run: Any, lane: str) -> dict[int, float] | None:
+def _decode(run: RunFolder, lane: str) -> dict[int, float] | None:
     entry = next((a for a in run.manifest.artifacts if a.lane == lane and a.kind == "decode"
                   and a.validation == "passed"), None)
     if entry is None:
@@ -50,7 +51,7 @@ def _judge(s: str, mine: dict[int, float], theirs: dict[int, float], against: st
     return out
 
 
-def last_plain_baseline(run: Any, lane: str) -> tuple[str, str, dict[int, float]] | None:
+def last_plain_baseline(run: RunFolder, lane: str) -> tuple[str, str, dict[int, float]] | None:
     """(run, lane, aggregate tok/s per concurrency) of the newest earlier run of this flow in the
     same artifacts root where a plain lane passed that differs from `lane` only in speculation."""
     from tasks.record.history import open_index
@@ -64,7 +65,7 @@ def last_plain_baseline(run: Any, lane: str) -> tuple[str, str, dict[int, float]
                WHERE r.flow = ? AND l.run <> ? AND r.started_at < (SELECT started_at FROM runs WHERE run = ?)
                  AND l.status = 'passed' AND l.model_sha256 = ? AND l.drafter_sha256 IS NULL
                ORDER BY r.started_at DESC""",
-            [run.manifest.flow["name"], run.path.name, run.path.name, _target(record)]).fetchall()
+            [run.manifest.flow.name, run.path.name, run.path.name, _target(record)]).fetchall()
         prints: dict[str, dict[str, str]] = {}
         for earlier, name, config in candidates:
             if json.loads(config or "{}").get("speculative"):
@@ -80,7 +81,7 @@ def last_plain_baseline(run: Any, lane: str) -> tuple[str, str, dict[int, float]
         con.close()
 
 
-def speculation_verdicts(run: Any) -> list[str]:
+def speculation_verdicts(run: RunFolder) -> list[str]:
     """One line per speculative lane, plain lane of the same target and shared concurrency:
     `SPECULATION LOSES at C=2: ...` or `speculation wins at C=1: ...` (aggregate tok/s);
     `NOT COMPARABLE: ...` for a plain lane of the same target that differs beyond speculation."""
@@ -106,7 +107,7 @@ def speculation_verdicts(run: Any) -> list[str]:
         if found is None:
             out.append(f"no verdict on speculation for {s}: no plain lane of the same target (model sha256 "
                        f"{str(target)[:12]}...) passed in this run, and no plain baseline exists (no earlier "
-                       f"{run.manifest.flow['name']} run here has a plain lane that differs from it only in speculation)")
+                       f"{run.manifest.flow.name} run here has a plain lane that differs from it only in speculation)")
             continue
         earlier, name, theirs = found
         out += _judge(s, mine, theirs, f"{name} in {earlier} (last plain baseline)")

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
 import os
 import shutil
 import uuid
@@ -27,6 +26,9 @@ from urllib.parse import urlsplit
 
 from fsspec import AbstractFileSystem
 from fsspec.implementations.sftp import SFTPFileSystem
+
+from tasks.hosts.files import file_sha256
+from tasks.record.manifest import ManifestError, read_manifest
 
 INCOMING = ".incoming"
 MIRRORS_ENV = "LANEBENCH_STORE_MIRRORS"  # where this machine keeps its mirrors of stores
@@ -69,11 +71,8 @@ class _VerifiedSFTP(SFTPFileSystem):
 
 
 def _sha256(fs: AbstractFileSystem, path: str) -> str:
-    digest = hashlib.sha256()
     with fs.open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
+        return file_sha256(f)
 
 
 class Store:
@@ -98,6 +97,12 @@ class Store:
         return _VerifiedSFTP(*self._where) if self.remote else None
 
     @property
+    def remote_fs(self) -> AbstractFileSystem:
+        """The filesystem of a remote store (publish, list and fetch use it only there)."""
+        assert self.fs is not None, f"{self.url} is a local root: no filesystem to ask"
+        return self.fs
+
+    @property
     def local_root(self) -> Path:
         """The folder this machine writes run folders into and reads history from."""
         if not self.remote:
@@ -112,29 +117,27 @@ class Store:
         folder = Path(folder)
         if not self.remote:
             return str(folder)
-        manifest = json.loads((folder / "manifest.json").read_text())
-        listed = {a["path"]: a["sha256"] for a in manifest["artifacts"]}
+        listed = {a.path: a.sha256 for a in read_manifest(folder).artifacts}
         final = f"{self.path}/{folder.name}"
-        if self.fs.exists(final):
+        if self.remote_fs.exists(final):
             raise StoreError(f"{self.url}: {folder.name} is already published; a run folder is written once")
         staging = f"{self.path}/{INCOMING}/{folder.name}.{uuid.uuid4().hex[:8]}"
         try:
             for path in sorted(p for p in folder.rglob("*") if p.is_file()):
                 rel = path.relative_to(folder).as_posix()
-                self.fs.put_file(str(path), f"{staging}/{rel}")
+                self.remote_fs.put_file(str(path), f"{staging}/{rel}")
             for rel, digest in listed.items():
-                if not self.fs.exists(f"{staging}/{rel}"):
+                if not self.remote_fs.exists(f"{staging}/{rel}"):
                     raise StoreError(f"{self.url}/{INCOMING}: {folder.name}/{rel} missing after the copy")
                 if (got := _sha256(self.fs, f"{staging}/{rel}")) != digest:
                     raise StoreError(f"{self.url}/{INCOMING}: {folder.name}/{rel} sha256 {got[:12]} after the copy, "
                                      f"manifest says {digest[:12]}")
-            manifest_bytes = (folder / "manifest.json").read_bytes()
-            if _sha256(self.fs, f"{staging}/manifest.json") != hashlib.sha256(manifest_bytes).hexdigest():
+            if _sha256(self.fs, f"{staging}/manifest.json") != file_sha256(folder / "manifest.json"):
                 raise StoreError(f"{self.url}/{INCOMING}: {folder.name}/manifest.json changed in the copy")
-            self.fs.mv(staging, final)  # one rename: the folder appears whole
+            self.remote_fs.mv(staging, final)  # one rename: the folder appears whole
         except BaseException:
             try:
-                self.fs.rm(staging, recursive=True)
+                self.remote_fs.rm(staging, recursive=True)
             except Exception:
                 pass
             raise
@@ -145,10 +148,10 @@ class Store:
         """Names of the run folders in the store (those with a manifest), oldest first."""
         if not self.remote:
             return sorted(p.parent.name for p in Path(self.path).glob("*/manifest.json"))
-        if not self.fs.exists(self.path):
+        if not self.remote_fs.exists(self.path):
             return []
-        names = [Path(p).name for p in self.fs.ls(self.path, detail=False)]
-        return sorted(n for n in names if not n.startswith(".") and self.fs.exists(f"{self.path}/{n}/manifest.json"))
+        names = [Path(p).name for p in self.remote_fs.ls(self.path, detail=False)]
+        return sorted(n for n in names if not n.startswith(".") and self.remote_fs.exists(f"{self.path}/{n}/manifest.json"))
 
     def download(self, name: str, into: Path) -> Path:
         """One run folder as the store holds it, into `into/<name>`, unchecked (for `verify`)."""
@@ -156,7 +159,7 @@ class Store:
         if not self.remote:
             shutil.copytree(Path(self.path) / name, target)
         else:
-            self.fs.get(f"{self.path}/{name}/", str(target), recursive=True)
+            self.remote_fs.get(f"{self.path}/{name}/", str(target), recursive=True)
         return target
 
     def fetch(self, name: str, into: Path) -> Path:
@@ -169,19 +172,22 @@ class Store:
             return target
         tmp = Path(into) / f".{name}.{uuid.uuid4().hex[:8]}.partial"
         try:
-            self.fs.get(f"{self.path}/{name}/", str(tmp), recursive=True)
-            manifest = json.loads((tmp / "manifest.json").read_text())
-            for a in manifest["artifacts"]:
-                path = tmp / a["path"]
-                if not path.is_file() or hashlib.sha256(path.read_bytes()).hexdigest() != a["sha256"]:
-                    raise StoreError(f"{self.url}/{name}/{a['path']}: missing or not the sha256 its manifest lists. "
+            self.remote_fs.get(f"{self.path}/{name}/", str(tmp), recursive=True)
+            try:
+                manifest = read_manifest(tmp)
+            except ManifestError as e:
+                raise StoreError(f"{self.url}/{name}/manifest.json: {e.why}. Fix: lanebench verify {self.url}/{name}") from None
+            for a in manifest.artifacts:
+                path = tmp / a.path
+                if not path.is_file() or file_sha256(path) != a.sha256:
+                    raise StoreError(f"{self.url}/{name}/{a.path}: missing or not the sha256 its manifest lists. "
                                      f"Fix: lanebench verify {self.url}/{name}")
             tmp.rename(target)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         return target
 
-    def sync(self, on_refused=None) -> Path:  # type: ignore[no-untyped-def]
+    def sync(self, on_refused=None) -> Path:
         """Bring every published run folder into the local mirror; returns the mirror's folder.
         A folder whose files do not match its manifest stays out (`on_refused` gets the line):
         its numbers are not served, the others are."""
@@ -203,7 +209,7 @@ def run_folder_name(root: str, flow: str, flow_run_id: str) -> str | None:
     return found[-1].name if found else None
 
 
-def in_store(artifacts_root: str, flow: str, flow_run_id: str, body):  # type: ignore[no-untyped-def]
+def in_store(artifacts_root: str, flow: str, flow_run_id: str, body):
     """Run a flow's body against a local root and publish its run folder when the root is a URL.
 
     The body gets the local folder (the store's mirror: earlier runs are there for baselines and

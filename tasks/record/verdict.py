@@ -22,6 +22,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
+from tasks.record.manifest import FlowVerdict, LaneRecord
+
 Outcome = Literal["passed", "failed", "nothing-measured", "interrupted"]
 EXIT_CODES: dict[str, int] = {"passed": 0, "failed": 1, "nothing-measured": 3, "interrupted": 130}
 
@@ -38,24 +40,24 @@ class Verdict(BaseModel):
     def exit_code(self) -> int:
         return EXIT_CODES[self.outcome]
 
+    def recorded(self) -> FlowVerdict:
+        """What the manifest keeps of it: `flow.verdict`."""
+        return FlowVerdict(outcome=self.outcome, exit_code=self.exit_code, line=self.line)
+
 
 def _count(n: int, what: str) -> str:
     return f"{n} {what}"
 
 
-def night_verdict(flow: str, lanes: dict[str, Any], problems: list[str], interrupted: bool = False) -> Verdict:
-    """`lanes`: name -> LaneRecord (or its dict); `problems`: failures beyond the lanes (regressions,
-    a report that could not be written)."""
-    def field(r: Any, name: str) -> str:
-        return r.get(name, "") if isinstance(r, dict) else getattr(r, name)
-
+def night_verdict(flow: str, lanes: dict[str, LaneRecord], problems: list[str], interrupted: bool = False) -> Verdict:
+    """`problems`: failures beyond the lanes (regressions, a report that could not be written)."""
     v = Verdict(outcome="passed", line="")
     for name, r in lanes.items():
-        status = field(r, "status")
+        status = r.status
         if status == "passed":
             v.passed.append(name)
         elif status == "skipped":
-            v.skipped[name] = field(r, "reason")
+            v.skipped[name] = r.reason
         elif status == "failed":
             v.failed.append(name)
         else:  # running or interrupted: it did not finish
@@ -68,7 +70,7 @@ def night_verdict(flow: str, lanes: dict[str, Any], problems: list[str], interru
     if v.failed or problems:
         v.outcome = "failed"
         v.line = f"{flow} failed ({counts or 'no lane'}): " + "; ".join(
-            [f"{n}: {field(lanes[n], 'reason')}" for n in v.failed] + problems)
+            [f"{n}: {lanes[n].reason}" for n in v.failed] + problems)
     elif interrupted or v.interrupted:
         v.outcome = "interrupted"
         v.line = f"{flow} interrupted ({counts or 'no lane'}): what was measured so far is kept"

@@ -17,6 +17,7 @@ from typing import Any
 
 import pandas as pd
 
+from tasks.client.metrics import SERVER_AGREE_PCT
 from tasks.record.markdown import frame
 from tasks.correctness import record as correctness
 from tasks.report import bench_report
@@ -70,6 +71,9 @@ def decode_table(df: pd.DataFrame) -> pd.DataFrame:
             out[label] = df[column] * scale
     if "client_saturated" in df:
         out["client-bound"] = ["yes" if v else "" for v in df.client_saturated]
+    if "server_tok_s" in df and df.server_tok_s.notna().any():  # the engine's own timings, same window
+        out["server tok/s (gap)"] = ["-" if pd.isna(s) else f"{s:.1f} ({g:+.1f} %){' DISAGREES' if abs(g) > SERVER_AGREE_PCT else ''}"
+                                     for s, g in zip(df.server_tok_s, df.server_gap_pct)]
     if "bandwidth_share" in df and df.bandwidth_share.notna().any():  # beside the C=1 row (tasks/stages/limits.py)
         out["bandwidth share"] = ["" if v is None or pd.isna(v) else f"{v:.3g}" for v in df.bandwidth_share]
     return out
@@ -161,7 +165,7 @@ def regression_table(df: pd.DataFrame) -> pd.DataFrame:
 
 def _regression_summary(run: RunFolder) -> list[str]:
     m = run.manifest
-    policy = m.flow.get("regression_policy") or {}
+    policy = m.flow.regression_policy or {}
     entries = [a for a in m.artifacts if a.kind == "regression"]
     if not entries:
         return []
@@ -172,7 +176,7 @@ def _regression_summary(run: RunFolder) -> list[str]:
                 "change from the baseline runs' own spread (a zero-width interval: the baseline runs agreed "
                 "exactly). A regression needs the whole interval on the worse side and at least the minimum "
                 "effect; the noise band is where tonight's value would have been ordinary (docs/nightly.md).", ""]
-    flagged = [f"- **COMPARISON REFUSED** {why}" for why in (m.flow.get("comparison_refused") or {}).values()]
+    flagged = [f"- **COMPARISON REFUSED** {why}" for why in m.flow.comparison_refused.values()]
     for entry in entries:
         if entry.validation != "passed":
             out.append(f"- {entry.lane}: comparison QUARANTINED ({'; '.join(entry.failed_expectations)})")
@@ -183,7 +187,7 @@ def _regression_summary(run: RunFolder) -> list[str]:
                            f"[{r.ci_low_pct:+.1f}%, {r.ci_high_pct:+.1f}%], {_num(r.current)} against "
                            f"{_num(r.baseline)} over {int(r.baseline_runs)} runs")
         judged = int((~df.verdict.isin(["no baseline", "too few samples", "not comparable"])).sum())
-        if not judged and entry.lane not in (m.flow.get("comparison_refused") or {}):
+        if not judged and entry.lane not in m.flow.comparison_refused:
             out.append(f"- {entry.lane}: no baseline yet ({len(df)} metrics, fewer than "
                        f"{policy.get('min_runs', '?')} earlier good runs)")
     return out + (flagged or ["- no regression and no improvement beyond the noise"])
@@ -214,8 +218,8 @@ def _verdict_line(run: RunFolder, judged: list[str]) -> str:
             regressions += int((pd.read_parquet(run.path / entry.path).verdict == "regression").sum())
     parts = ([f"lanes failed: {', '.join(failed)}"] if failed else []) + \
         ([f"{regressions} regression{'s' if regressions > 1 else ''}"] if regressions else []) + \
-        ([m.flow["regression_error"]] if m.flow.get("regression_error") else []) + \
-        [f"comparison refused for {lane}" for lane in (m.flow.get("comparison_refused") or {})]
+        ([m.flow.regression_error] if m.flow.regression_error else []) + \
+        [f"comparison refused for {lane}" for lane in m.flow.comparison_refused]
     if not parts:
         flagged = [f"{n}: {f['check']}" for n, lane in m.lanes.items() for f in lane.flags]
         flagged += [f"{line.split(': ', 1)[1].split(' ')[0]}: {line.split(':')[0]}"
@@ -252,12 +256,12 @@ def _preflight_lines(pre: dict, image: dict) -> list[str]:
 def render(run: RunFolder) -> str:
     m = run.manifest
     judged = speculation_verdicts(run)  # may read history: once per report
-    out = [f"# lanebench {m.flow['name']} run `{run.path.name}`", "",
-           f"- lanebench {m.lanebench['git_sha'][:12]}{' (dirty tree)' if m.lanebench.get('dirty') else ''}, "
-           f"Prefect flow run `{m.flow['flow_run_id']}`",
-           f"- host {m.host['hostname']}: {m.host['cpu']}, {m.host['cores']} cores, {m.host['memory_gib']} GiB, "
-           f"{m.host['platform']}",
-           f"- started {m.flow['started_at']}, finished {m.flow.get('finished_at')}", _verdict_line(run, judged), "",
+    out = [f"# lanebench {m.flow.name} run `{run.path.name}`", "",
+           f"- lanebench {m.lanebench.git_sha[:12]}{' (dirty tree)' if m.lanebench.dirty else ''}, "
+           f"Prefect flow run `{m.flow.flow_run_id}`",
+           f"- host {m.host.hostname}: {m.host.cpu}, {m.host.cores} cores, {m.host.memory_gib} GiB, "
+           f"{m.host.platform}",
+           f"- started {m.flow.started_at}, finished {m.flow.finished_at}", _verdict_line(run, judged), "",
            "## Lanes", "", "| lane | status | stage | reason |", "|---|---|---|---|"]
     for name, lane in m.lanes.items():
         flagged = f" ({len(lane.flags)} flagged)" if lane.flags else ""
@@ -281,7 +285,7 @@ def render(run: RunFolder) -> str:
                     + ", ".join(f"{k}={v}" for k, v in lane.boot_facts.items() if v not in (None, {}, "", []))]
         out += gpu_lines(lane.gpu, lane.boot_facts)
         for gate in lane.gates:
-            out.append(f"- gate **{gate['gate']}** ({gate['kind']}): {gate['detail']}")
+            out.append(f"- gate **{gate.gate}** ({gate.kind}): {gate.detail}")
         for waiver in lane.waivers:
             out.append(f"- waiver: implied gate **{waiver['gate']}** turned off: {waiver['reason']}")
         for flag in lane.flags:

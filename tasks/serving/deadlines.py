@@ -64,7 +64,7 @@ class Late:
                       f"token (warm steady ITL p99 {itl * 1000:.0f} ms, TTFT p99 {ttft * 1000:.0f} ms)")
         return self.basis
 
-    def note(self, record) -> None:  # type: ignore[no-untyped-def]
+    def note(self, record) -> None:
         if record.error and record.error.startswith("deadline:"):
             self.count += 1
             self.deadline_s = record.deadline_s or 0.0
@@ -92,7 +92,7 @@ class Late:
         return "; ".join(parts)
 
 
-def check_alive(server, engine_health_path: str = "/health", late: Late | None = None) -> None:  # type: ignore[no-untyped-def]
+def check_alive(server, engine_health_path: str = "/health", late: Late | None = None) -> None:
     """Raise ServerDied when the server's process has exited or its health does not answer in time;
     with `late` holding requests past their deadline, raise in any case, naming the deadline."""
     try:
@@ -108,7 +108,7 @@ def check_alive(server, engine_health_path: str = "/health", late: Late | None =
                          "gone), or too slow for that deadline")
 
 
-def _check_alive(server, engine_health_path: str) -> None:  # type: ignore[no-untyped-def]
+def _check_alive(server, engine_health_path: str) -> None:
     try:  # over SSH, a dropped connection asks the host again: its sshd may be gone
         code = server.process.poll()
         if code is not None:

@@ -68,6 +68,9 @@ class Placement:
     transport: Transport = field(default_factory=LocalTransport)
     image: str | None = None
     workers: list[Worker] = field(default_factory=list)
+    # The server's (node 0's) argv and environment as `lanebench plan` prints them (tasks/stages/topology.py launches).
+    argv: list[str] | None = None
+    env: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from typing import Any
 
 import numpy as np
 from pydantic import BaseModel
@@ -110,7 +111,7 @@ def summarize(lane_name: str, prompt_class: str, k: int, windows: list[Acceptanc
     width = max(len(w.per_position) for w in windows)
     per_pos = [statistics.median([w.per_position[i] if i < len(w.per_position) else 0.0 for w in windows])
                for i in range(width)]
-    extra: dict = {}
+    extra: dict[str, Any] = {}
     if prompts:
         by_prompt: dict[str, PromptWindow] = {}
         for p in prompts:  # repeats of one prompt pooled: the prompt is the unit of the interval
@@ -140,7 +141,7 @@ def summarize(lane_name: str, prompt_class: str, k: int, windows: list[Acceptanc
         acceptance_length=statistics.median(lengths),
         acceptance_length_min=min(lengths), acceptance_length_max=max(lengths),
         verify_steps=sum(w.verify_steps for w in windows), accepted=sum(w.accepted for w in windows),
-        draft_tokens=sum(w.draft_tokens for w in windows) if all(w.draft_tokens is not None for w in windows) else None,
+        draft_tokens=sum(w.draft_tokens or 0 for w in windows) if all(w.draft_tokens is not None for w in windows) else None,
         per_position=per_pos, source=windows[0].source, draft_shape=shape, **extra,
     )
 

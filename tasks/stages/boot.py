@@ -15,11 +15,14 @@ import httpx
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from tasks.client import auth
 from tasks.client.control import control
+from tasks.inventory import api_key
 from tasks.inventory.models import Host, Lane
 from tasks.engines import engine_for
 from tasks.engines.facts import BootFacts
 from tasks.hosts.listener import Listeners
+from tasks.hosts.retry import retrying
 from tasks.hosts.transport import Spawned
 from tasks.serving import live
 from tasks.stages import topology
@@ -104,8 +107,15 @@ def start(lane_name: str, lane: Lane, binary: str, address: str, log_path: Path,
     from tasks.hosts import containers
 
     where = placement or Placement()
-    argv = launch_argv(lane, binary, address, where.host)
-    env = topology.node_env(lane, lane.host)  # the head is node 0, on the lane's host
+    # The head (node 0, on the lane's host) as the lane's placement built it; a lone server
+    # started without one (scripts, tests) gets the same build for `address` on this machine.
+    argv, env = where.argv, where.env
+    if argv is None:
+        head = topology.launches(lane, engine_for(lane.engine), {lane.host: where.host.model_copy(update={"address": address})},
+                                 "", topology.Binaries(binary), [])[0]
+        argv, env = head.argv, head.env
+    key = api_key.resolve(lane, Path.cwd())  # the served lane's api_key_file is absolute (serve.resolved)
+    env = {**env, **topology.key_env(engine_for(lane.engine), key)}  # the key in the engine's variable, never argv
     log_path.parent.mkdir(parents=True, exist_ok=True)
     workers: list[Spawned] = []
     mounts = sorted({f"{d}:{d}:ro" for d in {str(Path(f.path).parent) for f in (lane.model, lane.drafter) if f}}
@@ -139,7 +149,9 @@ def start(lane_name: str, lane: Lane, binary: str, address: str, log_path: Path,
             w.stop()
         raise
     names = [f"{'rpc-server' if w.rank is None else f'node {w.rank}'} on {w.host_name}" for w in where.workers]
-    return Server(lane=lane_name, base_url=f"http://{address}:{lane.port}", argv=argv, log_path=log_path,
+    base_url = f"http://{address}:{lane.port}"
+    auth.serve_with(base_url, key)  # every request to it carries the key from now on (tasks/client/auth.py)
+    return Server(lane=lane_name, base_url=base_url, argv=argv, log_path=log_path,
                   process=process, engine=lane.engine, workers=workers, image=where.image, worker_names=names)
 
 
@@ -147,27 +159,24 @@ def wait_healthy(server: Server, lane: Lane, deadline_s: float) -> float:
     """Poll health until 200 or the deadline; connection refused while loading is expected, so retried."""
     engine = engine_for(lane.engine)
     t0 = time.monotonic()
-    delay = 0.1
-    last = "no answer yet"
-    while time.monotonic() - t0 < deadline_s:
+
+    def probe() -> str | None:
+        """None once healthy, else what was seen; a dead server or worker ends the wait."""
         if (code := server.process.poll()) is not None:
             raise _exited(server, code, lane.port)
         if dead := server.dead_workers():  # the group cannot form without every node
             raise BootError(f"{'; '.join(dead)} while the lane was booting")
         if _listening(server, lane.port) is False:  # not listening yet: nothing to ask
-            last = f"nothing listens on port {lane.port} yet"
-            time.sleep(delay)
-            delay = min(delay * 1.5, 2.0)
-            continue
+            return f"nothing listens on port {lane.port} yet"
         try:
             r = control().get(server.base_url + engine.health_path, timeout=5.0)
-            if engine.healthy(r.status_code, r.text):
-                return time.monotonic() - t0
-            last = f"HTTP {r.status_code}"
         except httpx.TransportError as e:
-            last = type(e).__name__
-        time.sleep(delay)
-        delay = min(delay * 1.5, 2.0)
+            return type(e).__name__
+        return None if engine.healthy(r.status_code, r.text) else f"HTTP {r.status_code}"
+
+    last = retrying(within_s=deadline_s, wait_s=0.1, growth=1.5, max_wait_s=2.0, until=lambda seen: seen is None)(probe)
+    if last is None:
+        return time.monotonic() - t0
     raise BootError(f"server not healthy after {deadline_s:.0f} s (last: {last}); "
                     f"last log lines:\n{_log_tail(server.log_path)}")
 
@@ -177,6 +186,7 @@ def stop(server: Server, grace_s: float = 10.0) -> None:
     try:
         server.process.stop(grace_s)
     finally:
+        auth.forget(server.base_url)
         for worker in server.workers:
             worker.stop(grace_s)
 

@@ -11,6 +11,7 @@ flagged (client_saturated).
 from __future__ import annotations
 
 import statistics
+from typing import Any
 from collections.abc import Callable
 
 from prefect import task
@@ -42,6 +43,7 @@ def summarize(lane_name: str, concurrency: int, waves: list[WaveResult], ttft_bo
     wave_rates = [w.output_tokens / w.wall_s for w in waves]
     # A wave with no steady window (every stream never ran at once) falls back to its all-in rate.
     aggregates = [win.tok_s if win.steady else rate for win, rate in zip(windows, wave_rates)]
+    server = _server_rates(waves, windows)
     records = [r for w in waves for r in w.records]
     ok = [r for r in records if r.ok]
     # per request, tokens after the first over the time after the first: 1 / TPOT (docs/metrics.md)
@@ -66,7 +68,8 @@ def summarize(lane_name: str, concurrency: int, waves: list[WaveResult], ttft_bo
         load_1m_before=max(loads) if loads else None, busy_pct=statistics.median(busy) if busy else None,
         steal_pct=max(steal) if steal else None, unstable=not spread <= unstable_spread_pct,
         context_truncated_share=sum(r.truncation == "context" for r in records) / len(records) if records else 0.0,
-        ttft_share_p50=statistics.median(shares) if (shares := [r.ttft_s / r.e2el_s for r in ok if r.e2el_s and r.ttft_s is not None]) else None,
+        ttft_share_p50=statistics.median(shares)
+        if (shares := [r.ttft_s / r.e2el_s for r in ok if r.e2el_s and r.ttft_s is not None]) else None,
         lane=lane_name, concurrency=concurrency, repeats=len(waves),
         aggregate_tok_s=median, aggregate_tok_s_min=min(aggregates), aggregate_tok_s_max=max(aggregates),
         aggregate_spread_pct=spread,
@@ -92,11 +95,25 @@ def summarize(lane_name: str, concurrency: int, waves: list[WaveResult], ttft_bo
         client_cpu=max(w.client_cpu for w in waves),
         client_saturated=any(w.client_saturated for w in waves),
         coalesced_share=metrics.coalesced_share(ok),
+        server_tok_s=statistics.median(server) if server else None,
+        server_gap_pct=100.0 * (median - statistics.median(server)) / statistics.median(server)
+        if server and statistics.median(server) > 0 else None,
         **_open_loop(waves) if request_rate is not None else {},
     )
 
 
-def _open_loop(waves: list[WaveResult]) -> dict[str, float | None]:
+def _server_rates(waves: list[WaveResult], windows: list[metrics.Window]) -> list[float]:
+    """Per wave with a steady window: the tokens the server's own timings put in that window over
+    its length (metrics.server_window_tokens): the engine's side of the aggregate."""
+    rates = []
+    for w, win in zip(waves, windows):
+        tokens = metrics.server_window_tokens(w.records, win) if win.steady else None
+        if tokens is not None:
+            rates.append(tokens / (win.end_s - win.start_s))
+    return rates
+
+
+def _open_loop(waves: list[WaveResult]) -> dict[str, Any]:
     """The rate the waves really sent at, and the load generator's own lateness per request."""
     rates = []
     late = []

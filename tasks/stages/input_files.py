@@ -13,6 +13,7 @@ from pathlib import Path
 from tasks.client.prompts import load_prompts
 from tasks.correctness.accuracy import load_mcq
 from tasks.correctness.tool_grader import load_suite
+from tasks.engines import engine_for
 from tasks.inventory.base import ConfigError
 from tasks.inventory.load import shipped_or_local
 from tasks.inventory.models import Inventory, Lane, load_protocol
@@ -49,9 +50,6 @@ def check_prompt_files(inventory: Inventory, path: str | Path) -> None:
         check_model_files(name, lane, inventory, base, path)
 
 
-GGUF_MAGIC = b"GGUF"
-
-
 def _escapes(rel: str) -> bool:
     """A relative path whose `..` climbs above the folder it is relative to."""
     return not Path(rel).is_absolute() and os.path.normpath(rel).split(os.sep)[0] == ".."
@@ -60,7 +58,8 @@ def _escapes(rel: str) -> bool:
 def check_model_files(name: str, lane: Lane, inventory: Inventory, base: Path, path: str | Path) -> None:
     """Model and drafter paths: no relative path out of the inventory's folder (an absolute path
     says where the file is on purpose); on this machine, a file that exists must be a regular
-    file, and a llama.cpp lane's must start with GGUF's magic bytes, before anything boots. A
+    file, and one for an engine that names its format's magic bytes (llama.cpp: GGUF) must start
+    with them, before anything boots. A
     missing file stays a precondition (the lane is skipped with its reason)."""
     host = inventory.hosts[lane.host]
     for role, ref in (("model", lane.model), ("drafter", lane.drafter)):
@@ -75,25 +74,27 @@ def check_model_files(name: str, lane: Lane, inventory: Inventory, base: Path, p
         target = Path(ref.path) if Path(ref.path).is_absolute() else base / ref.path
         if not target.exists():
             continue
-        if target.is_dir() and lane.engine != "llamacpp":  # SGLang and vLLM load Hugging Face folders
+        engine = engine_for(lane.engine)
+        if target.is_dir() and engine.loads_model_folder:
             if not (target / "config.json").is_file():
                 raise ConfigError(path, field, f"{target} is a folder without config.json, not a Hugging Face model folder",
                                   "point it at the model's folder (config.json, weights, tokenizer)")
             continue
         if not target.is_file():
             raise ConfigError(path, field, f"{target} is not a regular file (a directory, FIFO or device)",
-                              "point it at the model file itself" if lane.engine == "llamacpp" else
+                              "point it at the model file itself" if not engine.loads_model_folder else
                               "point it at the model file or its Hugging Face folder")
-        if lane.engine == "llamacpp":
+        if engine.model_magic is not None:
             try:
                 with target.open("rb") as f:
-                    magic = f.read(4)
+                    magic = f.read(len(engine.model_magic))
             except OSError as e:
                 raise ConfigError(path, field, f"{target} cannot be read ({e.strerror})",
                                   "make the file readable") from None
-            if magic != GGUF_MAGIC:
-                raise ConfigError(path, field, f"{target} is not a GGUF file (it starts with {magic!r}, not b'GGUF')",
-                                  "point it at a .gguf model file")
+            if magic != engine.model_magic:
+                kind = engine.model_magic.decode()
+                raise ConfigError(path, field, f"{target} is not a {kind} file (it starts with {magic!r}, not "
+                                  f"{engine.model_magic!r})", f"point it at a .{kind.lower()} model file")
 
 
 def _check_correctness_files(name: str, lane: Lane, base: Path, path: str | Path) -> None:
@@ -122,3 +123,5 @@ def _check_correctness_files(name: str, lane: Lane, base: Path, path: str | Path
                 loader(target)  # type: ignore[operator]
             except ValueError as e:
                 raise ConfigError(path, field, f"{target}: {e}", fix) from None
+            except ConfigError as e:  # the protocol file's own field, under the lane's
+                raise ConfigError(path, field, f"{e.file}: {e.field}: {e.problem}", e.fix) from None

@@ -21,6 +21,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel, ConfigDict
 
+from tasks.client import auth
 from tasks.client.prompts import Prompt, nonce, with_nonce
 from tasks.correctness.needles import token_counter
 from tasks.engines import Engine, engine_for
@@ -99,7 +100,8 @@ def _send(base_url: str, engine: Engine, lane: str, rung: int, hit: Literal["col
     started, t0 = time.time(), time.perf_counter()
     ttft = done = status = error = None
     try:
-        with httpx.stream("POST", base_url + spec.path, json=body, timeout=_TIMEOUT) as resp:
+        with httpx.stream("POST", base_url + spec.path, json=body, timeout=_TIMEOUT,
+                          headers=auth.headers(base_url)) as resp:
             status = resp.status_code
             if status >= 400:
                 error = f"HTTP {status}: {resp.read().decode(errors='replace')[:300]}"
@@ -159,12 +161,12 @@ def prefill_ladder(endpoint: Endpoint, run_dir: str, plan: PrefillPlan, facts: B
             rows.append(PrefillRow(lane=lane_name, rung=rung, status="failed", context_per_slot=context,
                                    reason=f"cold request failed: {cold.error}"))
             continue
-        warm_ok = warm.ok and warm.ttft_s
+        warm_ttft = warm.ttft_s if warm.ok and warm.ttft_s else None
         rows.append(PrefillRow(
             lane=lane_name, rung=rung, status="measured", context_per_slot=context, prompt_tokens=cold.prompt_tokens,
             cold_ttft_s=cold.ttft_s, prefill_tok_s=cold.prompt_tokens / cold.ttft_s,
-            warm_ttft_s=warm.ttft_s if warm_ok else None,
-            warm_tok_s=cold.prompt_tokens / warm.ttft_s if warm_ok else None,
-            cache_speedup=cold.ttft_s / warm.ttft_s if warm_ok else None,
-            reason="" if warm_ok else f"warm hit failed: {warm.error}"))
+            warm_ttft_s=warm_ttft,
+            warm_tok_s=cold.prompt_tokens / warm_ttft if warm_ttft else None,
+            cache_speedup=cold.ttft_s / warm_ttft if warm_ttft else None,
+            reason="" if warm_ttft else f"warm hit failed: {warm.error}"))
     return rows

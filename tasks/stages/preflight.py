@@ -19,7 +19,9 @@ from pydantic import BaseModel
 
 from tasks.engines import engine_for
 from tasks.engines.build import BuildError, llama_cpp_bin_dir
+from tasks.inventory import api_key
 from tasks.inventory.models import FileRef, Host, Inventory, Lane
+from tasks.record.manifest import ModelFacts
 from tasks.hosts.files import folder_sha256, sha256_of
 from tasks.hosts.checks import HostCheck, check_host, host_path
 from tasks.hosts.links import LinkCheck, check_link, lane_links
@@ -27,13 +29,6 @@ from tasks.hosts.connect import Reach
 from tasks.hosts.transport import Transport, TransportError
 from tasks.serving import live
 from tasks.stages import topology
-
-
-class ModelFacts(BaseModel):
-    role: str
-    path: str
-    bytes: int
-    sha256: str | None = None
 
 
 class Preflight(BaseModel):
@@ -172,7 +167,8 @@ def _remote(lane_name: str, lane: Lane, host: Host, base_dir: Path, inventory: I
     if lane.image is not None:
         pre.binary, pre.engine_identity = lane.container.entrypoint_binary, {**pre.engine_identity, "image": lane.image}
     else:
-        path = lane.binary or _pinned("llama-server") if lane.engine == "llamacpp" else lane.binary
+        engine = engine_for(lane.engine)
+        path = lane.binary or (_pinned(engine.local_binary_name) if engine.pinned_build and engine.local_binary_name else None)
         if path is None:
             pre.reason = f"lane declares no binary for engine {lane.engine} (set 'binary', or run it from a pinned 'image')"
             return pre
@@ -221,6 +217,10 @@ def _needs_reach(lane: Lane, host: Host) -> bool:
 def preflight(lane_name: str, lane: Lane, host: Host, base_dir: Path, inventory: Inventory | None = None) -> Preflight:
     """Links, host, workers, binary, model files with declared bytes (and sha256), port free; a
     remote lane's checks go through the transports its served lane holds (tasks/serving/live.py)."""
+    try:
+        api_key.resolve(lane, base_dir)  # its value stays here: Preflight is a task result
+    except api_key.KeyUnavailable as e:
+        return Preflight(ok=False, reason=str(e))
     if _needs_reach(lane, host):
         reach = live.handles(lane_name).reach if live.served(lane_name) else None
         if reach is None:

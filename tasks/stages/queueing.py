@@ -14,6 +14,7 @@ request has them); the engine's queue gauge (llama.cpp `requests_deferred`, SGLa
 from __future__ import annotations
 
 import threading
+from math import nan
 
 import httpx
 import numpy as np
@@ -21,6 +22,8 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel, ConfigDict
 
+from tasks.client import auth
+from tasks.client.metrics import percentile
 from tasks.client.prompts import Prompt
 from tasks.wire.records import RequestRecord
 from tasks.engines import Engine, engine_for
@@ -64,7 +67,7 @@ class _Sampler:
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
-        with httpx.Client(timeout=5.0) as client:
+        with httpx.Client(timeout=5.0, headers=auth.headers(self.url)) as client:
             while not self._stop.is_set():
                 try:
                     r = client.get(self.url)
@@ -85,10 +88,6 @@ class _Sampler:
             self._thread.join(timeout=10)
 
 
-def _pct(values: list[float], q: float) -> float:
-    return float(np.percentile(values, q)) if values else float("nan")
-
-
 def queue_row(lane_name: str, concurrency: int, cap: int | None, records: list[RequestRecord],
               served_ttft: float | None, gauge: str, samples: list[float]) -> QueueRow:
     ttfts = [r.ttft_s for r in records if r.ok and r.ttft_s is not None]
@@ -96,8 +95,8 @@ def queue_row(lane_name: str, concurrency: int, cap: int | None, records: list[R
     waits = [max(0.0, t - served) for t in ttfts]
     return QueueRow(lane=lane_name, concurrency=concurrency, running_cap=cap,
                     beyond_cap=max(0, concurrency - (cap or concurrency)), requests=len(records),
-                    ttft_p50_s=_pct(ttfts, 50), ttft_p95_s=_pct(ttfts, 95), served_ttft_p50_s=served,
-                    queue_wait_p50_s=_pct(waits, 50), queue_wait_p95_s=_pct(waits, 95), queue_gauge=gauge,
+                    ttft_p50_s=percentile(ttfts, 50, nan), ttft_p95_s=percentile(ttfts, 95, nan), served_ttft_p50_s=served,
+                    queue_wait_p50_s=percentile(waits, 50, nan), queue_wait_p95_s=percentile(waits, 95, nan), queue_gauge=gauge,
                     deferred_peak=max(samples) if samples else None,
                     deferred_mean=float(np.mean(samples)) if samples else None)
 
@@ -115,7 +114,7 @@ def queueing_levels(endpoint: Endpoint, run_dir: str, plan: DecodePlan, repeats:
         kept: list[RequestRecord] = []
 
         def keep(rec: RequestRecord) -> None:
-            kept.append(rec)
+            kept.append(rec)  # noqa: B023 - called only while this level's waves run
             live.keep(run_dir, endpoint, rec, judged=False)
 
         with _Sampler(endpoint.base_url, engine) as sampler:

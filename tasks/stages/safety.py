@@ -17,9 +17,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from tasks.wire.records import RequestRecord
-from tasks.engines.base import Engine
+from tasks.engines import Engine, engine_for
 from tasks.engines.facts import BootFacts, Metrics
 from tasks.inventory.models import CapacityGate, CounterGate, Gate, Lane
+from tasks.record.manifest import ModelFacts
 from tasks.record.rows import GateResult
 
 # Acceptance this close to K+1 means the drafter almost never disagrees with the target: in
@@ -107,7 +108,7 @@ def _name(path: Any) -> str:
     return Path(str(path)).name
 
 
-def effective_findings(lane: Lane, facts: BootFacts, models: list[dict], identity: dict[str, str],
+def effective_findings(lane: Lane, facts: BootFacts, models: list[ModelFacts], identity: dict[str, str],
                        pinned: dict[str, str] | None) -> list[Finding]:
     """Declared against what the server resolved (boot log, /slots, preflight's hashes)."""
     out: list[Finding] = []
@@ -135,19 +136,19 @@ def effective_findings(lane: Lane, facts: BootFacts, models: list[dict], identit
                            severity="failure", message=f"declared drafter {_name(lane.drafter.path)}, the server "
                            f"loaded {_name(loaded)}; fix: remove the flag that names another drafter"))
     temperature, top_k = facts.extra.get("temperature"), facts.extra.get("top_k")
-    if (temperature is not None and temperature > 0) or (top_k is not None and top_k > 1):
+    if (temperature is not None and float(temperature) > 0) or (top_k is not None and float(top_k) > 1):
         out.append(Finding(check="sampling", declared="greedy (temperature 0, top_k 1)",
                            effective=f"temperature {temperature}, top_k {top_k}", severity="failure",
                            message=f"lanebench measures greedy requests, the server ran temperature {temperature}, "
                                    f"top_k {top_k}: acceptance and outputs would not repeat; fix: remove the sampling "
                                    "override (flags or the engine's defaults)"))
-    shas = {m.get("role"): m.get("sha256") for m in models}
+    shas = {m.role: m.sha256 for m in models}
     if shas.get("drafter") and shas.get("drafter") == shas.get("model"):
         out.append(Finding(check="drafter is the target", declared=_name(lane.drafter.path if lane.drafter else ""),
                            effective=f"sha256 {str(shas['model'])[:12]}... (the target's)", severity="flag",
                            message="the drafter's sha256 equals the target's: acceptance near K+1 measures nothing "
                                    "about a drafter; fix: point drafter.path at the drafter file"))
-    if pinned is not None and lane.engine == "llamacpp" and lane.image is None:
+    if pinned is not None and engine_for(lane.engine).pinned_build and lane.image is None:
         sha = identity.get("llama_server_sha256") or identity.get("sha256")
         if sha and sha != pinned.get("llama_server_sha256"):
             out.append(Finding(check="engine binary", declared=pinned.get("source", "the pinned build"),
@@ -196,12 +197,13 @@ def acceptance_findings(lane: Lane, rows: list[Any]) -> list[Finding]:
 def pinned_identity(lane: Lane) -> dict[str, str] | None:
     """The pinned llama.cpp build's identity, when the lane names its own binary (else None:
     the lane runs the pinned build and its identity is already the pin)."""
-    if lane.engine != "llamacpp" or lane.binary is None or lane.image is not None:
+    engine = engine_for(lane.engine)
+    if not engine.pinned_build or lane.binary is None or lane.image is not None:
         return None
-    from tasks.engines.build import BuildError, llama_cpp_bin_dir, llama_cpp_identity
+    from tasks.engines.build import BuildError
 
     try:
-        return llama_cpp_identity(llama_cpp_bin_dir())
+        return engine.local_build()[1]
     except BuildError:
         return None
 
@@ -214,7 +216,7 @@ def as_gate(finding: Finding) -> GateResult:
 def noise_findings(lane: Lane, decode: list[Any], warmup: list[Any]) -> list[Finding]:
     """Decode levels whose repeats disagree beyond the declared bound, and warmup rows whose
     first hit was faster than steady: the host's noise, to be re-measured, never a result."""
-    out = []
+    out: list[Finding] = []
     if waived(lane, "unstable"):
         return out
     bound = lane.bench.unstable_spread_pct

@@ -47,14 +47,10 @@ from tasks.stages.boot import NodeLost, boot, read_facts, stop
 from tasks.serving.live import Endpoint, Placement, Server, Worker
 from tasks.stages.gates import GateFailed, capacity_gate, counter_gate, scrape_metrics
 from tasks.record.progress import progress
-from tasks.stages.preflight import Preflight, model_paths, preflight
+from tasks.stages.preflight import Preflight, model_paths, preflight, resolve
 from tasks.stages.safety import (as_gate, effective_findings, explain, implied_gates, pinned_identity,
                                  speculation_gates)
 from tasks.stages import topology
-
-# Every process that serves a lane (nightly, matrix, tools, KL, a deployment's flow run) hands
-# Prefect nothing secret: a failed boot's exception quotes the server's log, which may echo a flag.
-prefect_redaction.install()
 
 
 @dataclass
@@ -88,25 +84,25 @@ def resolved(lane: Lane, host: Host, base_dir: Path, pre: Preflight) -> Lane:
         flags = engine.agentic_flags(lane.agentic, path) + flags
     if pre.rpc_endpoints:
         flags = engine.rpc_flags(pre.rpc_endpoints) + flags
+    if lane.api_key_file is not None:  # read on lanebench's machine, relative to the inventory
+        update["api_key_file"] = str(resolve(base_dir, lane.api_key_file))
     return lane.model_copy(update={**update, "flags": flags})
 
 
 def placement(lane: Lane, host: Host, reach: Reach, pre: Preflight, inventory: Inventory | None = None) -> Placement:
     """Where the server and its workers run, and through which transports: llama.cpp's RPC
-    workers, or node ranks 1.. of a vLLM/SGLang lane across hosts (tasks/stages/topology.py)."""
-    engine = engine_for(lane.engine)
-    workers = []
-    for rank, name in topology.worker_ranks(lane):
-        node = inventory.hosts[name] if inventory is not None else Host()
-        binary = lane.container.entrypoint_binary if lane.image else pre.node_binaries[name]
-        argv = topology.node_argv(lane, engine, rank, pre.master, binary, node.address, node)
-        workers.append(Worker(name, reach.transports[name], argv, rank=rank, image=lane.image, host=node,
-                              env=topology.node_env(lane, name)))
-    for worker, endpoint in zip(lane.rpc.workers if lane.rpc else [], pre.rpc_endpoints):
-        address, port = endpoint.rsplit(":", 1)
-        workers.append(Worker(worker, reach.transports[worker],
-                              engine.rpc_worker_command(pre.rpc_binaries[worker], address, int(port), lane.threads)))
-    return Placement(reach.host_name, host, reach.transport, image=lane.image, workers=workers)
+    workers, or node ranks 1.. of a vLLM/SGLang lane across hosts, each process as
+    `topology.launches` builds it for boot and `lanebench plan` alike."""
+    hosts = {**(inventory.hosts if inventory is not None else {}), lane.host: host}
+    head, *others = topology.launches(lane, engine_for(lane.engine), hosts, pre.master,
+                                      topology.Binaries(pre.binary, pre.node_binaries, pre.rpc_binaries),
+                                      pre.rpc_endpoints)
+    # An rpc-server starts as on a host of no declared GPUs (its CUDA hidden), as it always has.
+    workers = [Worker(w.host_name, reach.transports[w.host_name], w.argv, rank=w.rank, image=lane.image, host=w.host,
+                      env=w.env) if w.rank is not None else Worker(w.host_name, reach.transports[w.host_name], w.argv)
+               for w in others]
+    return Placement(reach.host_name, host, reach.transport, image=lane.image, workers=workers,
+                     argv=head.argv, env=head.env)
 
 
 def boot_gates(run: RunFolder, served: Served, probe: Prompt | None) -> None:
@@ -116,7 +112,7 @@ def boot_gates(run: RunFolder, served: Served, probe: Prompt | None) -> None:
     failure raises, after every result is recorded."""
     lane, record = served.lane, served.record
     engine = engine_for(lane.engine)
-    record.waivers = [w.model_dump() for w in lane.waivers]
+    record.waivers = [w.model_dump(mode="json") for w in lane.waivers]
     before = scrape_metrics(served.endpoint)
     results, probes = [], []
     for gate in implied_gates(lane, engine):
@@ -130,10 +126,10 @@ def boot_gates(run: RunFolder, served: Served, probe: Prompt | None) -> None:
             probes.append(sent)
     results += speculation_gates(lane, engine, before, scrape_metrics(served.endpoint), served.server.log(), probes)
     results = [explain(r, lane) for r in results]
-    record.gates += [r.model_dump() for r in results]
+    record.gates += results
     # Some servers name their speculation type only once a slot has run: read the facts again.
     served.facts = read_facts(served.endpoint, lane.engine, served.facts)  # the counters' readings kept
-    record.boot_facts = served.facts.model_dump()
+    record.boot_facts = served.facts.model_dump(mode="json")
     findings = effective_findings(lane, served.facts, record.models, record.engine_identity, pinned_identity(lane))
     record.flags += [f.model_dump(mode="json") for f in findings]
     run.save_manifest()
@@ -142,8 +138,8 @@ def boot_gates(run: RunFolder, served: Served, probe: Prompt | None) -> None:
         raise GateFailed(failed_gate)
     # The seeds' missing parser flags and ignored thinking switch: checked on the booted server.
     agentic = [*smoke_gate(served.endpoint, lane), *thinking_check(served.endpoint, lane)]
-    correctness.verdicts(run, served.name).extend(r.model_dump() for r in agentic)
-    run.save_manifest()
+    with run.edit():
+        correctness.verdicts(run, served.name).extend(agentic)
     if failed := next((r for r in agentic if not r.passed), None):
         raise GateFailed(failed)
 
@@ -157,6 +153,10 @@ def served_lane(run: RunFolder, name: str, lane: Lane, host: Host, base_dir: Pat
     `probe` is the prompt a counter gate sends (the shortest of the lane's prompts); `gates=False`
     boots without boot gates (the KL gate judges its lanes by their scores, not their speed).
     """
+    # Every process that serves a lane (nightly, matrix, tools, KL, a deployment's flow run) hands
+    # Prefect nothing secret: a failed boot's exception quotes the server's log, which may echo a
+    # flag. Called here, not on import: importing this module changes nothing in Prefect.
+    prefect_redaction.install()
     record = run.lane(name)
 
     def stage(what: str) -> None:
@@ -170,23 +170,7 @@ def served_lane(run: RunFolder, name: str, lane: Lane, host: Host, base_dir: Pat
     handles: live.Handles | None = None
     try:
         handles = live.register(name, reach)  # found by name by the stages' tasks, until teardown
-        for line in reclaim_leftovers(name, lane, host, reach.transports, reach.host_name):
-            record.warnings.append(line)
-            progress(name, line)
-        pre = preflight(name, lane, host, base_dir, inventory)
-        if pre.ok and (disk := run.free_space_problem()):
-            pre = pre.model_copy(update={"ok": False, "reason": disk})
-        record.engine_identity, record.models = pre.engine_identity, [m.model_dump() for m in pre.models]
-        record.preflight = pre.model_dump(include={"links", "hosts", "rpc_endpoints", "rpc_binaries", "master",
-                                                   "node_binaries"})
-        gpu_seen = False  # a host with nvidia-smi: its GPU facts are recorded whatever it declares
-        if pre.ok:
-            gpu = gpu_facts(reach.transport)
-            gpu_seen = host.gpus > 0 or gpu.ok
-            if gpu_seen:
-                record.gpu["before"] = gpu.model_dump()
-            if host.gpus > 0 and (busy := idle_gpu_gate(gpu, host.gpus, host.gpu_max_busy_share)):
-                pre = pre.model_copy(update={"ok": False, "reason": busy})  # no boot on a GPU others use
+        pre, gpu_seen = _preflight(run, name, lane, host, base_dir, inventory, reach)
         if not pre.ok:
             record.status, record.reason = "skipped", pre.reason
             run.save_manifest()
@@ -196,35 +180,25 @@ def served_lane(run: RunFolder, name: str, lane: Lane, host: Host, base_dir: Pat
 
         if served_as.image is not None:  # container lanes: pulled by digest, verified either way
             stage("image pull")
-            pulled = image_pull(name, reach.host_name, host.docker_host, served_as.image)
-            for _, node in topology.worker_ranks(served_as):  # every node runs the same pinned image
-                if pulled.ok and inventory is not None:
-                    there = image_pull(name, node, inventory.hosts[node].docker_host, served_as.image)
-                    pulled = pulled if there.ok else there.model_copy(update={"reason": f"{node}: {there.reason}"})
-            if not pulled.ok:  # the pinned image cannot be had: nothing to measure, and it must be seen
-                record.status, record.reason = "failed", f"image pull: {pulled.reason}"
-                run.save_manifest()
+            if not _pulled(run, name, served_as, host, reach, inventory):
                 yield None
                 return
-            record.image = pulled.image.model_dump()
-            run.save_manifest()
 
         stage("boot")
-        head = topology.at_rank(served_as, engine_for(lane.engine), 0, pre.master)  # node 0 of a lane across hosts
-        handles.placement = placement(served_as, host, reach, pre, inventory)
-        _, facts, seconds = boot(name, head, pre.binary, host.address, run.lane_dir(name) / "boot.log")
+        handles.placement = placement(served_as, host, reach, pre, inventory)  # node 0 first, as plan prints it
+        _, facts, seconds = boot(name, served_as, pre.binary, host.address, run.lane_dir(name) / "boot.log")
         server = handles.server
         assert server is not None  # a boot that returns has registered its healthy server
         record.launch_command, record.boot_seconds = secrets.scrub(server.command), seconds
-        record.boot_facts = facts.model_dump()
+        record.boot_facts = facts.model_dump(mode="json")
         if gpu_seen:  # what the booted server holds on the GPU: the offload that happened
             booted = gpu_facts(reach.transport)
-            record.gpu["booted"] = booted.model_dump()
+            record.gpu.booted = booted
             pids = None if server.image else group_pids(reach.transport, server.process.pid) or None
-            record.gpu["server_memory_mib"] = held = server_gpu_memory(booted, pre.binary, pids)
+            record.gpu.server_memory_mib = held = server_gpu_memory(booted, pre.binary, pids)
             if host.gpus == 0 and held:
                 line = cpu_lane_on_gpu(held)
-                record.gpu["cpu_lane_holds_gpu"] = line
+                record.gpu.cpu_lane_holds_gpu = line
                 record.warnings.append(line)
                 progress(name, line)
         run.save_manifest()
@@ -239,31 +213,82 @@ def served_lane(run: RunFolder, name: str, lane: Lane, host: Host, base_dir: Pat
                 raise NodeLost(f"{'; '.join(dead)} (a worker of this lane across hosts is gone)") from e
             raise
     finally:
-        if handles is not None:
-            server = server or handles.server  # healthy, though its boot facts could not be read
-            live.forget(name, handles)
-        if server is not None:
-            run.mark(name, "teardown")
-            try:
-                stop(server)
-            except TransportError as e:  # its host cannot be reached (sshd gone): say what is left where
-                what = f"container {container_name(name)}" if server.image else \
-                    f"pidfile {server_spawn_name(name, lane)}.pid"
-                left = (f"teardown: {e}; the server is left on its host ({what}): the next run that reaches "
-                        "the host stops it before preflight")
-                record.warnings.append(left)
-                progress(name, left)
-        # A boot that failed left its log too (no server to stop): a refused secret flag is echoed there.
-        for log in run.lane_dir(name).glob("*.log"):
-            secrets.scrub_file(log)
-        if server is not None:
-            run.register(name, f"{name}/boot.log", "boot-log")
-            for worker in [*(lane.rpc.workers if lane.rpc else []), *(n for _, n in topology.worker_ranks(lane))]:
-                if (run.path / name / f"worker-{worker}.log").exists():
-                    run.register(name, f"{name}/worker-{worker}.log", "boot-log")
-        if record.gpu.get("before"):
-            record.gpu["after"] = gpu_facts(reach.transport).model_dump()
-        reach.close()
-        if server is not None:
-            run.mark(name, "done")
+        _teardown(run, name, lane, reach, handles, server)
+
+
+def _preflight(run: RunFolder, name: str, lane: Lane, host: Host, base_dir: Path, inventory: Inventory | None,
+               reach: Reach) -> tuple[Preflight, bool]:
+    """Leftovers of an earlier run reclaimed, preflight run and recorded, free disk and an idle GPU
+    checked; with whether the host has a GPU whose facts are recorded."""
+    record = run.lane(name)
+    for line in reclaim_leftovers(name, lane, host, reach.transports, reach.host_name):
+        record.warnings.append(line)
+        progress(name, line)
+    pre = preflight(name, lane, host, base_dir, inventory)
+    if pre.ok and (disk := run.free_space_problem()):
+        pre = pre.model_copy(update={"ok": False, "reason": disk})
+    record.engine_identity, record.models = pre.engine_identity, list(pre.models)
+    record.preflight = pre.model_dump(mode="json", include={"links", "hosts", "rpc_endpoints", "rpc_binaries", "master",
+                                               "node_binaries"})
+    gpu_seen = False  # a host with nvidia-smi: its GPU facts are recorded whatever it declares
+    if pre.ok:
+        gpu = gpu_facts(reach.transport)
+        gpu_seen = host.gpus > 0 or gpu.ok
+        if gpu_seen:
+            record.gpu.before = gpu
+        if host.gpus > 0 and (busy := idle_gpu_gate(gpu, host.gpus, host.gpu_max_busy_share)):
+            pre = pre.model_copy(update={"ok": False, "reason": busy})  # no boot on a GPU others use
+    return pre, gpu_seen
+
+
+def _pulled(run: RunFolder, name: str, served_as: Lane, host: Host, reach: Reach, inventory: Inventory | None) -> bool:
+    """The lane's pinned image on every node, pulled by digest; False (the lane failed, recorded) when not."""
+    record, image = run.lane(name), served_as.image
+    assert image is not None  # called for a lane that runs in a container
+    pulled = image_pull(name, reach.host_name, host.docker_host, image)
+    for _, node in topology.worker_ranks(served_as):  # every node runs the same pinned image
+        if pulled.ok and inventory is not None:
+            there = image_pull(name, node, inventory.hosts[node].docker_host, image)
+            pulled = pulled if there.ok else there.model_copy(update={"reason": f"{node}: {there.reason}"})
+    if not pulled.ok:  # the pinned image cannot be had: nothing to measure, and it must be seen
+        record.status, record.reason = "failed", f"image pull: {pulled.reason}"
         run.save_manifest()
+        return False
+    assert pulled.image is not None  # a pull that is ok names its image
+    record.image = pulled.image.model_dump(mode="json")
+    run.save_manifest()
+    return True
+
+
+def _teardown(run: RunFolder, name: str, lane: Lane, reach: Reach, handles: live.Handles | None,
+              server: Server | None) -> None:
+    """Stop the server (or say what is left where), scrub and register its logs, close the transports."""
+    record = run.lane(name)
+    if handles is not None:
+        server = server or handles.server  # healthy, though its boot facts could not be read
+        live.forget(name, handles)
+    if server is not None:
+        run.mark(name, "teardown")
+        try:
+            stop(server)
+        except TransportError as e:  # its host cannot be reached (sshd gone): say what is left where
+            what = f"container {container_name(name)}" if server.image else \
+                f"pidfile {server_spawn_name(name, lane)}.pid"
+            left = (f"teardown: {e}; the server is left on its host ({what}): the next run that reaches "
+                    "the host stops it before preflight")
+            record.warnings.append(left)
+            progress(name, left)
+    # A boot that failed left its log too (no server to stop): a refused secret flag is echoed there.
+    for log in run.lane_dir(name).glob("*.log"):
+        secrets.scrub_file(log)
+    if server is not None:
+        run.register(name, f"{name}/boot.log", "boot-log")
+        for worker in [*(lane.rpc.workers if lane.rpc else []), *(n for _, n in topology.worker_ranks(lane))]:
+            if (run.path / name / f"worker-{worker}.log").exists():
+                run.register(name, f"{name}/worker-{worker}.log", "boot-log")
+    if record.gpu.before is not None:
+        record.gpu.after = gpu_facts(reach.transport)
+    reach.close()
+    if server is not None:
+        run.mark(name, "done")
+    run.save_manifest()

@@ -9,7 +9,10 @@ The group meets at the head's end of the nodes' link (else the head host's addre
 
 from __future__ import annotations
 
-from tasks.engines.base import Engine
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from tasks.engines import Engine, engine_for
 from tasks.inventory.models import Host, Inventory, Lane
 
 
@@ -34,7 +37,7 @@ def rendezvous_port(lane: Lane) -> int:
 
 def spans_nodes(lane: Lane) -> bool:
     """A multi-node lane whose engine takes node flags (llama.cpp spans nodes with rpc-server)."""
-    return lane.nodes is not None and lane.engine != "llamacpp"
+    return lane.nodes is not None and not engine_for(lane.engine).spans_nodes_by_rpc
 
 
 def at_rank(lane: Lane, engine: Engine, rank: int, master: str) -> Lane:
@@ -64,6 +67,11 @@ def node_argv(lane: Lane, engine: Engine, rank: int, master: str, binary: str, a
 def node_env(lane: Lane, host_name: str) -> dict[str, str]:
     """The environment of the lane's process on `host_name`: `env`, with `nodes.env[host]` over it."""
     return {**lane.env, **(lane.nodes.env.get(host_name, {}) if lane.nodes is not None else {})}
+
+
+def key_env(engine: Engine, key: str | None) -> dict[str, str]:
+    """The head's API key in the engine's own variable (never an argv flag: tasks/inventory/api_key.py)."""
+    return {engine.api_key_env: key} if key is not None and engine.api_key_env is not None else {}
 
 
 def node_ports(lane: Lane, engine: Engine, rank: int, argv: list[str]) -> list[tuple[int, str]]:
@@ -98,4 +106,48 @@ def rpc_endpoints(lane: Lane, inventory: Inventory) -> list[str]:
     for worker in lane.rpc.workers:
         end = None if link is None else link.a if link.a.host == worker else link.b if link.b.host == worker else None
         out.append(f"{end.address if end else inventory.hosts[worker].address}:{lane.rpc.port}")
+    return out
+
+
+@dataclass(frozen=True)
+class Binaries:
+    """The executables a lane's processes start: the head's (a container lane: its image's
+    entrypoint), each bare worker node's and each rpc-server's, by host name. Preflight finds
+    them on the hosts; `lanebench plan` names what it would look for."""
+
+    head: str
+    nodes: Mapping[str, str] = field(default_factory=dict)
+    rpc: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One process of a lane, as boot starts it and `lanebench plan` prints it."""
+
+    role: str  # "server", "head (node 0)", "node 1", "rpc-server"
+    host_name: str
+    host: Host
+    address: str  # where it listens: its host's address; an rpc-server, its end of the rpc link
+    argv: list[str]
+    env: dict[str, str]
+    rank: int | None  # None: an rpc-server
+
+
+def launches(lane: Lane, engine: Engine, hosts: Mapping[str, Host], master: str, binaries: Binaries,
+             rpc_endpoints: list[str]) -> list[Launch]:
+    """Every process of the lane, the head first: node ranks (their node flags, then the offload
+    their own host implies), or llama.cpp's rpc-servers on their link ends. The one place a
+    lane's argv and environment are built: boot starts these, `lanebench plan` prints them."""
+    head = hosts[lane.host]
+    out = [Launch("head (node 0)" if lane.nodes else "server", lane.host, head, head.address,
+                  node_argv(lane, engine, 0, master, binaries.head, head.address, head), node_env(lane, lane.host), 0)]
+    for rank, name in worker_ranks(lane):
+        node = hosts.get(name, Host())
+        binary = binaries.head if lane.image else binaries.nodes[name]
+        out.append(Launch(f"node {rank}", name, node, node.address,
+                          node_argv(lane, engine, rank, master, binary, node.address, node), node_env(lane, name), rank))
+    for worker, endpoint in zip(lane.rpc.workers if lane.rpc else [], rpc_endpoints):
+        address, port = endpoint.rsplit(":", 1)
+        out.append(Launch("rpc-server", worker, hosts.get(worker, Host()), address,
+                          engine.rpc_worker_command(binaries.rpc[worker], address, int(port), lane.threads), {}, None))
     return out

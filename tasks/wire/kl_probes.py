@@ -64,11 +64,17 @@ class Sequence(_Record):
         return self.context + self.continuation
 
 
+Scoring = Literal["reference-1", "reference-2", "candidate"]
+KlRole = Literal["reference", "candidate"]
+KlStatus = Literal["complete", "partial", "refused", "skipped", "failed"]
+KlVerdict = Literal["pass", "fail", "exact", "inexact", "no verdict"]
+
+
 class ScoreRecord(_Record):
     """Raw record, appended per prompt as it is scored (kept when a lane dies mid-way)."""
 
     lane: str
-    scoring: Literal["reference-1", "reference-2", "candidate"]
+    scoring: Scoring
     prompt_id: str
     positions: list[int]  # index into the continuation
     logprobs: list[float]
@@ -97,8 +103,8 @@ class KlPositionRow(_Record):
 
 class KlSummaryRow(_Record):
     lane: str
-    role: Literal["reference", "candidate"]
-    status: Literal["complete", "partial", "refused", "skipped", "failed"]
+    role: KlRole
+    status: KlStatus
     prompts: int
     positions: int
     positions_expected: int
@@ -107,7 +113,7 @@ class KlSummaryRow(_Record):
     p95_abs_dlogprob: float | None
     max_abs_dlogprob: float | None
     argmax_flip_share: float | None
-    verdict: Literal["pass", "fail", "exact", "inexact", "no verdict"]
+    verdict: KlVerdict
     reason: str = ""
 
 

@@ -29,6 +29,9 @@ class StreamEvent(_Record):
     finish_reason: str | None = None  # "length" | "stop" | engine's own word
     spec: dict[str, float | list[float]] | None = None  # engine-native per-request speculation fields
     truncated: bool | None = None  # the server says it cut or shifted the context (llama.cpp `truncated`)
+    # The server's own clock for this request, as it reported it in the final event (llama.cpp
+    # `timings`: predicted_n, predicted_ms, prompt_n, prompt_ms, ...): numbers only.
+    timings: dict[str, float] | None = None
     error: str | None = None  # the server's own words when the event is an error event
 
 
@@ -76,6 +79,10 @@ class RequestRecord(_Record):
     itl_p50_s: float | None = None  # median of this request's gaps between chunks
     chunks: int = 0  # token-bearing chunks: events that reached the client in one read count once
     spec: dict[str, float | list[float]] | None = None
+    # The server's own timings of this request (llama.cpp's final `timings`: predicted_n,
+    # predicted_ms, prompt_n, prompt_ms, ...), kept raw so the client's clocks can be checked
+    # against the engine's (decode rows' server_tok_s, docs/metrics.md)
+    server_timings: dict[str, float] | None = None
     truncation: Truncation | None = None  # none | max_tokens | context (truncation_of); None: failed
     # The clocks behind the numbers above (docs/metrics.md); times in seconds.
     tpot_s: float | None = None  # (e2el - ttft) / (output_tokens - 1)
