@@ -27,13 +27,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-PORT, LOADGEN_PORT = _free_port(), _free_port()  # other checkouts' tests may hold the fixed ones
+PORT, LOADGEN_PORT, BURSTS_PORT = _free_port(), _free_port(), _free_port()  # others' tests may hold fixed ones
 SMOKE: dict[str, list[str]] = {
     # starts fake_server.py itself, twice; the raw part also over two worker processes
     "load_generator.py": ["--smoke", "--peers", "none", "--port", str(LOADGEN_PORT), "--workers", "1,2"],
     "http_layers.py": ["--url", f"http://127.0.0.1:{PORT}", "--levels", "1,2", "--requests", "1", "--tokens", "8",
                        "--layers", "httpx,lean"],  # aiohttp is a peer's, not the project's
     "fake_server.py": ["--help"],  # served every run above
+    "client_bursts.py": ["--levels", "1,2", "--max-tokens", "8", "--repeats", "1", "--port", str(BURSTS_PORT)],
     "peers.py": [],  # a module: importing it is all it does alone (peers install from the registry)
     "engines_side_by_side.py": ["--help"],  # four lanes' nightlies: tens of minutes
     "matrix_wall_time.py": ["--help"],

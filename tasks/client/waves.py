@@ -132,10 +132,9 @@ class _Client:
     def __init__(self, base_url: str, engine: Engine, wave: Wave):
         url = urlsplit(base_url)
         self.host, self.port = url.hostname or "127.0.0.1", url.port or 80
-        self.prefix = url.path.rstrip("/")
+        self.prefix, self.auth = url.path.rstrip("/"), auth.header_bytes(self.host, self.port)  # API key, if any
         self.engine, self.wave = engine, wave
         self.pool = http.Pool(self.host, self.port, wave.concurrency)
-        self.auth = auth.header_bytes(self.host, self.port)  # the server's API key, if it demands one
         self.t0 = time.perf_counter()
         self.late = False  # a request ran past its wall deadline or stalled: send no more
         self.flights: set[_Flight] = set()  # requests under the stall watchdog (wave.stall_s set)
@@ -194,8 +193,7 @@ class _Client:
         wave, engine = self.wave, self.engine
         tag = nonce()
         spec = engine.completion_request(with_nonce(prompt.text, tag), wave.max_tokens)
-        payload = http.request_bytes(self.host, self.port, self.prefix + spec.path, json.dumps(spec.body).encode(),
-                                     self.auth)
+        payload = http.request_bytes(self.host, self.port, self.prefix + spec.path, json.dumps(spec.body).encode(), self.auth)
         started = time.time()
         t_start = time.perf_counter()
         resp, t_send, connect_s, reused, error = None, None, None, False, None
