@@ -104,9 +104,9 @@ def _register_bars(run: RunFolder, m: Matrix, root: Path) -> None:
     # What the bars are about, by content: the target's and drafters' bytes, whatever the names.
     drafter_shas = {name: model_sha256(drafter.path) if (drafter := arm_lane(m, next(a for a in m.arms if a.drafter == name)).drafter)
                     else f"method:{m.spec.drafters[name].method}" for name in sorted({a.drafter for a in m.arms})}
-    subject = hashlib.sha256(json.dumps({"target": model_sha256(m.target.model.path),
-                                         "drafters": sorted(drafter_shas.values())}).encode()).hexdigest()
-    earlier = earlier_run(root, reg, run.path, subject)
+    target_sha = model_sha256(m.target.model.path)
+    subject = hashlib.sha256(json.dumps({"target": target_sha, "drafters": sorted(drafter_shas.values())}).encode()).hexdigest()
+    earlier = earlier_run(root, reg, run.path, subject, drafter_shas, target_sha)
     same_bytes = [f"drafters {a} and {b} have identical bytes (sha256 {sa[:12]}): one drafter measured twice, "
                   "not two; fix: point one of them at its own file"
                   for i, (a, sa) in enumerate(drafter_shas.items()) for b, sb in list(drafter_shas.items())[i + 1:]
@@ -116,7 +116,7 @@ def _register_bars(run: RunFolder, m: Matrix, root: Path) -> None:
         logger.warning(line)
     with run.edit() as manifest:
         manifest.flow.matrix = MatrixSection(
-            subject=subject, drafter_sha256=drafter_shas, identical_drafters=same_bytes,
+            subject=subject, target_sha256=target_sha, drafter_sha256=drafter_shas, identical_drafters=same_bytes,
             name=m.name, file=str(m.path), file_sha256=sha256_of(m.path),
             inventory=FileRef(path=str(m.inventory_path), sha256=sha256_of(m.inventory_path)),
             target=m.spec.target, registration_sha256=reg.sha256, registration_file_sha256=reg_entry.sha256,

@@ -251,6 +251,9 @@ class Gate:
         short = [f"{r.lane} {int(r.positions)}/{int(r.positions_expected)} positions scored"
                  for r in summary_df.itertuples() if int(r.positions) < int(r.positions_expected)] \
             if {"positions", "positions_expected"} <= set(summary_df.columns) else []
+        asked = len(self.prompts) * self.spec.tokens_per_prompt  # a reference that stopped early scored fewer
+        if self.sequences and _expected(self.sequences) < asked:
+            short.insert(0, f"{self.spec.reference} generated {_expected(self.sequences)}/{asked} positions asked")
         suffix = (f" (ONLY {'; '.join(short)})" if short else "") + \
             (f", FLAGGED: {'; '.join(f.split(':')[0] for f in flags)}" if flags else "")
         report = render(self.title, self._facts(headline + suffix, flags), summary_df, pairs_df, headline, reasons, plot)

@@ -193,11 +193,18 @@ class EarlierRun(BaseModel):
     removed: list[str] = []  # bars (in words) the earlier run had and this one does not
     added: list[str] = []
     prompt_set_changes: list[str] = []
+    # The bars' subject under the same label, other bytes (`drafter good: sha256 aaaa -> bbbb`):
+    # a drafter re-made under its old name was once reported "same as the earlier run".
+    subject_changes: list[str] = []
 
     def lines(self) -> list[str]:
-        if self.same_bars and self.same_prompt_sets:
-            return [f"bars and prompt sets are the same as in the earlier run {self.run}"]
         out = []
+        if self.subject_changes:
+            out.append(f"BYTES CHANGED under the same label since the earlier run {self.run}: "
+                       f"{'; '.join(self.subject_changes)}; the comparison with it is refused (its bars were "
+                       "registered for other bytes); fix: give new bytes a new label, or restore the old file")
+        if self.same_bars and self.same_prompt_sets:
+            return out or [f"bars and prompt sets are the same as in the earlier run {self.run}"]
         if not self.same_bars:
             of = f"of matrix {self.matrix}, same target and drafter bytes" if self.matrix else "of this matrix"
             out.append(f"BARS CHANGED since the earlier run {self.run} {of} "
@@ -211,11 +218,26 @@ class EarlierRun(BaseModel):
         return out
 
 
-def earlier_run(artifacts_root: Path, now: Registration, exclude: Path, subject: str | None = None) -> EarlierRun | None:
+def _subject_changes(manifest: Any, drafters: dict[str, str], target: str | None) -> list[str]:
+    """Labels the earlier run shares with this one whose bytes differ (target, then each drafter)."""
+    cut = lambda v: f"{str(v)[:16]}..."  # noqa: E731
+    facts = manifest.flow.matrix
+    before_target = facts.target_sha256 or next(
+        (m.sha256 for lane in manifest.lanes.values() for m in lane.models if m.role == "model"), None)
+    out = [f"target: sha256 {cut(before_target)} -> {cut(target)}"] if target and before_target and \
+        before_target != target else []
+    before = facts.drafter_sha256
+    return out + [f"drafter {d}: sha256 {cut(before[d])} -> {cut(sha)}" for d, sha in sorted(drafters.items())
+                  if d in before and before[d] != sha]
+
+
+def earlier_run(artifacts_root: Path, now: Registration, exclude: Path, subject: str | None = None,
+                drafters: dict[str, str] | None = None, target: str | None = None) -> EarlierRun | None:
     """The latest earlier `*_matrix_*` run that registered bars for the same matrix name, or for
     the same target and drafter bytes under any name: lowering the bars under a new matrix name
-    must not read as a "first registered run"."""
-    found: list[tuple[str, Path, Registration]] = []
+    must not read as a "first registered run". `drafters` (label -> sha256) and `target` (sha256):
+    what this run measures, so a label whose bytes changed refuses the comparison."""
+    found: list[tuple[str, Path, Registration, Any]] = []
     for folder, manifest in scan_manifests(artifacts_root, "*_matrix_*"):
         facts = manifest.flow.matrix
         if folder.resolve() == exclude.resolve() or facts is None:
@@ -225,10 +247,10 @@ def earlier_run(artifacts_root: Path, now: Registration, exclude: Path, subject:
         except ValidationError:  # registered by a lanebench whose bars this one cannot read
             continue
         if reg.matrix == now.matrix or (subject is not None and facts.subject == subject):
-            found.append((manifest.flow.started_at, folder, reg))
+            found.append((manifest.flow.started_at, folder, reg, manifest))
     if not found:
         return None
-    started, folder, reg = max(found, key=lambda f: (f[0], f[1].name))
+    started, folder, reg, earlier = max(found, key=lambda f: (f[0], f[1].name))
     before_text = list(reg.bars_text)
     removed = [t for t in before_text if t not in now.bars_text]
     added = [t for t in now.bars_text if t not in before_text]
@@ -246,4 +268,5 @@ def earlier_run(artifacts_root: Path, now: Registration, exclude: Path, subject:
     return EarlierRun(run=folder.name, matrix=reg.matrix, started_at=started, bars_sha256=reg.bars_sha256,
                       same_bars=reg.bars_sha256 == now.bars_sha256,
                       same_prompt_sets=reg.prompt_sets_sha256 == now.prompt_sets_sha256,
-                      removed=removed, added=added, prompt_set_changes=changes)
+                      removed=removed, added=added, prompt_set_changes=changes,
+                      subject_changes=_subject_changes(earlier, drafters or {}, target))

@@ -108,23 +108,62 @@ def differences(current: dict[str, str], other: dict[str, str]) -> list[tuple[st
     return [(k, other.get(k), current.get(k)) for k in keys if current.get(k) != other.get(k)]
 
 
-# What speculation itself changes between an arm and the same target without a drafter.
-_SPECULATION_FIELDS = re.compile(r"^(drafter\.|launch$|bench\.acceptance|server\.(speculative_type|draft_model|num_spec_tokens|"
+# What speculation itself changes between an arm and the same target without a drafter. The
+# launch is compared too, with speculation's own flags (and their values) taken out: an arm
+# launched with `-ctk q8_0` or another `--ctx-size` differs beyond speculation.
+_SPECULATION_FIELDS = re.compile(r"^(drafter\.|bench\.acceptance|server\.(speculative_type|draft_model|num_spec_tokens|"
                                  r"speculative|kv_max_concurrency|kv_cache_tokens))")
+_SPEC_FLAG = re.compile(r"^(--spec|--draft|--model-draft$|-md$|--threads-draft|--threads-batch-draft|--n-gpu-layers-draft"
+                        r"|-ngld$|--device-draft|-devd$|--ctx-size-draft|-cd$|--cache-type-[kv]-draft|--speculative)")
+
+
+def without_speculation(launch: str) -> str:
+    """The launch words with speculation's own flags and their values removed."""
+    words, out, i = launch.split(" "), [], 0
+    while i < len(words):
+        flag = words[i]
+        if _SPEC_FLAG.match(flag):
+            takes_value = "=" not in flag and i + 1 < len(words) and not words[i + 1].startswith("--")
+            i += 2 if takes_value else 1
+            continue
+        out.append(flag)
+        i += 1
+    return " ".join(out)
 
 
 def beyond_speculation(arm: dict[str, str], plain: dict[str, str]) -> list[tuple[str, str | None, str | None]]:
-    """Differences between a speculative arm and the no-speculation arm other than speculation's own."""
-    return [d for d in differences(arm, plain) if not _SPECULATION_FIELDS.match(d[0])]
+    """Differences between a speculative arm and the no-speculation arm other than speculation's own.
+    A server setting only one side states is no difference: llama-server reports a slot's sampling
+    only once a request ran on it, and the speculative lane's probe ran before its facts were read."""
+    strip = {"launch": without_speculation}
+    a = {k: strip.get(k, str)(v) for k, v in arm.items()}
+    b = {k: strip.get(k, str)(v) for k, v in plain.items()}
+    return [d for d in differences(a, b) if not _SPECULATION_FIELDS.match(d[0])
+            and not (d[0].startswith("server.") and None in (d[1], d[2]))]
+
+
+def _launch_change(before: str, after: str) -> str:
+    """Only the argv words that differ: `--ctx-size 1024 -> --ctx-size 512`, `(absent) -> -ctk q8_0`."""
+    from difflib import SequenceMatcher
+
+    a, b = before.split(" "), after.split(" ")
+    parts = []
+    for op, i1, i2, j1, j2 in SequenceMatcher(a=a, b=b, autojunk=False).get_opcodes():
+        if op != "equal":
+            lead = a[i1 - 1:i1] if i1 and a[i1 - 1].startswith("-") and not " ".join(a[i1:i2]).startswith("-") else []
+            parts.append(f"{' '.join(lead + a[i1:i2]) or '(absent)'} -> {' '.join(lead + b[j1:j2]) or '(absent)'}")
+    return ", ".join(parts)
 
 
 def describe_differences(diffs: list[tuple[str, str | None, str | None]], limit: int = 4) -> str:
-    """`model.sha256: 'aaaa…' -> 'bbbb…'; ...` (long values cut to 16 characters)."""
+    """`model.sha256: 'aaaa…' -> 'bbbb…'; launch: -ctk f16 -> -ctk q8_0; ...` (long values cut to
+    16 characters; a launch by the words that differ)."""
     def cut(v: str | None) -> str:
         return "(absent)" if v is None else (v if len(v) <= 24 else v[:16] + "...")
 
-    text = "; ".join(f"{k}: {cut(a)} -> {cut(b)}" for k, a, b in diffs[:limit])
+    text = "; ".join(f"{k}: {_launch_change(a, b)}" if k == "launch" and a and b else f"{k}: {cut(a)} -> {cut(b)}"
+                     for k, a, b in diffs[:limit])
     return text + (f" (and {len(diffs) - limit} more)" if len(diffs) > limit else "")
 
 
-__all__ = ["beyond_speculation", "describe_differences", "differences", "fingerprint"]
+__all__ = ["beyond_speculation", "describe_differences", "differences", "fingerprint", "without_speculation"]

@@ -206,6 +206,7 @@ class MatrixSection(_Section):
     """The matrix flow's registration (written before the first boot) and its verdict."""
 
     subject: str  # sha256 of the target's and drafters' bytes: what the bars are about
+    target_sha256: str | None = None  # by label: a later run names what changed under the same label
     drafter_sha256: dict[str, str] = {}
     identical_drafters: list[str] = []
     name: str

@@ -208,7 +208,7 @@ def embed_images(report: str, folder: Path) -> str:
     return re.sub(r"!\[([^\]]*)\]\(([^)]+\.png)\)", inline, report)
 
 
-def _verdict_line(run: RunFolder) -> str:
+def _verdict_line(run: RunFolder, judged: list[str]) -> str:
     """The morning's answer in one line: passed, or what failed and how many regressions."""
     m = run.manifest
     failed = [n for n, lane in m.lanes.items() if lane.status == "failed"]
@@ -223,7 +223,7 @@ def _verdict_line(run: RunFolder) -> str:
     if not parts:
         flagged = [f"{n}: {f['check']}" for n, lane in m.lanes.items() for f in lane.flags]
         flagged += [f"{line.split(': ', 1)[1].split(' ')[0]}: {line.split(':')[0]}"
-                    for line in speculation_verdicts(run) if line.startswith("SPECULATION LOSES")]
+                    for line in judged if line.startswith(("SPECULATION LOSES", "NOT COMPARABLE"))]
         if flagged:
             return f"- verdict: **passed, FLAGGED** ({'; '.join(flagged)}): read the flags before trusting a number"
         return "- verdict: **passed**"
@@ -255,22 +255,25 @@ def _preflight_lines(pre: dict, image: dict) -> list[str]:
 
 def render(run: RunFolder) -> str:
     m = run.manifest
+    judged = speculation_verdicts(run)  # may read history: once per report
     out = [f"# lanebench {m.flow.name} run `{run.path.name}`", "",
            f"- lanebench {m.lanebench.git_sha[:12]}{' (dirty tree)' if m.lanebench.dirty else ''}, "
            f"Prefect flow run `{m.flow.flow_run_id}`",
            f"- host {m.host.hostname}: {m.host.cpu}, {m.host.cores} cores, {m.host.memory_gib} GiB, "
            f"{m.host.platform}",
-           f"- started {m.flow.started_at}, finished {m.flow.finished_at}", _verdict_line(run), "",
+           f"- started {m.flow.started_at}, finished {m.flow.finished_at}", _verdict_line(run, judged), "",
            "## Lanes", "", "| lane | status | stage | reason |", "|---|---|---|---|"]
     for name, lane in m.lanes.items():
         flagged = f" ({len(lane.flags)} flagged)" if lane.flags else ""
         out.append(f"| {name} | **{lane.status}**{flagged} | {lane.stage} | {lane.reason or ''} |")
     out += _regression_summary(run)
-    if judged := speculation_verdicts(run):  # a speculative lane beside a plain one of the same target
+    if judged:  # a speculative lane beside a plain one of the same target, or its last plain baseline
         out += ["", "## Speculation against no speculation", "",
                 "Aggregate tok/s (decode curve median) of each speculative lane against the plain lane of the "
-                "same target (same model sha256) at each concurrency both measured.", ""]
-        out += [f"- **{line}**" if line.startswith("SPECULATION LOSES") else f"- {line}" for line in judged]
+                "same target (same model sha256, nothing else different) at each concurrency both measured; "
+                "with no such lane in this run, against its last plain baseline from history.", ""]
+        out += [f"- **{line}**" if line.startswith(("SPECULATION LOSES", "NOT COMPARABLE")) else f"- {line}"
+                for line in judged]
     builders = {"warmup": ("Warmup (first hit, never in results)", warmup_table),
                 "decode": ("Decode curve", decode_table),
                 "acceptance": ("Speculative acceptance (probe window only)", acceptance_table)}
