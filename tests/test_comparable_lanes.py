@@ -291,14 +291,14 @@ def kl_runs(tmp_path_factory, llama_bin):
 
 
 def _headline(folder: Path) -> str:
-    return manifest_of(folder)["flow"]["kl_headline"]
+    return manifest_of(folder)["flow"]["kl"]["headline"]
 
 
 def test_a_clean_reference_is_not_flagged_and_states_positions_scored(kl_runs):
     result, folder = kl_runs["clean"]
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     assert _headline(folder) == "PASS"
-    assert manifest_of(folder)["flow"]["kl_flags"] == []
+    assert manifest_of(folder)["flow"]["kl"]["flags"] == []
     assert "| q8_0 | candidate | complete | 32/32 |" in (folder / "report.md").read_text()
 
 
