@@ -6,12 +6,27 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+@contextmanager
+def fake_server(port: int, *args: str) -> Iterator[str]:
+    """benchmarks/fake_server.py on `port` with `args`, up until the block ends; yields its base URL."""
+    proc = subprocess.Popen([sys.executable, str(REPO / "benchmarks/fake_server.py"), "--port", str(port), *args],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and "listening" in proc.stdout.readline()
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(10)
 os.environ.setdefault("DO_NOT_TRACK", "1")
 
 

@@ -20,7 +20,7 @@ from tasks.client.load import Wave, run_wave
 from tasks.client.prompts import Prompt
 from tasks.wire.records import RequestRecord
 from tasks.engines import engine_for
-from tests.conftest import REPO
+from tests.conftest import REPO, fake_server
 
 PORT = 18653
 STEP_MS = 20.0
@@ -30,15 +30,8 @@ VLLM = engine_for("vllm")
 
 @pytest.fixture(scope="module")
 def stepping():
-    proc = subprocess.Popen([sys.executable, str(REPO / "benchmarks/fake_server.py"), "--port", str(PORT),
-                             "--ttft-ms", "5", "--itl-ms", str(STEP_MS), "--step-ms", str(STEP_MS)],
-                            stdout=subprocess.PIPE, text=True)
-    try:
-        assert "listening" in proc.stdout.readline()
-        yield f"http://127.0.0.1:{PORT}"
-    finally:
-        proc.terminate()
-        proc.wait(10)
+    with fake_server(PORT, "--ttft-ms", "5", "--itl-ms", str(STEP_MS), "--step-ms", str(STEP_MS)) as url:
+        yield url
 
 
 def test_streams_ending_in_one_step_send_on_before_their_records_are_kept(stepping):

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import statistics
-import subprocess
-import sys
 import time
 import urllib.request
 
@@ -19,7 +17,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from conftest import REPO, shipped_inventory
+from conftest import REPO, fake_server, shipped_inventory
 from tasks.client.metrics import steady_window
 from tasks.client.prompts import Prompt
 from tasks.client.load import Wave, run_wave
@@ -36,15 +34,9 @@ VLLM = engine_for("vllm")  # the fake server speaks OpenAI /v1/completions with 
 @pytest.fixture(scope="module")
 def fake(tmp_path_factory):
     log = tmp_path_factory.mktemp("fake") / "writes.jsonl"
-    proc = subprocess.Popen([sys.executable, str(REPO / "benchmarks/fake_server.py"), "--port", str(PORT),
-                             "--ttft-ms", str(TTFT_MS), "--itl-ms", str(ITL_MS), "--ping-s", "0.05",
-                             "--log", str(log)], stdout=subprocess.PIPE, text=True)
-    try:
-        assert "listening" in proc.stdout.readline()
-        yield f"http://127.0.0.1:{PORT}", log
-    finally:
-        proc.terminate()
-        proc.wait(10)
+    with fake_server(PORT, "--ttft-ms", str(TTFT_MS), "--itl-ms", str(ITL_MS), "--ping-s", "0.05",
+                     "--log", str(log)) as url:
+        yield url, log
 
 
 def _stats(url: str) -> dict:

@@ -4,8 +4,6 @@ that ends counting 0 tokens is an error row (issue 27). A real HTTP server proce
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 
 import pytest
@@ -13,7 +11,7 @@ import pytest
 from tasks.client.prompts import Prompt
 from tasks.client.load import Wave, run_wave
 from tasks.engines import engine_for
-from tests.conftest import REPO
+from tests.conftest import fake_server
 
 PORT = 18647
 VLLM = engine_for("vllm")
@@ -21,14 +19,8 @@ VLLM = engine_for("vllm")
 
 @pytest.fixture(scope="module")
 def fake():
-    proc = subprocess.Popen([sys.executable, str(REPO / "benchmarks/fake_server.py"), "--port", str(PORT),
-                             "--ttft-ms", "20", "--itl-ms", "5", "--ping-s", "0.05"], stdout=subprocess.PIPE, text=True)
-    try:
-        assert "listening" in proc.stdout.readline()
-        yield f"http://127.0.0.1:{PORT}"
-    finally:
-        proc.terminate()
-        proc.wait(10)
+    with fake_server(PORT, "--ttft-ms", "20", "--itl-ms", "5", "--ping-s", "0.05") as url:
+        yield url
 
 
 def _prompts(*texts: str) -> list[Prompt]:
