@@ -150,3 +150,14 @@ def test_the_servers_own_timings_are_kept_and_agree_with_the_clients_clock(byte_
     # Same tokens, same window: on a shared 2-core box the two clocks agree within 10 % (the
     # 2 % bound is the GPU run's, docs/benchmarks.md).
     assert abs(row.server_gap_pct) < 10.0, (row.aggregate_tok_s, row.server_tok_s, row.server_gap_pct)
+
+    # The flag trips on a gap past the bound and only then: the same real row, its server side
+    # set 5 % above the client's aggregate, then equal to it.
+    import pandas as pd
+
+    from tasks.report.report import decode_table
+
+    off = row.model_copy(update={"server_tok_s": row.aggregate_tok_s / 0.95, "server_gap_pct": -5.0})
+    same = row.model_copy(update={"server_tok_s": row.aggregate_tok_s, "server_gap_pct": 0.0})
+    cells = decode_table(pd.DataFrame([off.model_dump(), same.model_dump()]))["server tok/s (gap)"].tolist()
+    assert cells[0].endswith("(-5.0 %) DISAGREES") and "DISAGREES" not in cells[1], cells
