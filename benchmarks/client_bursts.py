@@ -8,7 +8,9 @@ a real run folder as a nightly keeps them, and prints per level: tok/s, the even
 p99 and max (the client-bound flag's input), the client's CPU, whether the flag fired, and the
 loop's longest turns (what held it: measured around each epoll wait).
 
-Run: python benchmarks/client_bursts.py [--step-ms 10.6] [--levels 1,2,4,8,16,32,64] [--out f.json] [--strict]
+Run: python benchmarks/client_bursts.py [--step-ms 10.6] [--levels 1,2,4,8,16,32,64] [--workers N] [--out f.json] [--strict]
+`--workers N` spreads each wave over N kept worker processes as a lane's `workers` does (their
+loop turns are then not timed here: only the flag's inputs, which each worker measures itself).
 Exits 1 on any failed request, and with --strict also when the flag fires at any level (on a
 quiet machine a client that cannot keep up must not pass quietly; on a shared one it may).
 """
@@ -54,6 +56,7 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--port", type=int, default=18590)
     p.add_argument("--out", default=None)
+    p.add_argument("--workers", type=int, default=1, help="wave client processes (a lane's decode `workers`)")
     p.add_argument("--strict", action="store_true", help="exit 1 when the client-bound flag fires at any level")
     args = p.parse_args()
     selectors.EpollSelector.select = _timed_select  # type: ignore[method-assign]
@@ -73,13 +76,13 @@ def main() -> int:
             for c in (int(x) for x in args.levels.split(",")):
                 for repeat in range(1, args.repeats + 1):
                     wave = Wave(lane="bursts", stage="decode", repeat=repeat, concurrency=c, requests_per_stream=2,
-                                max_tokens=args.max_tokens, stall_s=10.0)
+                                max_tokens=args.max_tokens, stall_s=10.0, workers=args.workers)
                     _TURNS.clear()
                     _left[0] = 0.0
                     res = run_wave(f"http://127.0.0.1:{args.port}", engine, wave, prompts,
                                    lambda r: run.append_jsonl("bursts", "requests.jsonl", r))
                     turns = sorted(_TURNS)
-                    row = {"concurrency": c, "repeat": repeat, "ok": sum(r.ok for r in res.records),
+                    row = {"concurrency": c, "workers": min(args.workers, c), "repeat": repeat, "ok": sum(r.ok for r in res.records),
                            "requests": len(res.records), "tok_s": round(res.output_tokens / res.wall_s, 1),
                            "lag_p99_ms": round(1e3 * res.loop_lag_p99_s, 3), "lag_max_ms": round(1e3 * res.loop_lag_max_s, 3),
                            "client_cpu": round(res.client_cpu, 3), "client_bound": res.client_saturated,

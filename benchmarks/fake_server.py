@@ -21,6 +21,10 @@ Markers in the prompt script one request:
       the tokens, then only pings; zerocount: the final usage claims 0 tokens.
 GET /stats returns {"connections": accepted so far, "requests": served so far}.
 
+`--reuse-port`: several fake servers share one port (SO_REUSEPORT: the kernel spreads the
+connections over them), one core each, so one client's many worker processes meet a server
+that is not the bottleneck. Each logs the connection a request came on as "pid:n".
+
 `--step-ms S`: the server steps like a batching engine (llama-server, vLLM): every event is
 written on a grid of S ms shared by all streams, so the events of all running streams leave at the
 same tick and reach a client as one burst (what a client meets at C=64 on a GPU).
@@ -82,6 +86,7 @@ class Fake:
         assert isinstance(stream, _StampedReader)  # the protocol below reads with one
         reader = stream
         self.connections += 1
+        conn = f"{os.getpid()}:{self.connections}"
         consumed = 0  # bytes of this connection's requests read so far
         try:
             while True:
@@ -99,7 +104,7 @@ class Fake:
                 if method == "GET":
                     self._json(writer, self._get(path))
                 elif path.split("?")[0] in ("/v1/completions", "/v1/chat/completions"):
-                    if not await self._stream(writer, path, json.loads(body or b"{}"), t_recv, t_bytes):
+                    if not await self._stream(writer, path, json.loads(body or b"{}"), t_recv, t_bytes, conn):
                         return
                 else:
                     self._json(writer, {"error": {"message": f"no route {path}"}}, 404)
@@ -121,7 +126,7 @@ class Fake:
                      f"Connection: keep-alive\r\n\r\n".encode() + body)
 
     async def _stream(self, writer: asyncio.StreamWriter, path: str, req: dict, t_recv: float,
-                      t_bytes: float) -> bool:
+                      t_bytes: float, conn: str) -> bool:
         self.requests += 1
         rid = self.requests
         chat = "chat" in path
@@ -232,7 +237,7 @@ class Fake:
                 send([*tail, b"data: [DONE]\n\n"])
         writer.write(b"0\r\n\r\n")
         if self.log:
-            self.log.write(json.dumps({"id": rid, "recv": t_recv, "recv_bytes": t_bytes, "writes": writes,
+            self.log.write(json.dumps({"id": rid, "recv": t_recv, "recv_bytes": t_bytes, "writes": writes, "conn": conn,
                                        "burst": burst, "fault": fault, "prompt": prompt[:80].decode(errors="replace")}) + "\n")
         return True
 
@@ -249,6 +254,7 @@ def options() -> argparse.Namespace:
     p.add_argument("--cpu", type=int, default=None, help="pin the server to this core")
     p.add_argument("--log", default=None)
     p.add_argument("--busy-poll", action="store_true", help="poll the sockets instead of sleeping on them")
+    p.add_argument("--reuse-port", action="store_true", help="share the port with other fake servers (SO_REUSEPORT)")
     return p.parse_args()
 
 
@@ -261,7 +267,7 @@ async def serve(args: argparse.Namespace) -> None:
     def protocol() -> asyncio.StreamReaderProtocol:  # asyncio.start_server's, with the stamping reader
         return asyncio.StreamReaderProtocol(_StampedReader(limit=2 ** 16, loop=loop), fake.handle, loop=loop)
 
-    server = await loop.create_server(protocol, args.host, args.port, backlog=2048)
+    server = await loop.create_server(protocol, args.host, args.port, backlog=2048, reuse_port=args.reuse_port or None)
     print(f"fake server listening on {args.host}:{args.port}", flush=True)
     async with server:
         await server.serve_forever()

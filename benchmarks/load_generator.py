@@ -27,7 +27,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from math import nan
 from pathlib import Path
 
@@ -37,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from peers import PEERS, run_peer, venv  # noqa: E402
+from peers import PEERS, python, run_peer  # noqa: E402
 from tasks.client.metrics import percentile  # noqa: E402
 from tasks.client.prompts import Prompt  # noqa: E402
 from tasks.client.load import Wave, run_wave  # noqa: E402
@@ -48,26 +47,38 @@ PORT = 18531
 
 
 class FakeServer:
-    def __init__(self, cpu: int, log: Path, *flags: str, port: int = PORT):
-        self.log = log
-        self.proc = subprocess.Popen([sys.executable, str(ROOT / "benchmarks/fake_server.py"), "--port", str(port),
-                                      "--cpu", str(cpu), "--log", str(log), *flags], stdout=subprocess.PIPE, text=True)
-        assert self.proc.stdout is not None  # stdout=PIPE
-        if "listening" not in self.proc.stdout.readline():
-            raise SystemExit(f"load_generator.py: the fake server did not start on port {port} (--port picks another)")
-        self.url = f"http://127.0.0.1:{port}"
+    """One fake server process per core in `cpus` (several share the port: --reuse-port), each
+    with its own log; read together, as one server."""
 
-    def stats(self) -> dict:
-        with urllib.request.urlopen(f"{self.url}/stats") as r:
-            return json.load(r)
+    def __init__(self, cpus: list[int], log: Path, *flags: str, port: int = PORT):
+        self.log, self.url = log, f"http://127.0.0.1:{port}"
+        share = ["--reuse-port"] if len(cpus) > 1 else []
+        self.procs = [subprocess.Popen([sys.executable, str(ROOT / "benchmarks/fake_server.py"), "--port", str(port),
+                                        "--cpu", str(cpu), "--log", str(self._log(i)), *share, *flags],
+                                       stdout=subprocess.PIPE, text=True) for i, cpu in enumerate(cpus)]
+        for proc in self.procs:
+            assert proc.stdout is not None  # stdout=PIPE
+            if "listening" not in proc.stdout.readline():
+                self.stop()
+                raise SystemExit(f"load_generator.py: the fake server did not start on port {port} (--port picks another)")
+
+    def _log(self, index: int) -> Path:
+        return self.log if index == 0 else self.log.with_suffix(f".{index}.jsonl")
+
+    def reset(self) -> None:
+        for i in range(len(self.procs)):
+            self._log(i).write_text("")
 
     def entries(self) -> list[dict]:
         time.sleep(0.2)  # the server logs a request after its last write
-        return [json.loads(line) for line in self.log.read_text().splitlines()] if self.log.exists() else []
+        return [json.loads(line) for i in range(len(self.procs)) if self._log(i).exists()
+                for line in self._log(i).read_text().splitlines()]
 
     def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(10)
+        for proc in self.procs:
+            proc.terminate()
+        for proc in self.procs:
+            proc.wait(10)
 
 
 def lanebench(url: str, concurrency: int, requests: int, tokens: int, workers: int = 1,
@@ -149,11 +160,17 @@ def table(rows: list[dict]) -> str:
 
 def one(client: str, server: FakeServer, concurrency: int, requests: int, tokens: int, work: Path,
         workers: int = 1, cpus: list[int] | None = None) -> dict:
-    server.log.write_text("")
+    server.reset()
     if client.startswith("lanebench"):
         return lanebench(server.url, concurrency, requests, tokens, workers, cpus)
+    pinned = os.sched_getaffinity(0)
+    if cpus:  # a peer spreads over its own worker processes: it gets the cores lanebench's workers get
+        os.sched_setaffinity(0, set(cpus))
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    got = run_peer(client, server.url, concurrency, requests, tokens, work)
+    try:
+        got = run_peer(client, server.url, concurrency, requests, tokens, work)
+    finally:
+        os.sched_setaffinity(0, pinned)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     got["cpu_s"] = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     return got
@@ -166,6 +183,8 @@ def main() -> int:
     p.add_argument("--peers", default="guidellm,aiperf", help="comma list, or 'none'")
     p.add_argument("--port", type=int, default=PORT, help="the fake server's port (loopback)")
     p.add_argument("--server-cpu", type=int, default=0)
+    p.add_argument("--raw-server-cpus", default=None,
+                   help="raw part: one zero-delay fake server per core listed, sharing the port (default: --server-cpu)")
     p.add_argument("--client-cpu", type=int, default=1)
     p.add_argument("--workers", default="1",
                    help="raw part: comma list of lanebench worker-process counts to run (e.g. 1,2,4,8,16)")
@@ -193,7 +212,7 @@ def main() -> int:
 
     timed, raw, layers = [], [], []
     # The reference polls instead of sleeping: its own wake-up is not the clients' error.
-    server = FakeServer(args.server_cpu, log, "--ttft-ms", str(args.ttft_ms), "--itl-ms", str(args.itl_ms),
+    server = FakeServer([args.server_cpu], log, "--ttft-ms", str(args.ttft_ms), "--itl-ms", str(args.itl_ms),
                         *([] if args.server_sleeps else ["--busy-poll"]), port=args.port)
     os.sched_setaffinity(0, {args.client_cpu})  # after the server started: it pinned itself
     try:
@@ -205,24 +224,25 @@ def main() -> int:
                 print(timed[-1], flush=True)
     finally:
         server.stop()
-    server = FakeServer(args.server_cpu, log, "--zero-delay", port=args.port)
+    server_cpus = [int(x) for x in args.raw_server_cpus.split(",")] if args.raw_server_cpus else [args.server_cpu]
+    server = FakeServer(server_cpus, log, "--zero-delay", port=args.port)
     try:
         counts = [int(x) for x in args.workers.split(",")]
         cpus = [int(x) for x in args.client_cpus.split(",")] if args.client_cpus else [args.client_cpu]
         raw_clients = [(f"lanebench x{w}" if w > 1 else "lanebench", w) for w in counts] + [(c, 1) for c in clients[1:]]
+        # peers, given --client-cpus, run on all of them (their own worker processes)
         for c in levels_raw:
             for client, w in raw_clients:
-                before = server.stats()["connections"]
                 got = one(client, server, c, per_level * max(1, c // 8), tokens_raw, work, w, cpus)
                 entries = server.entries()
-                conns = server.stats()["connections"] - before - 1  # -1: the /stats call itself
-                raw.append(raw_row(client, got, entries, c, conns))
+                raw.append(raw_row(client, got, entries, c, len({e["conn"] for e in entries})))
                 print(raw[-1], flush=True)
         if "aiperf" in clients:  # its venv has httpx and aiohttp: the HTTP layer comparison
-            server.log.write_text("")
-            res = subprocess.run([str(venv("aiperf") / "bin/python"), str(ROOT / "benchmarks/http_layers.py"),
+            server.reset()
+            interpreter, env = python("aiperf")
+            res = subprocess.run([*interpreter, str(ROOT / "benchmarks/http_layers.py"),
                                   "--url", server.url, "--levels", ",".join(map(str, levels_raw)),
-                                  "--tokens", str(tokens_raw)], capture_output=True, text=True, timeout=900)
+                                  "--tokens", str(tokens_raw)], capture_output=True, text=True, timeout=900, env=env)
             layers = [json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]
             if res.returncode:
                 print(res.stderr[-2000:], flush=True)

@@ -2,6 +2,11 @@
 /tmp (uv venv + uv pip install, never a project dependency), each run read back into the same
 shape: requests ok, tokens, and per-request TTFT keyed so it can meet the server's write log.
 
+Where no registry can be reached (a lent GPU machine), LANEBENCH_PEERS_SITE names a folder with
+one `pip install --target` folder per peer (scripts/peers-bundle.sh makes them for cp312): the
+peer then runs under this interpreter with its folder first on PYTHONPATH, on top of the
+packages the interpreter already has (torch, transformers, numpy ... on that machine's image).
+
 Neither peer is allowed to reach a hub: guidellm reads a local JSONL of prompts (and takes token
 counts from the server's usage); aiperf gets a tiny word-level tokenizer made here, on disk.
 """
@@ -9,20 +14,38 @@ counts from the server's usage); aiperf gets a tiny word-level tokenizer made he
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import sys
 from pathlib import Path
 
 VENVS = Path("/tmp/lb-peers")
 PEERS = {"guidellm": "guidellm==0.8.1", "aiperf": "aiperf==0.13.0"}
+ENTRY = {"guidellm": "from guidellm.__main__ import cli as main", "aiperf": "from aiperf.cli import app as main"}
 
 
-def venv(name: str) -> Path:
-    """The peer's venv, made once (uv's cache makes a rerun fast)."""
+def python(name: str) -> tuple[list[str], dict[str, str]]:
+    """The interpreter that has the peer (argv prefix) and the environment to run it in: its
+    venv, made once (uv's cache makes a rerun fast), or its folder under LANEBENCH_PEERS_SITE."""
+    site = os.environ.get("LANEBENCH_PEERS_SITE")
+    if site:
+        folder = Path(site) / name
+        if not folder.is_dir():
+            raise SystemExit(f"peers.py: LANEBENCH_PEERS_SITE={site} has no {name}/ folder "
+                             "(make it with scripts/peers-bundle.sh)")
+        path = os.pathsep.join([str(folder), *filter(None, [os.environ.get("PYTHONPATH")])])
+        return [sys.executable], {**os.environ, "PYTHONPATH": path}
     root = VENVS / name
     if not (root / "bin" / name).exists():
         subprocess.run(["uv", "venv", "-q", str(root)], check=True)
         subprocess.run(["uv", "pip", "install", "-q", "--python", str(root / "bin/python"), PEERS[name]], check=True)
-    return root
+    return [str(root / "bin/python")], dict(os.environ)
+
+
+def command(name: str) -> tuple[list[str], dict[str, str]]:
+    """The peer's own CLI (its console script's entry point), with its environment."""
+    argv, env = python(name)
+    return [*argv, "-c", f"import sys; {ENTRY[name]}; sys.argv[0] = {name!r}; sys.exit(main())"], env
 
 
 _TOKENIZER = """
@@ -39,16 +62,16 @@ json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "<unk>", "
 
 
 def _guidellm(url: str, concurrency: int, requests: int, tokens: int, work: Path) -> dict:
-    root = venv("guidellm")
+    cli, env = command("guidellm")
     data, out = work / "guidellm-data.jsonl", work / "guidellm.json"
     data.write_text("".join(json.dumps({"prompt": f"benchmark prompt {i}", "output_tokens_count": tokens}) + "\n"
                             for i in range(requests)))
     out.unlink(missing_ok=True)
-    subprocess.run([str(root / "bin/guidellm"), "run", "--backend", f"kind=openai_http,target={url},model=fake",
+    subprocess.run([*cli, "run", "--backend", f"kind=openai_http,target={url},model=fake",
                     "--profile", f"kind=concurrent,streams={concurrency}",
                     "--constraint", f"kind=max_requests,count={requests}",
                     "--data", f"kind=json_file,path={data}", "--output", f"kind=json,path={out}",
-                    "--disable-console"], check=True, capture_output=True, text=True, cwd=work, timeout=900)
+                    "--disable-console"], check=True, capture_output=True, text=True, cwd=work, timeout=900, env=env)
     reqs = json.loads(out.read_text())["benchmarks"][0]["requests"]
     good = reqs["successful"]
     return {"ok": len(good), "n": len(good) + len(reqs["errored"]) + len(reqs["incomplete"]),
@@ -58,16 +81,17 @@ def _guidellm(url: str, concurrency: int, requests: int, tokens: int, work: Path
 
 
 def _aiperf(url: str, concurrency: int, requests: int, tokens: int, work: Path) -> dict:
-    root = venv("aiperf")
+    cli, env = command("aiperf")
     tok, out = work / "aiperf-tokenizer", work / f"aiperf-{concurrency}"
     if not (tok / "tokenizer.json").exists():
-        subprocess.run([str(root / "bin/python"), "-c", _TOKENIZER, str(tok)], check=True)
+        interpreter, _ = python("aiperf")
+        subprocess.run([*interpreter, "-c", _TOKENIZER, str(tok)], check=True, env=env)
     subprocess.run(["rm", "-rf", str(out)], check=True)
-    subprocess.run([str(root / "bin/aiperf"), "profile", "--model", "fake", "--url", url, "--endpoint-type",
+    subprocess.run([*cli, "profile", "--model", "fake", "--url", url, "--endpoint-type",
                     "completions", "--streaming", "--concurrency", str(concurrency), "--request-count", str(requests),
                     "--tokenizer", str(tok), "--output-tokens-mean", str(tokens), "--synthetic-input-tokens-mean",
                     "8", "--artifact-dir", str(out), "--use-server-token-count", "--ui-type", "none",
-                    "--export-level", "records"], check=True, capture_output=True, text=True, cwd=work, timeout=900)
+                    "--export-level", "records"], check=True, capture_output=True, text=True, cwd=work, timeout=900, env=env)
     rows = [json.loads(line) for line in (out / "profile_export.jsonl").read_text().splitlines() if line.strip()]
     good = [r for r in rows if "time_to_first_token" in r.get("metrics", {})]
     good.sort(key=lambda r: r["metadata"]["request_start_ns"])

@@ -150,7 +150,7 @@ for phase in "${phases[@]}"; do
   build|facts|models|fixtures) "phase_$phase" > "$R/evidence/phase-$phase.log" 2>&1; rc=$? ;;
   client)  # the wave client against a server stepping like llama-server at C=64 (benchmarks/client_bursts.py):
     # run first, on quiet cores; --strict fails the phase when the client-bound flag fires at any level
-    python3 benchmarks/client_bursts.py --strict --levels "${CLIENT_LEVELS:-1,8,64}" --out "$R/evidence/client-bursts.json" \
+    python3 benchmarks/client_bursts.py --strict --levels "${CLIENT_LEVELS:-1,8,64}" --workers "${CLIENT_WORKERS:-8}" --out "$R/evidence/client-bursts.json" \
       > "$R/evidence/phase-client.log" 2>&1; rc=$? ;;
   nightly) lanebench nightly --hosts hosts.gpu.yaml --artifacts "$R/art" > "$R/evidence/phase-nightly.log" 2>&1; rc=$? ;;
   matrix) lanebench matrix matrix/gpu.yaml --artifacts "$R/art" > "$R/evidence/phase-matrix.log" 2>&1; rc=$? ;;

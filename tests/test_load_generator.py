@@ -9,6 +9,8 @@ targets are the benchmark's (benchmarks/load_generator.py), run on a quiet machi
 from __future__ import annotations
 
 import json
+import os
+import signal
 import statistics
 import time
 import urllib.request
@@ -20,6 +22,7 @@ import pytest
 from conftest import REPO, fake_server, shipped_inventory
 from tasks.client.metrics import steady_window
 from tasks.client.prompts import Prompt
+from tasks.client import workers
 from tasks.client.load import Wave, run_wave
 from tasks.engines import engine_for
 from tasks.inventory.models import DecodePlan, Inventory
@@ -425,3 +428,21 @@ def test_a_wave_spread_over_workers_keeps_its_shape_and_one_clock(fake):
     assert statistics.median(skew) < 0.01, skew
     rate = summarize("l", 4, [opened], request_rate=50.0)
     assert rate.realized_rate == pytest.approx(50.0, rel=0.2)
+
+
+def test_wave_workers_are_kept_between_waves_and_replaced_when_one_dies(fake):
+    """The worker processes of a spread wave serve the next wave too (a decode curve of 21 waves
+    would otherwise spawn and import 21 times); a worker that died is replaced, not waited for."""
+    url, _ = fake
+    first = run_wave(url, VLLM, _wave(2, 1, max_tokens=4, workers=2), _prompts("k1"))
+    pids = [p.pid for p in workers._pools[(2, None)].procs]
+    second = run_wave(url, VLLM, _wave(2, 1, max_tokens=4, workers=2), _prompts("k2"))
+    assert all(r.ok for r in first.records + second.records)
+    assert [p.pid for p in workers._pools[(2, None)].procs] == pids  # the same processes
+    os.kill(pids[0], signal.SIGKILL)
+    workers._pools[(2, None)].procs[0].join(5)
+    third = run_wave(url, VLLM, _wave(2, 1, max_tokens=4, workers=2), _prompts("k3"))
+    assert len(third.records) == 2 and all(r.ok for r in third.records)
+    assert not set(p.pid for p in workers._pools[(2, None)].procs) & set(pids)  # a fresh pool
+    workers.close_pools()
+    assert workers._pools == {}

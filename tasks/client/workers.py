@@ -1,28 +1,37 @@
 """A wave's load spread over worker processes, on one clock.
 
 One asyncio process tops out at one core's worth of streamed events (docs/benchmarks.md, "The
-load generator"); a server streaming more than that needs several. Each worker process runs
-its share of the wave with the one-process client (`waves.run_part`): closed loop, the streams
-whose number is the worker's index modulo the worker count; open loop, those requests of the
-one schedule, drawn once here, each still sent at its own scheduled time, so the arrival process
-is exactly the one-process one. The in-flight ceiling is split over the workers.
+load generator"); a server streaming more than that needs several. And a wave run inside the flow
+process shares its interpreter with Prefect's threads (log and event workers), which hold the GIL
+for up to the switch interval while the loop has events waiting: on an H200 the client-bound flag
+fired from C=8 in the nightly while the same client alone stayed at the probe's floor (issue 23).
+Each worker process runs its share of the wave with the one-process client (`waves.run_part`):
+closed loop, the streams whose number is the worker's index modulo the worker count; open loop,
+those requests of the one schedule, drawn once here, each still sent at its own scheduled time, so
+the arrival process is exactly the one-process one. The in-flight ceiling is split over the workers.
+
+The workers are kept between waves (a pool per worker count and cores): a spawned interpreter takes
+a second or more to import, which a decode curve of 21 waves would pay 21 times. A worker that died
+takes its pool with it; the next wave starts a fresh one.
 
 One clock: every stamp is `time.perf_counter()`, CLOCK_MONOTONIC, the same clock in every process
-on the host; the workers start their share at one `t0` handed to them after all of them are up
-(a spawned interpreter takes a second or more to import), so `sent_s`, `scheduled_s` and every
-arrival are on the wave's one timeline and merge into the same records one process writes.
-Records reach `on_record` as each worker finishes them, not at the wave's end. A request past
-its deadline stops new sends in its own worker only; the others stop at their own deadlines.
+on the host; the workers start their share at one `t0` handed to them after all of them hold the
+wave, so `sent_s`, `scheduled_s` and every arrival are on the wave's one timeline and merge into the
+same records one process writes. Records reach `on_record` as each worker finishes them, not at the
+wave's end. A request past its deadline stops new sends in its own worker only; the others stop at
+their own deadlines.
 """
 
 from __future__ import annotations
 
+import atexit
 import multiprocessing as mp
 import os
 import time
 from collections.abc import Callable
 from typing import cast
 from multiprocessing.connection import Connection, wait
+from multiprocessing.process import BaseProcess
 
 from tasks.client import auth
 from tasks.client.prompts import Prompt
@@ -34,57 +43,104 @@ START_MARGIN_S = 0.1  # from handing out t0 to t0: every worker has it before th
 READY_TIMEOUT_S = 120.0  # a worker that has not imported by then is broken, not slow
 
 
-def _worker(conn: Connection, base_url: str, engine: Engine, wave: Wave, prompts: list[Prompt],
-            part: tuple[int, int], cpus: list[int] | None, keys: dict[str, str]) -> None:
-    """One worker: report ready, take t0, run its share, send each record as it ends. `keys`:
-    the API keys of the parent's servers (a spawned interpreter starts with none), over the pipe."""
-    auth.install(keys)
+def _serve(conn: Connection, index: int, cpus: list[int] | None) -> None:
+    """One worker: pinned once, then wave after wave: take the wave, say ready, take t0, run its
+    share, send each record as it ends. The wave carries the API keys of the parent's servers (a
+    spawned interpreter starts with none)."""
     if cpus:
-        os.sched_setaffinity(0, {cpus[part[0] % len(cpus)]})
-    conn.send("ready")
-    t0 = conn.recv()
-    result = run_part(base_url, engine, wave, prompts, lambda r: conn.send(("record", r)), part, t0)
-    result.records = []  # already sent one by one
-    conn.send(("done", result))
+        os.sched_setaffinity(0, {cpus[index % len(cpus)]})
+    while (job := conn.recv()) is not None:
+        base_url, engine, wave, prompts, part, keys = job
+        auth.install(keys)
+        conn.send("ready")
+        t0 = conn.recv()
+        result = run_part(base_url, engine, wave, prompts, lambda r: conn.send(("record", r)), part, t0)
+        result.records = []  # already sent one by one
+        conn.send(("done", result))
     conn.close()
+
+
+class _Pool:
+    """`count` worker processes, started once and kept for the waves that follow."""
+
+    def __init__(self, count: int, cpus: list[int] | None):
+        ctx = mp.get_context("spawn")  # not fork: the parent may hold Prefect's threads and loops
+        self.procs: list[BaseProcess] = []
+        self.conns: list[Connection] = []
+        for index in range(count):
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(target=_serve, args=(child, index, cpus), daemon=True, name=f"wave-worker-{index}")
+            proc.start()
+            child.close()
+            self.procs.append(proc)
+            self.conns.append(parent)
+
+    def alive(self) -> bool:
+        return all(proc.is_alive() for proc in self.procs)
+
+    def close(self) -> None:
+        for conn in self.conns:
+            try:
+                conn.send(None)
+            except OSError:
+                pass  # that worker is gone already
+        for proc in self.procs:
+            proc.join(5)
+            if proc.is_alive():
+                proc.kill()
+        for conn in self.conns:
+            conn.close()
+
+
+_pools: dict[tuple[int, tuple[int, ...] | None], _Pool] = {}
+
+
+def _pool(count: int, cpus: list[int] | None) -> _Pool:
+    key = (count, tuple(cpus) if cpus else None)
+    if key in _pools and not _pools[key].alive():
+        _pools.pop(key).close()
+    if key not in _pools:
+        _pools[key] = _Pool(count, cpus)
+    return _pools[key]
+
+
+@atexit.register
+def close_pools() -> None:
+    """Stop every kept worker (also at the flow process's exit)."""
+    while _pools:
+        _pools.popitem()[1].close()
 
 
 def run_spread(base_url: str, engine: Engine, wave: Wave, prompts: list[Prompt],
                on_record: Callable[[RequestRecord], None] | None = None,
                cpus: list[int] | None = None) -> WaveResult:
-    """Run `wave` over min(workers, concurrency) processes (pinned round-robin to `cpus` when
+    """Run `wave` over min(workers, concurrency) kept processes (pinned round-robin to `cpus` when
     given) and merge what they measured into one WaveResult."""
     count = min(wave.workers, wave.concurrency)
-    ctx = mp.get_context("spawn")  # not fork: the parent may hold Prefect's threads and loops
-    procs, conns = [], []
-    for index in range(count):
-        parent, child = ctx.Pipe()
-        proc = ctx.Process(target=_worker, args=(child, base_url, engine, wave, prompts, (index, count), cpus,
-                                                   auth.snapshot()),
-                           daemon=True, name=f"wave-worker-{index}")
-        proc.start()
-        child.close()
-        procs.append(proc)
-        conns.append(parent)
+    pool = _pool(count, cpus)
+    key = (count, tuple(cpus) if cpus else None)
+    keys = auth.snapshot()
     try:
+        for index, conn in enumerate(pool.conns):
+            conn.send((base_url, engine, wave, prompts, (index, count), keys))
         deadline = time.monotonic() + READY_TIMEOUT_S
-        for index, conn in enumerate(conns):
+        for index, conn in enumerate(pool.conns):
             if not conn.poll(max(0.0, deadline - time.monotonic())) or conn.recv() != "ready":
                 raise RuntimeError(f"wave worker {index} did not start within {READY_TIMEOUT_S:g} s")
         t0 = time.perf_counter() + START_MARGIN_S
-        for conn in conns:
+        for conn in pool.conns:
             conn.send(t0)
         records: list[RequestRecord] = []
         parts: dict[int, WaveResult] = {}
-        live = {conn: index for index, conn in enumerate(conns)}
+        live = {conn: index for index, conn in enumerate(pool.conns)}
         while live:
             for conn in cast("list[Connection]", wait(list(live))):  # wait() returns what it was given
                 try:
                     kind, payload = conn.recv()
                 except EOFError:
                     index = live[conn]
-                    procs[index].join(5)
-                    raise RuntimeError(f"wave worker {index} died (exit code {procs[index].exitcode}) "
+                    pool.procs[index].join(5)
+                    raise RuntimeError(f"wave worker {index} died (exit code {pool.procs[index].exitcode}) "
                                        "before it finished its share of the wave") from None
                 if kind == "record":
                     records.append(payload)
@@ -92,13 +148,9 @@ def run_spread(base_url: str, engine: Engine, wave: Wave, prompts: list[Prompt],
                         on_record(payload)
                 else:
                     parts[live.pop(conn)] = payload
-    finally:
-        for proc in procs:
-            proc.join(10)
-            if proc.is_alive():
-                proc.kill()
-        for conn in conns:
-            conn.close()
+    except BaseException:  # a dead worker or an interrupt: what the others hold mid-wave is lost
+        _pools.pop(key, pool).close()
+        raise
     records.sort(key=lambda r: r.sent_s or 0.0)
     results = list(parts.values())
     return WaveResult(
