@@ -169,6 +169,10 @@ def one(client: str, server: FakeServer, concurrency: int, requests: int, tokens
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     try:
         got = run_peer(client, server.url, concurrency, requests, tokens, work)
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as e:  # the row says 0/n; the run exits 1
+        err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
+        print(f"{client} failed at C={concurrency}: {e}\n{err[-1500:]}", file=sys.stderr, flush=True)
+        got = {"ok": 0, "n": requests, "tokens": 0}
     finally:
         os.sched_setaffinity(0, pinned)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -237,8 +241,11 @@ def main() -> int:
                 entries = server.entries()
                 raw.append(raw_row(client, got, entries, c, len({e["conn"] for e in entries})))
                 print(raw[-1], flush=True)
-        if "aiperf" in clients:  # its venv has httpx and aiohttp: the HTTP layer comparison
-            server.reset()
+    finally:
+        server.stop()
+    if "aiperf" in clients:  # its venv has httpx and aiohttp: the HTTP layer comparison, on one server
+        server = FakeServer([args.server_cpu], log, "--zero-delay", port=args.port)  # (its /stats counts connections)
+        try:
             interpreter, env = python("aiperf")
             res = subprocess.run([*interpreter, str(ROOT / "benchmarks/http_layers.py"),
                                   "--url", server.url, "--levels", ",".join(map(str, levels_raw)),
@@ -247,8 +254,8 @@ def main() -> int:
             if res.returncode:
                 print(res.stderr[-2000:], flush=True)
                 errors.append(f"benchmarks/http_layers.py exited {res.returncode}")
-    finally:
-        server.stop()
+        finally:
+            server.stop()
     with open("/proc/loadavg") as f:
         load_end = f.read().split()[:3]
     print(f"\n## timed (TTFT {args.ttft_ms:g} ms, one token every {args.itl_ms:g} ms per stream)\n")

@@ -21,6 +21,7 @@ from pathlib import Path
 
 VENVS = Path("/tmp/lb-peers")
 PEERS = {"guidellm": "guidellm==0.8.1", "aiperf": "aiperf==0.13.0"}
+PEER_TIMEOUT_S = 300  # one peer run; a hung one fails its row, not the whole benchmark
 ENTRY = {"guidellm": "from guidellm.__main__ import cli as main", "aiperf": "from aiperf.cli import app as main"}
 
 
@@ -71,7 +72,7 @@ def _guidellm(url: str, concurrency: int, requests: int, tokens: int, work: Path
                     "--profile", f"kind=concurrent,streams={concurrency}",
                     "--constraint", f"kind=max_requests,count={requests}",
                     "--data", f"kind=json_file,path={data}", "--output", f"kind=json,path={out}",
-                    "--disable-console"], check=True, capture_output=True, text=True, cwd=work, timeout=900, env=env)
+                    "--disable-console"], check=True, capture_output=True, text=True, cwd=work, timeout=PEER_TIMEOUT_S, env=env)
     reqs = json.loads(out.read_text())["benchmarks"][0]["requests"]
     good = reqs["successful"]
     return {"ok": len(good), "n": len(good) + len(reqs["errored"]) + len(reqs["incomplete"]),
@@ -91,7 +92,7 @@ def _aiperf(url: str, concurrency: int, requests: int, tokens: int, work: Path) 
                     "completions", "--streaming", "--concurrency", str(concurrency), "--request-count", str(requests),
                     "--tokenizer", str(tok), "--output-tokens-mean", str(tokens), "--synthetic-input-tokens-mean",
                     "8", "--artifact-dir", str(out), "--use-server-token-count", "--ui-type", "none",
-                    "--export-level", "records"], check=True, capture_output=True, text=True, cwd=work, timeout=900, env=env)
+                    "--export-level", "records"], check=True, capture_output=True, text=True, cwd=work, timeout=PEER_TIMEOUT_S, env=env)
     rows = [json.loads(line) for line in (out / "profile_export.jsonl").read_text().splitlines() if line.strip()]
     good = [r for r in rows if "time_to_first_token" in r.get("metrics", {})]
     good.sort(key=lambda r: r["metadata"]["request_start_ns"])

@@ -14,8 +14,7 @@ tar -xJf .peers-bundle/peers.tar.xz -C /tmp/peers || { echo "loadgen-remote: no 
 { nproc; uname -r; python3 --version; cat /proc/loadavg; } > "$OUT/machine.txt" 2>&1
 cores=$(nproc)
 last=$((cores - 1))
-export PYTHONPATH="/tmp/peers/lanebench:$PWD" LANEBENCH_PEERS_SITE=/tmp/peers PYTHONUNBUFFERED=1 DO_NOT_TRACK=1 \
-  HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+export PYTHONPATH="/tmp/peers/lanebench:$PWD" LANEBENCH_PEERS_SITE=/tmp/peers PYTHONUNBUFFERED=1 DO_NOT_TRACK=1
 python3 benchmarks/load_generator.py --server-cpu 0 --client-cpu 1 --raw-server-cpus 0,1,2,3 \
   --client-cpus "$(seq -s, 4 "$last")" --workers "${WORKERS:-1,2,4,8,12}" "$@" 2>&1 | tee "$OUT/loadgen.md"
 rc=${PIPESTATUS[0]}
