@@ -141,10 +141,13 @@ def test_the_servers_own_timings_are_kept_and_agree_with_the_clients_clock(byte_
         assert r.ok, r.error
         t = r.server_timings
         assert t is not None and t["predicted_n"] == r.output_tokens and t["predicted_ms"] > 0, t
-        # The server's decode span sits inside the client's first-to-last arrival plus its own
-        # stamping slack: the server cannot have taken longer than the client saw.
-        client_span = r.chunk_arrivals_s[-1] - r.chunk_arrivals_s[0]
-        assert t["predicted_ms"] / 1e3 < client_span + 0.05, (t, client_span)
+        # The server's prompt and decode time sit inside the client's send-to-last-arrival plus
+        # stamping slack: the server cannot have taken longer than the client saw. (Not inside
+        # first-to-last arrival: the random model's first tokens can be bytes the server holds
+        # back, so its decode clock starts before the client's first event; on a loaded box that
+        # was 0.8 s.)
+        client_span = r.chunk_arrivals_s[-1]
+        assert (t["prompt_ms"] + t["predicted_ms"]) / 1e3 < client_span + 0.05, (t, client_span)
     row = summarize("bytes", 2, waves)
     assert row.server_tok_s is not None and row.server_tok_s > 0
     # Same tokens, same window: on a shared 2-core box the two clocks agree within 10 % (the

@@ -221,14 +221,20 @@ class EventSplitter:
     def feed(self, t: float, data: bytes) -> list[tuple[float, bytes, bool]]:
         if not self.buf:
             self.t_first = t
-        self.buf += data.replace(b"\r\n", b"\n")
+        # One split a read (a zero-delay stream brings hundreds of events in one read: slicing
+        # the rest off event by event, and stripping it to ask what follows, was quadratic).
+        parts = (self.buf + data.replace(b"\r\n", b"\n")).split(b"\n\n")
+        self.buf = parts.pop()
+        later = bool(self.buf.strip())  # going backwards: does anything non-blank follow part k?
         events = []
-        while (i := self.buf.find(b"\n\n")) >= 0:
-            raw, self.buf = self.buf[:i], self.buf[i + 2:]
-            if raw.strip():
-                # bytes after it that came in the read its first byte came in: it shared that read
-                events.append((self.t_first, raw, self.t_first == t and bool(self.buf.strip())))
-            self.t_first = t  # what is left began in this chunk
+        for k in range(len(parts) - 1, -1, -1):
+            stamp = self.t_first if k == 0 else t  # what followed the first event began in this chunk
+            if parts[k].strip():
+                events.append((stamp, parts[k], stamp == t and later))
+                later = True
+        if parts:
+            self.t_first = t
+        events.reverse()
         return events
 
     def close(self) -> list[tuple[float, bytes, bool]]:
