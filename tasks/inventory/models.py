@@ -33,6 +33,7 @@ from tasks.inventory.correctness import (  # noqa: F401  (re-exported)
     ToolProtocol,
     load_protocol,
 )
+from tasks.inventory.flag_conflicts import RULES, LaneRules, conflicts
 
 
 class HostPaths(_Strict):
@@ -280,7 +281,7 @@ class Lane(_Strict):
 
     @model_validator(mode="after")
     def _rpc_engine(self) -> Lane:
-        if self.rpc is not None and self.engine != "llamacpp":
+        if self.rpc is not None and not RULES[self.engine].rpc:
             raise ValueError(f"rpc is llama.cpp's RPC backend; engine {self.engine} spans hosts with 'nodes' "
                              "(nodes: {hosts: [head, worker], link: LINK}) plus its parallel flags "
                              "(e.g. --tensor-parallel-size)")
@@ -288,8 +289,6 @@ class Lane(_Strict):
 
     @model_validator(mode="after")
     def _flags_agree(self) -> Lane:
-        from tasks.inventory.flag_conflicts import conflicts
-
         if found := conflicts(self):
             field, problem, fix = found[0]
             raise _RefError("." + field, problem, fix)
@@ -304,9 +303,9 @@ class Lane(_Strict):
                              f"not {self.nodes.hosts[0]!r}")
         if len(set(self.nodes.hosts)) != len(self.nodes.hosts):
             raise ValueError("nodes.hosts names a host twice; one node per host")
-        if self.engine == "llamacpp" and self.nodes.link is None:
+        if RULES[self.engine].rpc and self.nodes.link is None:
             raise ValueError("a llama.cpp lane across nodes needs nodes.link (rpc-server listens on its end)")
-        if self.engine == "llamacpp" and self.nodes.env:
+        if not RULES[self.engine].node_env and self.nodes.env:
             raise ValueError("nodes.env sets the environment of vLLM and SGLang node processes; llama.cpp's "
                              "rpc-server takes none: remove nodes.env (the server's own environment is 'env')")
         return self
@@ -315,7 +314,8 @@ class Lane(_Strict):
     @classmethod
     def _nodes_as_rpc(cls, data: object) -> object:
         """llama.cpp spans hosts with its RPC backend: its worker nodes are the rpc plan's workers."""
-        if not isinstance(data, dict) or data.get("engine") != "llamacpp" or not isinstance(data.get("nodes"), dict):
+        if not isinstance(data, dict) or not RULES.get(str(data.get("engine")), LaneRules()).rpc \
+                or not isinstance(data.get("nodes"), dict):
             return data
         nodes = data["nodes"]
         hosts = nodes.get("hosts")
@@ -372,7 +372,7 @@ class Inventory(_Strict):
         links = {link.name for link in self.links}
         for lane_name, lane in self.lanes.items():
             needed = [*lane.links, *([lane.rpc.link] if lane.rpc else [])]
-            needed += [lane.nodes.link] if lane.nodes and lane.nodes.link and lane.engine != "llamacpp" else []
+            needed += [lane.nodes.link] if lane.nodes and lane.nodes.link and not RULES[lane.engine].rpc else []
             for i, name in enumerate(needed):
                 if name not in links:
                     field = f"lanes.{lane_name}.links[{i}]" if i < len(lane.links) else \
