@@ -101,11 +101,15 @@ def _message(r: CommandResult) -> str:
     return (r.stderr.strip() or r.stdout.strip())[-1500:]
 
 
+def _pinned(image_ref: str) -> re.Match[str]:
+    if (m := PINNED.fullmatch(image_ref)) is None:
+        raise ValueError(f"image {image_ref!r} is not pinned as repo@sha256:<64 hex>")
+    return m
+
+
 def verify_repo_digests(image_ref: str, repo_digests: list[str]) -> None:
     """The pinned `repo@sha256:...` must be among the local image's RepoDigests."""
-    m = PINNED.fullmatch(image_ref)
-    if m is None:
-        raise ValueError(f"image {image_ref!r} is not pinned as repo@sha256:<64 hex>")
+    m = _pinned(image_ref)
     if image_ref not in repo_digests:
         found = [d.split("@", 1)[1] for d in repo_digests if d.split("@", 1)[0] == m["repo"]]
         raise ImageError(f"image {m['repo']}: pinned digest {m['digest']} but the local image has "
@@ -124,9 +128,7 @@ def _inspect_image(transport: Transport, docker_host: str | None, image_ref: str
 def pull_by_digest(transport: Transport, docker_host: str | None, image_ref: str,
                    deadline_s: float = 1800.0) -> ImageFacts:
     """Have the pinned image on the host (pulled only when missing), verified by digest."""
-    m = PINNED.fullmatch(image_ref)
-    if m is None:
-        raise ValueError(f"image {image_ref!r} is not pinned as repo@sha256:<64 hex>")
+    m = _pinned(image_ref)
     registry = registry_of(m["repo"])
     t0 = time.monotonic()
     info = _inspect_image(transport, docker_host, image_ref)
@@ -239,8 +241,7 @@ def run_container(transport: Transport, docker_host: str | None, name: str, imag
     `vllm serve`, SGLang's none) and stream its logs into `log_path`. The image must already be on the
     host (`pull_by_digest`); a leftover under the lane's name must be gone (`remove_leftover`)."""
     container = container_name(name)
-    if PINNED.fullmatch(image_ref) is None:
-        raise ValueError(f"image {image_ref!r} is not pinned as repo@sha256:<64 hex>")
+    _pinned(image_ref)
     for arg in argv:
         if not _SAFE_FLAG.fullmatch(arg):
             raise ValueError(f"engine argument {arg!r} has characters not allowed on a command line")
