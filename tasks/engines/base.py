@@ -133,7 +133,7 @@ class Engine(ABC):
 
     def version_of(self, log: str, info: dict | list | None) -> str | None:
         """The engine release that booted, from its log or its info endpoint (None: not stated)."""
-        return None
+        return info["version"] if isinstance(info, dict) and isinstance(info.get("version"), str) else None
 
     def metrics(self, text: str) -> Metrics:
         """Parse Prometheus text exposition into {series: value}; labels sorted into the key."""
@@ -314,10 +314,3 @@ def parser_flags(agentic: Agentic, chat_template: str | None, tool_choice_flags:
     if chat_template is not None:
         flags += ["--chat-template", chat_template]
     return flags
-
-
-def per_position_from_counts(accepted_at: list[float], verify_steps: float) -> list[float]:
-    """Rates per draft position, one definition for every engine: accepted at k / steps."""
-    if verify_steps <= 0:
-        return []
-    return [a / verify_steps for a in accepted_at]

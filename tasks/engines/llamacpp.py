@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 
 from tasks.inventory.models import Agentic, Lane
-from tasks.engines.base import Engine, per_position_from_counts
+from tasks.engines.base import Engine
 from tasks.wire.kl_probes import ForcedProbe, ForcedScore, ProbeRetry
 from tasks.wire.records import RequestRecord, RequestSpec, StreamEvent
 from tasks.engines.facts import Acceptance, BootFacts, Metrics
@@ -165,14 +165,7 @@ class LlamaCpp(Engine):
             return None
         accepted = delta("spec_decode_num_accepted_tokens_total")
         per_pos = [delta(f'spec_decode_num_accepted_tokens_per_pos_total{{position="{i}"}}') for i in range(k)]
-        return Acceptance(
-            verify_steps=steps,
-            accepted=accepted,
-            draft_tokens=delta("spec_decode_num_draft_tokens_total"),
-            acceptance_length=1.0 + accepted / steps,
-            per_position=per_position_from_counts(per_pos, steps),
-            source="counters",
-        )
+        return Acceptance.over(steps, accepted, delta("spec_decode_num_draft_tokens_total"), per_pos, "counters")
 
     def completion_request(self, prompt: str, max_tokens: int) -> RequestSpec:
         # Native /completion: its final chunk carries `timings` with draft_n / draft_n_accepted.
