@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 from prometheus_client.parser import text_string_to_metric_families
 
 from tasks.wire.replies import ChatReply, parse_openai_chat
+from tasks.inventory.flag_conflicts import RULES
 from tasks.inventory.models import Agentic, Lane
 from tasks.wire.kl_probes import ForcedProbe, ForcedScore
 from tasks.wire.records import RequestRecord, RequestSpec, StreamEvent
@@ -27,9 +28,6 @@ class Engine(ABC):
     # lanebench builds this engine from a pin (scripts/build-llama-cpp.sh): a lane without
     # `binary` runs that build, and a lane naming its own binary is compared with the pin.
     pinned_build: ClassVar[bool] = False
-    # Spans hosts with its own RPC workers (the lane's `rpc` plan), not with node flags given to
-    # a server on every host (`nodes`, tasks/stages/topology.py).
-    spans_nodes_by_rpc: ClassVar[bool] = False
     # Loads a Hugging Face model folder (config.json, weights, tokenizer), not only a single file.
     loads_model_folder: ClassVar[bool] = True
     # The bytes a model file for this engine starts with, also its format's name (b"GGUF"),
@@ -46,6 +44,12 @@ class Engine(ABC):
     # them): verification steps with a draft, and draft tokens proposed. None: no such counter.
     draft_counter: ClassVar[str | None] = None
     draft_tokens_counter: ClassVar[str | None] = None
+
+    @property
+    def spans_nodes_by_rpc(self) -> bool:
+        """Spans hosts with its own RPC workers (the lane's `rpc` plan), not with node flags given to a
+        server on every host (`nodes`, tasks/stages/topology.py): the inventory's rule, asked here."""
+        return RULES[self.name].rpc
 
     def effective_k(self, metrics: Metrics) -> int | None:
         """The draft width the server resolved, as its own counters state it (None: not stated)."""

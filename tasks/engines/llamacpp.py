@@ -43,7 +43,6 @@ _POSITION = re.compile(r'^llamacpp:spec_decode_num_accepted_tokens_per_pos_total
 class LlamaCpp(Engine):
     name = "llamacpp"
     pinned_build = True
-    spans_nodes_by_rpc = True
     loads_model_folder = False
     model_magic = b"GGUF"
     serves_quantized_gguf = True

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 from typing import BinaryIO
 
-_CACHE = Path(os.environ.get("LANEBENCH_CACHE", Path.home() / ".cache" / "lanebench")) / "sha256.json"
+from tasks.inventory.paths import CACHE
+
+_CACHE = CACHE / "sha256.json"
 
 
 def file_sha256(source: str | Path | BinaryIO) -> str:

@@ -97,6 +97,10 @@ class Link(_Strict):
     mtu: Annotated[int, Field(ge=68, le=65536)] | None = None
     min_gbps: Annotated[float, Field(gt=0)] | None = None
 
+    def end(self, host: str) -> LinkEnd | None:
+        """The link's end on `host` (None: the host is on neither end)."""
+        return self.a if self.a.host == host else self.b if self.b.host == host else None
+
 
 class ContainerSettings(_Strict):
     """How a container lane's engine container runs (host network always: the bench reaches
@@ -360,15 +364,20 @@ class Inventory(_Strict):
     links: list[Link] = []
     lanes: Annotated[dict[str, Lane], Field(min_length=1)]
 
+    def link(self, name: str) -> Link | None:
+        return next((lk for lk in self.links if lk.name == name), None)
+
     @model_validator(mode="after")
     def _references(self) -> Inventory:
+        def known(field: str, host: str) -> None:
+            if host not in self.hosts:
+                raise _RefError(field, f"names host {host!r}, which is not under 'hosts'", f"use one of: {', '.join(self.hosts)}")
+
         for name in [*self.hosts, *self.lanes]:
             if not _NAME.fullmatch(name):
                 raise ValueError(f"name {name!r} must be letters, digits, '_', '.', '-' (at most 63)")
         for lane_name, lane in self.lanes.items():
-            if lane.host not in self.hosts:
-                raise _RefError(f"lanes.{lane_name}.host", f"names host {lane.host!r}, which is not under 'hosts'",
-                                f"use one of: {', '.join(self.hosts)}")
+            known(f"lanes.{lane_name}.host", lane.host)
         links = {link.name for link in self.links}
         for lane_name, lane in self.lanes.items():
             needed = [*lane.links, *([lane.rpc.link] if lane.rpc else [])]
@@ -381,17 +390,10 @@ class Inventory(_Strict):
                                     f"use one of: {', '.join(links)}" if links else
                                     "declare the link under 'links' (name, a and b ends, mtu) or remove it")
             for i, node in enumerate(lane.nodes.hosts if lane.nodes else []):
-                if node not in self.hosts:
-                    raise _RefError(f"lanes.{lane_name}.nodes.hosts[{i}]", f"names host {node!r}, which is not under 'hosts'",
-                                    f"use one of: {', '.join(self.hosts)}")
+                known(f"lanes.{lane_name}.nodes.hosts[{i}]", node)
             for i, worker in enumerate(lane.rpc.workers if lane.rpc and not lane.nodes else []):
-                if worker not in self.hosts:
-                    raise _RefError(f"lanes.{lane_name}.rpc.workers[{i}]", f"names host {worker!r}, which is not under 'hosts'",
-                                    f"use one of: {', '.join(self.hosts)}")
+                known(f"lanes.{lane_name}.rpc.workers[{i}]", worker)
         for i, link in enumerate(self.links):
-            for end in ("a", "b"):
-                host = getattr(link, end).host
-                if host not in self.hosts:
-                    raise _RefError(f"links[{i}].{end}.host", f"names host {host!r}, which is not under 'hosts'",
-                                    f"use one of: {', '.join(self.hosts)}")
+            known(f"links[{i}].a.host", link.a.host)
+            known(f"links[{i}].b.host", link.b.host)
         return self
