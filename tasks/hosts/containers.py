@@ -30,12 +30,11 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from tasks.inventory.models import _SAFE_FLAG, ContainerSettings
+from tasks.inventory.models import _NAME, _SAFE_FLAG, ContainerSettings
 from tasks.hosts.transport import CommandResult, CommandTimeout, Spawned, Transport
 from tasks.hosts.listener import Listeners, listeners
 
 PINNED = re.compile(r"^(?P<repo>[a-z0-9._/:-]+)@(?P<digest>sha256:[0-9a-f]{64})$")
-_LANE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 _DOCKER_HOST = re.compile(r"^(unix|tcp)://[A-Za-z0-9_./:-]+$")
 _MOUNT = re.compile(r"^/[A-Za-z0-9_./-]*:/[A-Za-z0-9_./-]*(:ro|:rw)?$")
 _ENV_KEY = re.compile(r"^[A-Z_][A-Z0-9_]*$")
@@ -68,7 +67,7 @@ class ImageFacts(BaseModel):
 
 
 def container_name(lane: str) -> str:
-    if not _LANE.fullmatch(lane):
+    if not _NAME.fullmatch(lane):
         raise ValueError(f"lane name {lane!r} must be letters, digits, '_', '.', '-' (at most 63)")
     return f"lanebench-{lane}"
 
