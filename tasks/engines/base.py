@@ -19,6 +19,7 @@ from tasks.inventory.flag_conflicts import RULES
 from tasks.inventory.models import Agentic, Lane
 from tasks.wire.kl_probes import ForcedProbe, ForcedScore
 from tasks.wire.records import RequestRecord, RequestSpec, StreamEvent
+from tasks.engines.build import BuildError
 from tasks.engines.facts import Acceptance, BootFacts, DraftPlan, LoggedAcceptance, Metrics, PlannedCap
 
 
@@ -115,8 +116,6 @@ class Engine(ABC):
     def local_build(self) -> tuple[str, dict[str, str]]:
         """The engine's executable on this machine when a lane names no `binary`, and what the
         manifest records about it. Raises BuildError with the reason where there is none."""
-        from tasks.engines.build import BuildError
-
         raise BuildError(f"lane declares no binary for engine {self.name} (set 'binary', or run it from a pinned 'image')")
 
     @abstractmethod

