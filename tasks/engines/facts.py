@@ -106,6 +106,13 @@ class Acceptance(_Record):
     per_position: list[float]
     source: Literal["counters", "requests"]
 
+    @classmethod
+    def over(cls, steps: float, accepted: float, draft_tokens: float | None, accepted_at: list[float],
+             source: Literal["counters", "requests"]) -> Acceptance:
+        """The window from its counts (`accepted_at[k]`: steps that accepted position k), one definition for every engine."""
+        return cls(verify_steps=steps, accepted=accepted, draft_tokens=draft_tokens, acceptance_length=1.0 + accepted / steps,
+                   per_position=[a / steps for a in accepted_at], source=source)
+
 
 class LoggedAcceptance(_Record):
     """What the server itself logged about acceptance over one window (vLLM's periodic

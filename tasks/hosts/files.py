@@ -1,7 +1,8 @@
 """File facts for the manifest: bytes and sha256, with the hash cached by size and mtime.
 
 `file_sha256` is the one way lanebench hashes a file's bytes (artifacts, manifests, seals'
-files, wheels, prompt sets, copies in a store): every other module calls it.
+files, wheels, prompt sets, copies in a store): every other module calls it. `Sha256Cache` is
+the one cache of digests, for files here and on the hosts (tasks/hosts/checks.py).
 """
 
 from __future__ import annotations
@@ -9,10 +10,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import tempfile
 from pathlib import Path
 from typing import BinaryIO
 
-_CACHE = Path(os.environ.get("LANEBENCH_CACHE", Path.home() / ".cache" / "lanebench")) / "sha256.json"
+from tasks.inventory.paths import CACHE
+
+_CACHE = CACHE / "sha256.json"
 
 
 def file_sha256(source: str | Path | BinaryIO) -> str:
@@ -27,26 +31,43 @@ def file_sha256(source: str | Path | BinaryIO) -> str:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
+class Sha256Cache:
+    """sha256 by key (a local path, or `host|address|path`), valid while size and mtime are unchanged; one JSON file."""
+
+    def __init__(self, path: Path | None = None) -> None:
+        self.path = Path(path or _CACHE)
+        try:
+            entries = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            entries = {}
+        self.entries: dict[str, dict] = entries if isinstance(entries, dict) else {}
+
+    def get(self, key: str, size: int, mtime: int) -> str | None:
+        entry = self.entries.get(key)
+        if isinstance(entry, dict) and entry.get("bytes") == size and entry.get("mtime") == mtime:
+            return entry.get("sha256")
+        return None
+
+    def put(self, key: str, size: int, mtime: int, digest: str) -> None:
+        self.entries[key] = {"bytes": size, "mtime": mtime, "sha256": digest}
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".sha256.")
+            with os.fdopen(fd, "w") as f:
+                json.dump(self.entries, f, indent=1, sort_keys=True)
+            os.replace(tmp, self.path)  # concurrent lanes: last writer wins, a reader never sees half a file
+        except OSError:
+            pass  # a cache that cannot be written costs a hash next time, nothing else
+
+
 def sha256_of(path: str | Path) -> str:
     """sha256 of a file; large model files are hashed once per (size, mtime)."""
     path = Path(path).resolve()
-    st = path.stat()
-    key = f"{path}:{st.st_size}:{st.st_mtime_ns}"
-    try:
-        cache = json.loads(_CACHE.read_text())
-    except (OSError, ValueError):
-        cache = {}
-    if key in cache:
-        return cache[key]
-    cache[key] = file_sha256(path)
-    try:
-        _CACHE.parent.mkdir(parents=True, exist_ok=True)
-        tmp = _CACHE.with_suffix(".tmp")
-        tmp.write_text(json.dumps(cache))
-        tmp.replace(_CACHE)
-    except OSError:
-        pass
-    return cache[key]
+    st, cache = path.stat(), Sha256Cache()
+    if (digest := cache.get(str(path), st.st_size, st.st_mtime_ns)) is None:
+        digest = file_sha256(path)
+        cache.put(str(path), st.st_size, st.st_mtime_ns, digest)
+    return digest
 
 
 def folder_files(path: str | Path) -> list[Path]:

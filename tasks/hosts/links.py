@@ -74,15 +74,6 @@ def lane_links(lane: Lane) -> list[str]:
     return names
 
 
-def check_lane_links(lane: Lane, links: dict[str, Link], transports: dict[str, Transport]) -> LinkCheck | None:
-    """The first failed link the lane needs (its check carries the skip reason), or None when all pass."""
-    for name in lane_links(lane):
-        check = check_link(links[name], transports)
-        if not check.ok:
-            return check
-    return None
-
-
 def _run(t: Transport, argv: list[str], deadline_s: float = 20.0):
     return t.run(argv, deadline_s=deadline_s, idempotent=True)
 

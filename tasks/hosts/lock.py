@@ -40,6 +40,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from tasks.hosts.owner import Owner
 from tasks.hosts.lock_storage import FILE_LEASES, LEASE_STORAGE_ENV  # noqa: F401  (sets it on import)
 
 POLL_S = 20.0  # how often a waiting lane looks for expired leases
@@ -67,8 +68,6 @@ def _register_holder():
 
     from prefect.client.schemas.objects import ConcurrencyLeaseHolder
     from prefect.runtime import flow_run
-
-    from tasks.hosts.owner import Owner
 
     run_id = flow_run.get_id() or str(uuid4())
     folder = _holders()
@@ -114,8 +113,6 @@ def _holders() -> Path:
 
 def _holder_dead(lease: dict) -> bool:
     """The lease's holder (a flow run of this host) has no process any more."""
-    from tasks.hosts.owner import Owner
-
     holder = (lease.get("metadata") or {}).get("holder") or {}
     try:
         return Owner.model_validate_json((_holders() / f"{holder.get('id')}.json").read_text()).alive() is False

@@ -11,6 +11,7 @@ before preflight looks at the port.
 
 from __future__ import annotations
 
+from tasks.hosts import containers
 from tasks.hosts.transport import Transport, TransportError
 from tasks.inventory.models import Host, Lane
 
@@ -28,8 +29,6 @@ def reclaim_leftovers(lane_name: str, lane: Lane, host: Host, transports: dict[s
                       host_name: str) -> list[str]:
     """Stop a dead run's server, workers and container for this lane; one line per thing reclaimed.
     A host that cannot be reached is left to preflight, which says so."""
-    from tasks.hosts import containers
-
     lines: list[str] = []
     main = transports.get(host_name)
     try:

@@ -19,6 +19,7 @@ width is refused naming the flag, the declared K and the K the engine would run.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 # field label -> (flag spellings, the lane's value as the engine would be told it)
@@ -39,7 +40,20 @@ _SGLANG: dict[str, tuple[tuple[str, ...], _Getter]] = {
                      lambda lane: lane.drafter.path if lane.drafter else None),
 }
 
-_TABLES = {"llamacpp": _LLAMACPP, "sglang": _SGLANG, "vllm": {}}
+
+
+@dataclass(frozen=True)
+class LaneRules:
+    """What the inventory asks of an engine's lane; the schema sits below engines/, so it is data here."""
+
+    rpc: bool = False  # spans hosts with llama.cpp's RPC backend: takes `rpc`, its nodes become the rpc plan
+    node_env: bool = True  # its node processes take `nodes.env`
+    draft_plan: bool = True  # draft width and method compared on the argv it resolves (`Engine.draft_plan`)
+    flags: dict[str, tuple[tuple[str, ...], _Getter]] = field(default_factory=dict)  # field -> flag spellings
+
+
+RULES = {"llamacpp": LaneRules(rpc=True, node_env=False, draft_plan=False, flags=_LLAMACPP),
+         "sglang": LaneRules(flags=_SGLANG), "vllm": LaneRules()}
 
 
 def flag_values(flags: list[str], names: tuple[str, ...]) -> list[str]:
@@ -83,8 +97,9 @@ def draft_conflicts(lane: Any) -> list[tuple[str, str, str]]:
 
 def conflicts(lane: Any) -> list[tuple[str, str, str]]:
     """(field, problem, fix) per lane field a flag contradicts, both values named."""
-    out = draft_conflicts(lane) if lane.engine in ("sglang", "vllm") else []
-    for label, (names, declared_of) in _TABLES.get(lane.engine, {}).items():
+    rules = RULES[lane.engine]
+    out = draft_conflicts(lane) if rules.draft_plan else []
+    for label, (names, declared_of) in rules.flags.items():
         declared = declared_of(lane)
         for given in flag_values(list(lane.flags), names):
             same = given == declared or (label.endswith("path") and declared is not None

@@ -33,6 +33,7 @@ from tasks.inventory.correctness import (  # noqa: F401  (re-exported)
     ToolProtocol,
     load_protocol,
 )
+from tasks.inventory.flag_conflicts import RULES, LaneRules, conflicts
 
 
 class HostPaths(_Strict):
@@ -95,6 +96,10 @@ class Link(_Strict):
     b: LinkEnd
     mtu: Annotated[int, Field(ge=68, le=65536)] | None = None
     min_gbps: Annotated[float, Field(gt=0)] | None = None
+
+    def end(self, host: str) -> LinkEnd | None:
+        """The link's end on `host` (None: the host is on neither end)."""
+        return self.a if self.a.host == host else self.b if self.b.host == host else None
 
 
 class ContainerSettings(_Strict):
@@ -280,7 +285,7 @@ class Lane(_Strict):
 
     @model_validator(mode="after")
     def _rpc_engine(self) -> Lane:
-        if self.rpc is not None and self.engine != "llamacpp":
+        if self.rpc is not None and not RULES[self.engine].rpc:
             raise ValueError(f"rpc is llama.cpp's RPC backend; engine {self.engine} spans hosts with 'nodes' "
                              "(nodes: {hosts: [head, worker], link: LINK}) plus its parallel flags "
                              "(e.g. --tensor-parallel-size)")
@@ -288,8 +293,6 @@ class Lane(_Strict):
 
     @model_validator(mode="after")
     def _flags_agree(self) -> Lane:
-        from tasks.inventory.flag_conflicts import conflicts
-
         if found := conflicts(self):
             field, problem, fix = found[0]
             raise _RefError("." + field, problem, fix)
@@ -304,9 +307,9 @@ class Lane(_Strict):
                              f"not {self.nodes.hosts[0]!r}")
         if len(set(self.nodes.hosts)) != len(self.nodes.hosts):
             raise ValueError("nodes.hosts names a host twice; one node per host")
-        if self.engine == "llamacpp" and self.nodes.link is None:
+        if RULES[self.engine].rpc and self.nodes.link is None:
             raise ValueError("a llama.cpp lane across nodes needs nodes.link (rpc-server listens on its end)")
-        if self.engine == "llamacpp" and self.nodes.env:
+        if not RULES[self.engine].node_env and self.nodes.env:
             raise ValueError("nodes.env sets the environment of vLLM and SGLang node processes; llama.cpp's "
                              "rpc-server takes none: remove nodes.env (the server's own environment is 'env')")
         return self
@@ -315,7 +318,8 @@ class Lane(_Strict):
     @classmethod
     def _nodes_as_rpc(cls, data: object) -> object:
         """llama.cpp spans hosts with its RPC backend: its worker nodes are the rpc plan's workers."""
-        if not isinstance(data, dict) or data.get("engine") != "llamacpp" or not isinstance(data.get("nodes"), dict):
+        if not isinstance(data, dict) or not RULES.get(str(data.get("engine")), LaneRules()).rpc \
+                or not isinstance(data.get("nodes"), dict):
             return data
         nodes = data["nodes"]
         hosts = nodes.get("hosts")
@@ -360,19 +364,24 @@ class Inventory(_Strict):
     links: list[Link] = []
     lanes: Annotated[dict[str, Lane], Field(min_length=1)]
 
+    def link(self, name: str) -> Link | None:
+        return next((lk for lk in self.links if lk.name == name), None)
+
     @model_validator(mode="after")
     def _references(self) -> Inventory:
+        def known(field: str, host: str) -> None:
+            if host not in self.hosts:
+                raise _RefError(field, f"names host {host!r}, which is not under 'hosts'", f"use one of: {', '.join(self.hosts)}")
+
         for name in [*self.hosts, *self.lanes]:
             if not _NAME.fullmatch(name):
                 raise ValueError(f"name {name!r} must be letters, digits, '_', '.', '-' (at most 63)")
         for lane_name, lane in self.lanes.items():
-            if lane.host not in self.hosts:
-                raise _RefError(f"lanes.{lane_name}.host", f"names host {lane.host!r}, which is not under 'hosts'",
-                                f"use one of: {', '.join(self.hosts)}")
+            known(f"lanes.{lane_name}.host", lane.host)
         links = {link.name for link in self.links}
         for lane_name, lane in self.lanes.items():
             needed = [*lane.links, *([lane.rpc.link] if lane.rpc else [])]
-            needed += [lane.nodes.link] if lane.nodes and lane.nodes.link and lane.engine != "llamacpp" else []
+            needed += [lane.nodes.link] if lane.nodes and lane.nodes.link and not RULES[lane.engine].rpc else []
             for i, name in enumerate(needed):
                 if name not in links:
                     field = f"lanes.{lane_name}.links[{i}]" if i < len(lane.links) else \
@@ -381,17 +390,10 @@ class Inventory(_Strict):
                                     f"use one of: {', '.join(links)}" if links else
                                     "declare the link under 'links' (name, a and b ends, mtu) or remove it")
             for i, node in enumerate(lane.nodes.hosts if lane.nodes else []):
-                if node not in self.hosts:
-                    raise _RefError(f"lanes.{lane_name}.nodes.hosts[{i}]", f"names host {node!r}, which is not under 'hosts'",
-                                    f"use one of: {', '.join(self.hosts)}")
+                known(f"lanes.{lane_name}.nodes.hosts[{i}]", node)
             for i, worker in enumerate(lane.rpc.workers if lane.rpc and not lane.nodes else []):
-                if worker not in self.hosts:
-                    raise _RefError(f"lanes.{lane_name}.rpc.workers[{i}]", f"names host {worker!r}, which is not under 'hosts'",
-                                    f"use one of: {', '.join(self.hosts)}")
+                known(f"lanes.{lane_name}.rpc.workers[{i}]", worker)
         for i, link in enumerate(self.links):
-            for end in ("a", "b"):
-                host = getattr(link, end).host
-                if host not in self.hosts:
-                    raise _RefError(f"links[{i}].{end}.host", f"names host {host!r}, which is not under 'hosts'",
-                                    f"use one of: {', '.join(self.hosts)}")
+            known(f"links[{i}].a.host", link.a.host)
+            known(f"links[{i}].b.host", link.b.host)
         return self

@@ -21,6 +21,7 @@ from tasks.inventory import api_key
 from tasks.inventory.models import Host, Lane
 from tasks.engines import engine_for
 from tasks.engines.facts import BootFacts
+from tasks.hosts import containers
 from tasks.hosts.listener import Listeners
 from tasks.hosts.retry import retrying
 from tasks.hosts.transport import Spawned
@@ -104,8 +105,6 @@ def start(lane_name: str, lane: Lane, binary: str, address: str, log_path: Path,
           placement: Placement | None = None) -> Server:
     """Start the workers, then the server (a process on the host, or the lane's container).
     A leftover of a crashed run under the same name is stopped first."""
-    from tasks.hosts import containers
-
     where = placement or Placement()
     # The head (node 0, on the lane's host) as the lane's placement built it; a lone server
     # started without one (scripts, tests) gets the same build for `address` on this machine.

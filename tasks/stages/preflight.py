@@ -122,9 +122,9 @@ def _remote(lane_name: str, lane: Lane, host: Host, base_dir: Path, inventory: I
     if lane_links(lane) and inventory is None:
         pre.reason = "lane needs links but was run without its inventory"
         return pre
+    links = {lk.name: lk for lk in inventory.links} if inventory is not None else {}
     for name in lane_links(lane):
-        link = next(lk for lk in inventory.links if lk.name == name)  # type: ignore[union-attr]
-        check = check_link(link, reach.transports)
+        check = check_link(links[name], reach.transports)
         pre.links.append(check)
         if not check.ok:
             pre.reason = check.reason
@@ -139,11 +139,10 @@ def _remote(lane_name: str, lane: Lane, host: Host, base_dir: Path, inventory: I
     roles = ["model", "drafter"] if lane.drafter is not None else ["model"]
     pre.models = [ModelFacts(role=r, path=f.path, bytes=f.bytes, sha256=f.sha256) for r, f in zip(roles, main.files)]
     if lane.rpc is not None:
-        link = next(lk for lk in inventory.links if lk.name == lane.rpc.link)  # type: ignore[union-attr]
+        link = links[lane.rpc.link]
         worker_binary = lane.rpc.binary or _pinned("rpc-server") or "rpc-server"
         for worker in lane.rpc.workers:
-            end = link.a if link.a.host == worker else link.b if link.b.host == worker else None
-            if end is None:
+            if (end := link.end(worker)) is None:
                 pre.reason = f"RPC worker {worker} is not an end of link {link.name}"
                 return pre
             wcheck = check_host(worker, inventory.hosts[worker], reach.transports[worker], [], needs_docker=False,  # type: ignore[union-attr]

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict
 
 from tasks.wire.records import RequestRecord
 from tasks.engines import Engine, engine_for
+from tasks.engines.build import BuildError
 from tasks.engines.facts import BootFacts, Metrics
 from tasks.inventory.models import CapacityGate, CounterGate, Gate, Lane
 from tasks.record.manifest import ModelFacts
@@ -200,8 +201,6 @@ def pinned_identity(lane: Lane) -> dict[str, str] | None:
     engine = engine_for(lane.engine)
     if not engine.pinned_build or lane.binary is None or lane.image is not None:
         return None
-    from tasks.engines.build import BuildError
-
     try:
         return engine.local_build()[1]
     except BuildError:

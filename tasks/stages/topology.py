@@ -18,14 +18,9 @@ from tasks.inventory.models import Host, Inventory, Lane
 
 def master_address(lane: Lane, inventory: Inventory) -> str:
     """Where the node group rendezvous: the head's end of `nodes.link`, else the head's address."""
-    head = lane.host
-    if lane.nodes is not None and lane.nodes.link is not None:
-        link = next((lk for lk in inventory.links if lk.name == lane.nodes.link), None)
-        if link is not None:
-            end = link.a if link.a.host == head else link.b if link.b.host == head else None
-            if end is not None:
-                return end.address
-    return inventory.hosts[head].address
+    link = inventory.link(lane.nodes.link) if lane.nodes is not None and lane.nodes.link is not None else None
+    end = link.end(lane.host) if link is not None else None
+    return end.address if end is not None else inventory.hosts[lane.host].address
 
 
 RENDEZVOUS_PORT = 29501  # vLLM's --master-port default (vllm/config/parallel.py); SGLang takes it too
@@ -101,12 +96,9 @@ def rpc_endpoints(lane: Lane, inventory: Inventory) -> list[str]:
     """llama.cpp: each rpc worker's "address:port" on its end of the rpc link (what `--rpc` lists)."""
     if lane.rpc is None:
         return []
-    link = next((lk for lk in inventory.links if lk.name == lane.rpc.link), None)
-    out = []
-    for worker in lane.rpc.workers:
-        end = None if link is None else link.a if link.a.host == worker else link.b if link.b.host == worker else None
-        out.append(f"{end.address if end else inventory.hosts[worker].address}:{lane.rpc.port}")
-    return out
+    link = inventory.link(lane.rpc.link)
+    ends = {w: link.end(w) if link is not None else None for w in lane.rpc.workers}
+    return [f"{end.address if end else inventory.hosts[w].address}:{lane.rpc.port}" for w, end in ends.items()]
 
 
 @dataclass(frozen=True)
