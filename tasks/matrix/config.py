@@ -34,16 +34,13 @@ from tasks.engines import engine_for
 from tasks.inventory.paths import REPO
 from tasks.inventory.models import _NAME, AcceptancePlan, BenchPlan, ConfigError, DecodePlan, FileRef, Host, Lane, Speculative
 from tasks.inventory.flag_conflicts import flag_values
+from tasks.inventory.base import _Strict
 from tasks.inventory.config_file import config_error, load_model
 from tasks.inventory.load import load_inventory
 from tasks.matrix.bars import METRICS, Bar
 
 DEFAULT_INVENTORY = REPO / "hosts.yaml"
 _DOC = "matrix/README.md"
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class DrafterRef(_Strict):
