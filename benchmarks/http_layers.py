@@ -19,11 +19,9 @@ import json
 import sys
 import time
 import urllib.request
-from pathlib import Path
 
-# The checkout's own package (a peer's venv does not have lanebench installed); since b6c58bb
-# http.py imports its socket reader from tasks.client.stamped, so loading http.py alone broke.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from _common import ints  # puts the checkout on sys.path: a peer's venv has no lanebench installed
+
 from tasks.client import http as lean
 
 BODY = {"model": "fake", "prompt": "benchmark prompt", "stream": True}
@@ -91,7 +89,7 @@ def _connections(url: str) -> int:
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--url", required=True)
-    p.add_argument("--levels", default="1,16,64")
+    p.add_argument("--levels", type=ints, default="1,16,64")
     p.add_argument("--requests", type=int, default=4, help="per stream")
     p.add_argument("--tokens", type=int, default=512)
     p.add_argument("--layers", default="httpx,aiohttp,lean", help="comma list of httpx, aiohttp, lean")
@@ -106,7 +104,7 @@ def main() -> int:
         if name != "lean":
             importlib.import_module(name)  # before any timing: an import is not a layer's cost
     rows = []
-    for c in [int(x) for x in args.levels.split(",")]:
+    for c in args.levels:
         for name, fn in (every[x] for x in chosen):
             before = _connections(args.url)
             cpu0, t0 = time.process_time(), time.perf_counter()

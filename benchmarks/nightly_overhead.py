@@ -50,18 +50,13 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from _common import REPO, cpu, run_folder, settle, steal
+
 from tasks.record.manifest import read_manifest
 
-REPO = Path(__file__).resolve().parent.parent
 MEASURING = {"boot", "boot gates", "warmup", "decode curve", "acceptance probe", "tool gate", "needle ladder",
              "prefill ladder", "accuracy eval"}
 BUSY_LOAD = 0.5  # 1-minute load above which a row is marked busy (2 cores, nothing else should run)
-
-
-def steal() -> tuple[int, int]:
-    """(steal ticks, total ticks) from /proc/stat's cpu line."""
-    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
-    return fields[7] if len(fields) > 7 else 0, sum(fields)
 
 
 def union(intervals: list[tuple[float, float]]) -> float:
@@ -124,17 +119,8 @@ def measured(folder: Path) -> dict:
     return out
 
 
-def settle(limit_s: float = 300.0) -> None:
-    """Wait (up to `limit_s`) for the 1-minute load to fall under BUSY_LOAD: a nightly leaves it
-    near 1.4 on 2 cores, and the next run must not start on that."""
-    deadline = time.monotonic() + limit_s
-    while os.getloadavg()[0] >= BUSY_LOAD and time.monotonic() < deadline:
-        time.sleep(5)
-
-
 def one_run(checkout: Path, artifacts: Path, api_url: str | None = None) -> dict:
-    settle()
-    load = os.getloadavg()[0]
+    load = settle(BUSY_LOAD, 300, 5)  # a nightly leaves the load near 1.4 on 2 cores: the next must not start on that
     s0, t0 = steal()
     env = {**os.environ, "DO_NOT_TRACK": "1"} | ({"PREFECT_API_URL": api_url} if api_url else {})
     start = time.time()
@@ -142,8 +128,8 @@ def one_run(checkout: Path, artifacts: Path, api_url: str | None = None) -> dict
                         str(artifacts)], cwd=checkout, capture_output=True, text=True, env=env)
     wall = time.time() - start
     s1, t1 = steal()
-    folder = Path(r.stdout.strip().splitlines()[-1].removeprefix("run folder: ")) if r.stdout.strip() else None
-    if folder is None or not (folder / "manifest.json").is_file():
+    folder = run_folder(r, f"lanebench nightly in {checkout}")
+    if not (folder / "manifest.json").is_file():
         raise SystemExit(f"no run folder from {checkout}: {r.stdout[-1500:]}{r.stderr[-1500:]}")
     got = measured(folder)
     if set(got["status"].values()) != {"passed"}:
@@ -195,9 +181,7 @@ def main() -> int:
             if args.baseline:
                 subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(Path(tmp) / "baseline")],
                                capture_output=True)
-    cpu = next((x.split(":", 1)[1].strip() for x in Path("/proc/cpuinfo").read_text().splitlines()
-                if x.startswith("model name")), "?")
-    print(f"machine: {cpu}, {os.cpu_count()} cores; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
+    print(f"machine: {cpu()}, {os.cpu_count()} cores; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
           f"Prefect API server: {args.server}\n")
     print("| checkout | wall s | flow s | boot s | requests in flight s | share of wall | share of flow | GX s "
           "| load at start | steal % | exit |")

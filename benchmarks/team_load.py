@@ -30,15 +30,15 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(REPO), str(REPO / "tests")]
+from _common import REPO
 
-from pg_fixture import Cluster  # noqa: E402  (the tests' real PostgreSQL, reused)
-from prefect_stack import free_port  # noqa: E402
-from test_deployments import _Lines  # noqa: E402
-from test_team import TERMINAL, _inventory, _launch, _matrix, _spans  # noqa: E402  (the CI test's lanes)
+sys.path.insert(0, str(REPO / "tests"))
+from pg_fixture import Cluster  # the tests' real PostgreSQL, reused
+from prefect_stack import free_port
+from test_deployments import _Lines
+from test_team import TERMINAL, _inventory, _launch, _matrix, _spans  # the CI test's lanes
 
-from tasks.record.manifest import read_manifest  # noqa: E402
+from tasks.record.manifest import read_manifest
 
 NIGHTLY_PORT, MATRIX_PORT = 18770, 18780  # this script's lanes (the matrix's arms may move up)
 
@@ -58,10 +58,6 @@ def _stop(proc: subprocess.Popen | None) -> None:
             proc.wait(timeout=90)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
-
-
-def load1() -> float:
-    return float(Path("/proc/loadavg").read_text().split()[0])
 
 
 def main() -> int:
@@ -101,7 +97,7 @@ def main() -> int:
         team = {"api": api, "env": side}
         inventory = _inventory(root / "inventory", NIGHTLY_PORT)
         matrix_inv = _inventory(root / "matrix-inventory", MATRIX_PORT)
-        load_before, t0 = load1(), time.monotonic()
+        load_before, t0 = os.getloadavg()[0], time.monotonic()
         runs = {_launch(team, "nightly", "site-b", hosts=str(inventory), artifacts_root=str(store)): "site-b"}
         for i in range(args.matrices):
             queue = ("site-a", "site-b")[i % 2]
@@ -115,7 +111,7 @@ def main() -> int:
                 run = _get(api, f"/flow_runs/{run_id}")
                 if run["state"]["type"] in TERMINAL:
                     done[run_id] = run
-            loads.append(load1())
+            loads.append(os.getloadavg()[0])
             time.sleep(5)
         wall = time.monotonic() - t0
         for run_id in set(runs) - set(done):
