@@ -3,34 +3,24 @@
 Target (issue 11): at least 80% of `lanebench nightly`'s wall time is spent booting the server
 or with requests in flight. Measured from outside, the same way for any lanebench checkout:
 
-- wall: the command, from launch to exit (imports, Prefect's server, the flow, the exit);
-- measuring: the server's boot (`boot_seconds` in the manifest) plus the union of every
-  request's in-flight interval: `requests.jsonl` and `prefill.jsonl` (started_at .. started_at
-  + e2el_s), the tool gate's and the accuracy eval's requests (`tool_cases.jsonl`,
-  `accuracy.jsonl`: started_at .. + seconds), and the gates' own requests (the boot gates'
-  probe, the agentic smoke and thinking-switch requests: `requests` on each gate verdict in the
-  manifest), and the needle ladder's rungs (`needles.parquet`: started_at .. + seconds; before
-  2026-12-01 18:20 UTC they kept no send time and went uncounted). Before
-  2026-12-01 16:30 UTC the tool gate's and accuracy eval's seconds were summed as if sent one
-  at a time; they are sent concurrently, so that sum overcounted (by 2-8 s a nightly) and every
-  share quoted before then read high;
+- wall: the command, from launch to exit;
+- measuring: the server's boot (`boot_seconds`) plus the union of every request's in-flight
+  span, from every raw record that has one (`measured` below: decode, prefill, tool gate,
+  accuracy, needle rungs and the gates' own requests). Before 2026-12-01 16:30 UTC the tool
+  gate's and accuracy eval's seconds were summed although sent concurrently: shares quoted
+  before then read high (by 2-8 s a nightly); before 18:20 UTC the needle rungs went uncounted;
 - a check: boot plus in-flight time may not exceed the lanes' own span (first to last stage
-  mark); a run where it does is a counting error, and the benchmark says so instead of a share;
-- the same measuring seconds as a share of the flow's own span (the manifest's started_at to
-  finished_at: from the run folder's creation to the last plot, before the report is rendered),
-  beside the share of the command's wall time: the difference is what the command pays around
-  the flow (imports, Prefect's API server, the flow run's creation, the report, the exit);
-- where the checkout records a timeline (stage marks, GX seconds per artifact), a
-  stage-by-stage breakdown.
+  mark); a run where it does is a counting error, reported instead of a share;
+- the same seconds as a share of the flow's own span (manifest started_at to finished_at), beside
+  the share of wall: the difference is what the command pays around the flow (imports, Prefect's
+  API server, the flow run's creation, the report, the exit); and, from the manifest's timeline,
+  a stage-by-stage breakdown.
 
 `--server running` runs every nightly against one Prefect server started before them (what a
-deployed nightly has: `lanebench serve` keeps `prefect server start` up), so no run pays for an
-API server's start; the default, `ephemeral`, is the embedded default: each command starts its own.
-
-`--baseline REF` also runs the nightly from a git worktree of REF (e.g. the commit before the
-restructuring), alternating the two so both see the same machine. Run it on an idle machine;
-it records the 1-minute load and the CPU steal before and after each run, and refuses to call
-a result from a busy machine a result.
+deployed nightly has: `lanebench serve`); the default, `ephemeral`, starts one per command.
+`--baseline REF` also runs the nightly from a git worktree of REF, alternating the two so both
+see the same machine. Run it on an idle machine: it records the 1-minute load and the CPU steal
+around each run and marks a result from a busy machine busy.
 
     uv run python benchmarks/nightly_overhead.py [--runs 2] [--baseline 7bee0d8]
 """
