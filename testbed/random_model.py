@@ -27,8 +27,7 @@ TESTBED_TARGET = HERE / "models" / "target-f16.gguf"
 # SwiGLU width 5632; the layer count sets the size (~51 M parameters per layer). `--width 4096`
 # is a Llama-8B-like body (32 heads of 128, SwiGLU 14336, ~243 M parameters per layer): at 32
 # layers its ~16 GB F16 step is bound by memory, not by kernel launches.
-N_EMBD, N_HEAD, N_FF, N_CTX = 2048, 16, 5632, 4096
-PER_LAYER = 4 * N_EMBD * N_EMBD + 3 * N_EMBD * N_FF + 2 * N_EMBD
+N_EMBD, N_CTX = 2048, 4096
 BODIES = {2048: (16, 5632), 4096: (32, 14336)}  # width -> heads, SwiGLU width
 
 
