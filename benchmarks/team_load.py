@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -36,7 +35,7 @@ sys.path.insert(0, str(REPO / "tests"))
 from pg_fixture import Cluster  # the tests' real PostgreSQL, reused
 from prefect_stack import free_port
 from test_deployments import _Lines
-from test_team import TERMINAL, _inventory, _launch, _matrix, _spans  # the CI test's lanes
+from test_team import TERMINAL, _inventory, _launch, _matrix, _spans, _stop  # the CI test's lanes
 
 from tasks.record.manifest import read_manifest
 
@@ -49,15 +48,6 @@ def _get(api: str, path: str) -> dict:
     r = httpx.get(api + path, timeout=30)  # no retry: a 503 here fails the benchmark
     r.raise_for_status()
     return r.json()
-
-
-def _stop(proc: subprocess.Popen | None) -> None:
-    if proc is not None and proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=90)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
 
 
 def main() -> int:
@@ -151,8 +141,9 @@ def main() -> int:
               f"{len(spans)} lane holds, {'none overlapping' if not any('held' in p for p in problems) else 'OVERLAPPING'}; "
               f"{sum(1 for r in done.values() if r['state']['type'] == 'COMPLETED')}/{len(runs)} completed")
     finally:
-        _stop(other)
-        _stop(served)
+        for proc in (other, served):
+            if proc is not None:
+                _stop(proc)
         cluster.stop()
     for p in problems:
         print(f"PROBLEM: {p}")
