@@ -1,24 +1,11 @@
 """The matrix file: drafters x K x prompt class on one target lane, with bars set before the run.
 
-The seeds' October evaluation by hand: five arms (two drafters and a newer checkpoint, at
-K=4 and K=7), each booted fresh on the same lane, three repeats over each prompt set, and a
-verdict against bars written down before training. A matrix file states that once
-(`matrix/README.md` documents every field):
-
-    name: rehearsal
-    target: rehearsal                  # a lane of the inventory (engine, model, host, gates)
-    drafters: {good: {path: ..., revision: ...}, weak: {...}}
-    baseline: good                     # relative bars compare with this drafter at the same K
-    arms: [{drafter: good, k: [2, 4, 7]}, {drafter: weak, k: [2, 4, 7]}]
-    prompt_sets: {prose: ..., code: ...}
-    repeats: 3
-    speed: {concurrency: [1]}
-    bars: [{metric: acceptance_length, class: prose, k: 4, op: ">=", value: 2.6}, ...]
-
-`load_matrix` checks every field and every cross-reference (lanes, drafters, classes, K,
-concurrency levels, baseline arms) before anything runs; any problem is one
-`tasks.config.ConfigError` naming file, field and fix. Paths are relative to the matrix
-file; the inventory defaults to the repo's hosts.yaml.
+The seeds' October evaluation by hand (five arms booted fresh on one lane, three repeats per
+prompt set, a verdict against bars written before training) stated once; `matrix/README.md`
+documents every field and matrix/rehearsal.yaml is an example. `load_matrix` checks every field
+and cross-reference (lanes, drafters, classes, K, concurrency levels, baseline arms) before
+anything runs; any problem is one `ConfigError` naming file, field and fix. Paths are relative to
+the matrix file; the inventory defaults to the repo's hosts.yaml.
 """
 
 from __future__ import annotations
