@@ -104,3 +104,9 @@ class FakeServer:
             proc.terminate()
         for proc in self.procs:
             proc.wait(10)
+
+    def __enter__(self) -> FakeServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -27,39 +27,35 @@ from tasks.client import http as lean
 BODY = {"model": "fake", "prompt": "benchmark prompt", "stream": True}
 
 
-async def _httpx(url: str, c: int, n: int, tokens: int) -> int:
-    httpx = sys.modules["httpx"]
-    body = {**BODY, "max_tokens": tokens}
+async def _streams(c: int, n: int, post, chunks) -> int:
+    """`c` streams of `n` requests each, every body read to its end, each read stamped and kept."""
     events = 0
+
+    async def stream() -> None:
+        nonlocal events
+        for _ in range(n):
+            pieces = []
+            async with post() as resp:
+                async for data in chunks(resp):
+                    pieces.append((time.perf_counter(), data))
+            events += sum(d.count(b"\n\n") for _, d in pieces)
+    await asyncio.gather(*(stream() for _ in range(c)))
+    return events
+
+
+async def _httpx(url: str, c: int, n: int, tokens: int) -> int:
+    httpx, body = sys.modules["httpx"], {**BODY, "max_tokens": tokens}
     limits = httpx.Limits(max_connections=c, max_keepalive_connections=c)
     async with httpx.AsyncClient(base_url=url, limits=limits, timeout=120) as client:
-        async def stream() -> None:
-            nonlocal events
-            for _ in range(n):
-                pieces = []
-                async with client.stream("POST", "/v1/completions", json=body) as resp:
-                    async for data in resp.aiter_raw():
-                        pieces.append((time.perf_counter(), data))
-                events += sum(d.count(b"\n\n") for _, d in pieces)
-        await asyncio.gather(*(stream() for _ in range(c)))
-    return events
+        return await _streams(c, n, lambda: client.stream("POST", "/v1/completions", json=body),
+                              lambda resp: resp.aiter_raw())
 
 
 async def _aiohttp(url: str, c: int, n: int, tokens: int) -> int:
-    aiohttp = sys.modules["aiohttp"]
-    body = {**BODY, "max_tokens": tokens}
-    events = 0
+    aiohttp, body = sys.modules["aiohttp"], {**BODY, "max_tokens": tokens}
     async with aiohttp.ClientSession(base_url=url, connector=aiohttp.TCPConnector(limit=c)) as session:
-        async def stream() -> None:
-            nonlocal events
-            for _ in range(n):
-                pieces = []
-                async with session.post("/v1/completions", json=body) as resp:
-                    async for data in resp.content.iter_any():
-                        pieces.append((time.perf_counter(), data))
-                events += sum(d.count(b"\n\n") for _, d in pieces)
-        await asyncio.gather(*(stream() for _ in range(c)))
-    return events
+        return await _streams(c, n, lambda: session.post("/v1/completions", json=body),
+                              lambda resp: resp.content.iter_any())
 
 
 async def _lean(url: str, c: int, n: int, tokens: int) -> int:

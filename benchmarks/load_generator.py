@@ -169,20 +169,16 @@ def main() -> int:
 
     timed, raw, layers = [], [], []
     # The reference polls instead of sleeping: its own wake-up is not the clients' error.
-    server = FakeServer(args.port, "--ttft-ms", str(args.ttft_ms), "--itl-ms", str(args.itl_ms),
-                        *([] if args.server_sleeps else ["--busy-poll"]), cpus=[args.server_cpu], log=log)
-    os.sched_setaffinity(0, {args.client_cpu})  # after the server started: it pinned itself
-    try:
+    with FakeServer(args.port, "--ttft-ms", str(args.ttft_ms), "--itl-ms", str(args.itl_ms),
+                    *([] if args.server_sleeps else ["--busy-poll"]), cpus=[args.server_cpu], log=log) as server:
+        os.sched_setaffinity(0, {args.client_cpu})  # after the server started: it pinned itself
         for c in levels_timed:
             for client in clients:
                 n = per_level * max(1, c // 8) if c > 1 else per_level
                 got = one(client, server, c, n, tokens_timed, work)
                 timed.append(timed_row(client, got, server.entries(), c, args.itl_ms))
                 print(timed[-1], flush=True)
-    finally:
-        server.stop()
-    server = FakeServer(args.port, "--zero-delay", cpus=args.raw_server_cpus or [args.server_cpu], log=log)
-    try:
+    with FakeServer(args.port, "--zero-delay", cpus=args.raw_server_cpus or [args.server_cpu], log=log) as server:
         cpus = args.client_cpus or [args.client_cpu]
         raw_clients = [(f"lanebench x{w}" if w > 1 else "lanebench", w) for w in args.workers] + [(c, 1) for c in clients[1:]]
         # peers, given --client-cpus, run on all of them (their own worker processes)
@@ -192,11 +188,8 @@ def main() -> int:
                 entries = server.entries()
                 raw.append(raw_row(client, got, entries, c, len({e["conn"] for e in entries})))
                 print(raw[-1], flush=True)
-    finally:
-        server.stop()
     if "aiperf" in clients:  # its venv has httpx and aiohttp: the HTTP layer comparison, on one server
-        server = FakeServer(args.port, "--zero-delay", cpus=[args.server_cpu], log=log)  # (its /stats counts connections)
-        try:
+        with FakeServer(args.port, "--zero-delay", cpus=[args.server_cpu], log=log) as server:  # (its /stats counts connections)
             interpreter, env = python("aiperf")
             res = subprocess.run([*interpreter, str(REPO / "benchmarks/http_layers.py"),
                                   "--url", server.url, "--levels", ",".join(map(str, levels_raw)),
@@ -205,8 +198,6 @@ def main() -> int:
             if res.returncode:
                 print(res.stderr[-2000:], flush=True)
                 errors.append(f"benchmarks/http_layers.py exited {res.returncode}")
-        finally:
-            server.stop()
     load_end = loadavg()
     print(f"\n## timed (TTFT {args.ttft_ms:g} ms, one token every {args.itl_ms:g} ms per stream)\n")
     print(table(timed))
