@@ -342,11 +342,11 @@ def write_gguf(model: Llama, path: Path, description: str) -> None:
     blocks = [put(f"blk.{i}.{n}.weight", getattr(b, n).weight) for i, b in enumerate(model.blocks)
               for n in ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up",
                         "ffn_down")]
-    random_model.write_llama(path, f"lanebench-testbed-{cfg.name}", description, n_ctx=cfg.n_ctx, n_embd=cfg.n_embd,
-                n_layer=cfg.n_layer, n_ff=cfg.n_ff, n_head=cfg.n_head, rope_base=cfg.rope_base, norm_eps=cfg.norm_eps,
-                vocab=vocab, tensors=[put("token_embd.weight", model.token_embd.weight), *blocks,
-                                      put("output_norm.weight", model.output_norm.weight),
-                                      put("output.weight", model.output.weight)])
+    random_model.write_llama(
+        path, f"lanebench-testbed-{cfg.name}", description, n_ctx=cfg.n_ctx, n_embd=cfg.n_embd, n_layer=cfg.n_layer,
+        n_ff=cfg.n_ff, n_head=cfg.n_head, rope_base=cfg.rope_base, norm_eps=cfg.norm_eps, vocab=vocab,
+        tensors=[put("token_embd.weight", model.token_embd.weight), *blocks,
+                 put("output_norm.weight", model.output_norm.weight), put("output.weight", model.output.weight)])
 
 
 def load_gguf(path: Path) -> Llama:
@@ -354,12 +354,7 @@ def load_gguf(path: Path) -> Llama:
     import gguf
 
     rd = gguf.GGUFReader(str(path))
-    f = {fl.name: fl for fl in rd.fields.values()}
-
-    def num(key: str) -> float:
-        fl = f[key]
-        return fl.parts[fl.data[0]][0].item()
-
+    num = lambda key: rd.fields[key].contents()  # noqa: E731
     cfg = Config(
         name=path.stem.removesuffix("-f16"), n_embd=int(num("llama.embedding_length")),
         n_layer=int(num("llama.block_count")), n_head=int(num("llama.attention.head_count")),
