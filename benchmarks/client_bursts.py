@@ -20,19 +20,17 @@ from __future__ import annotations
 import argparse
 import json
 import selectors
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from _common import FakeServer, ints
 
-from tasks.client.load import Wave, run_wave  # noqa: E402
-from tasks.client.prompts import Prompt  # noqa: E402
-from tasks.engines import engine_for  # noqa: E402
-from tasks.record.run_folder import RunFolder  # noqa: E402
+from tasks.client.load import Wave, run_wave
+from tasks.client.prompts import Prompt
+from tasks.engines import engine_for
+from tasks.record.run_folder import RunFolder
 
 _TURNS: list[float] = []  # wall seconds of each loop turn (from one epoll return to the next wait)
 _select, _left = selectors.EpollSelector.select, [0.0]
@@ -51,7 +49,7 @@ def _timed_select(self, timeout=None):
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--step-ms", type=float, default=10.6, help="the server's step (10.6 ms: 64 streams at ~6k tok/s)")
-    p.add_argument("--levels", default="1,2,4,8,16,32,64")
+    p.add_argument("--levels", type=ints, default="1,2,4,8,16,32,64")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--port", type=int, default=18590)
@@ -60,40 +58,33 @@ def main() -> int:
     p.add_argument("--strict", action="store_true", help="exit 1 when the client-bound flag fires at any level")
     args = p.parse_args()
     selectors.EpollSelector.select = _timed_select  # type: ignore[method-assign]
-    server = subprocess.Popen([sys.executable, str(REPO / "benchmarks/fake_server.py"), "--port", str(args.port),
-                               "--ttft-ms", "5", "--itl-ms", str(args.step_ms), "--step-ms", str(args.step_ms)],
-                              stdout=subprocess.PIPE, text=True)
     rows, fired, failed = [], False, False
-    try:
-        assert server.stdout is not None and "listening" in server.stdout.readline()
+    with FakeServer(args.port, "--ttft-ms", "5", "--itl-ms", str(args.step_ms), "--step-ms", str(args.step_ms)) as server, \
+            tempfile.TemporaryDirectory() as tmp:
         engine = engine_for("vllm")  # the fake server speaks OpenAI completions
         prompts = [Prompt(id=f"p{i}", prompt_class="prose", text=f"the river town kept its ledgers {i} " * 8)
                    for i in range(64)]
-        with tempfile.TemporaryDirectory() as tmp:
-            inventory = Path(tmp, "hosts.yaml")
-            inventory.write_text("hosts: {}\n")
-            run = RunFolder(Path(tmp), "client-bursts", "0" * 16, inventory)
-            for c in (int(x) for x in args.levels.split(",")):
-                for repeat in range(1, args.repeats + 1):
-                    wave = Wave(lane="bursts", stage="decode", repeat=repeat, concurrency=c, requests_per_stream=2,
-                                max_tokens=args.max_tokens, stall_s=10.0, workers=args.workers)
-                    _TURNS.clear()
-                    _left[0] = 0.0
-                    res = run_wave(f"http://127.0.0.1:{args.port}", engine, wave, prompts,
-                                   lambda r: run.append_jsonl("bursts", "requests.jsonl", r))
-                    turns = sorted(_TURNS)
-                    row = {"concurrency": c, "workers": min(args.workers, c), "repeat": repeat, "ok": sum(r.ok for r in res.records),
-                           "requests": len(res.records), "tok_s": round(res.output_tokens / res.wall_s, 1),
-                           "lag_p99_ms": round(1e3 * res.loop_lag_p99_s, 3), "lag_max_ms": round(1e3 * res.loop_lag_max_s, 3),
-                           "client_cpu": round(res.client_cpu, 3), "client_bound": res.client_saturated,
-                           "longest_turns_ms": [round(1e3 * t, 2) for t in turns[-5:]]}
-                    fired |= res.client_saturated
-                    failed |= row["ok"] != row["requests"]
-                    rows.append(row)
-                    print(json.dumps(row), flush=True)
-    finally:
-        server.terminate()
-        server.wait(10)
+        inventory = Path(tmp, "hosts.yaml")
+        inventory.write_text("hosts: {}\n")
+        run = RunFolder(Path(tmp), "client-bursts", "0" * 16, inventory)
+        for c in args.levels:
+            for repeat in range(1, args.repeats + 1):
+                wave = Wave(lane="bursts", stage="decode", repeat=repeat, concurrency=c, requests_per_stream=2,
+                            max_tokens=args.max_tokens, stall_s=10.0, workers=args.workers)
+                _TURNS.clear()
+                _left[0] = 0.0
+                res = run_wave(server.url, engine, wave, prompts,
+                               lambda r: run.append_jsonl("bursts", "requests.jsonl", r))
+                turns = sorted(_TURNS)
+                row = {"concurrency": c, "workers": min(args.workers, c), "repeat": repeat, "ok": sum(r.ok for r in res.records),
+                       "requests": len(res.records), "tok_s": round(res.output_tokens / res.wall_s, 1),
+                       "lag_p99_ms": round(1e3 * res.loop_lag_p99_s, 3), "lag_max_ms": round(1e3 * res.loop_lag_max_s, 3),
+                       "client_cpu": round(res.client_cpu, 3), "client_bound": res.client_saturated,
+                       "longest_turns_ms": [round(1e3 * t, 2) for t in turns[-5:]]}
+                fired |= res.client_saturated
+                failed |= row["ok"] != row["requests"]
+                rows.append(row)
+                print(json.dumps(row), flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps(rows, indent=1) + "\n")
     print("requests failed" if failed else "client-bound at some level" if fired else "the client kept up at every level")

@@ -23,18 +23,12 @@ import time
 from pathlib import Path
 
 import pandas as pd
+from _common import REPO, run_folder, settle
 
 from tasks.record.manifest import read_manifest
+from tasks.record.markdown import table
 
-REPO = Path(__file__).resolve().parent.parent
 RUNS = [("llama.cpp", "hosts.yaml"), ("vLLM", "hosts.vllm.yaml")]
-
-
-def settle(quiet: float, limit_s: float) -> float:
-    deadline = time.monotonic() + limit_s
-    while os.getloadavg()[0] >= quiet and time.monotonic() < deadline:
-        time.sleep(10)
-    return os.getloadavg()[0]
 
 
 def nightly(hosts: str, artifacts: Path) -> tuple[Path, float]:
@@ -42,10 +36,9 @@ def nightly(hosts: str, artifacts: Path) -> tuple[Path, float]:
     t0 = time.monotonic()
     r = subprocess.run([sys.executable, "-m", "flows.cli", "nightly", "--hosts", hosts, "--artifacts", str(artifacts)],
                        cwd=REPO, capture_output=True, text=True)
-    last = r.stdout.strip().splitlines()[-1] if r.stdout.strip() else ""
-    if r.returncode != 0 or not last.startswith("run folder: "):
+    if r.returncode != 0:
         raise SystemExit(f"lanebench nightly --hosts {hosts} exited {r.returncode}:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
-    return Path(last.removeprefix("run folder: ")), time.monotonic() - t0
+    return run_folder(r, f"lanebench nightly --hosts {hosts}"), time.monotonic() - t0
 
 
 def main() -> None:
@@ -57,7 +50,7 @@ def main() -> None:
     print(f"machine: {platform.node()}, {cores} cores, {platform.platform()}; started {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     boots, curves, accs = [], [], []
     for engine, hosts in RUNS:
-        load = settle(args.quiet, args.settle_s)
+        load = settle(args.quiet, args.settle_s, 10)
         folder, wall = nightly(hosts, Path(tempfile.mkdtemp(prefix="lanebench-side-by-side-")))
         manifest = read_manifest(folder)
         busy = " (busy: not a result)" if load >= args.quiet else ""
@@ -79,14 +72,13 @@ def main() -> None:
                     accs.append([engine, lane, row.prompt_class, int(row.k), f"{row.acceptance_length:.2f}",
                                  " · ".join(f"{p:.2f}" for p in row.per_position),
                                  "" if logged is None or pd.isna(logged) else f"{logged:.2f}"])
-    table: list[tuple[str, list[str], list]]
-    table = [("boot", ["engine", "lane", "status", "boot s", "engine init s", "load at start", "nightly wall s"], boots),
+    tables: list[tuple[str, list[str], list]]
+    tables = [("boot", ["engine", "lane", "status", "boot s", "engine init s", "load at start", "nightly wall s"], boots),
              ("decode curve", ["engine", "lane", "C", "agg tok/s", "spread %", "per-user tok/s", "TTFT p50 ms"], curves),
              ("acceptance", ["engine", "lane", "class", "K", "acceptance length", "per position", "engine's own log"], accs)]
-    for title, head, rows in table:
-        print(f"\n#### {title}\n\n| " + " | ".join(head) + " |\n|" + "---|" * len(head))
-        for r in rows:
-            print("| " + " | ".join(str(x) for x in r) + " |")
+    for title, head, rows in tables:
+        print(f"\n#### {title}\n")
+        print("\n".join(table(head, rows)))
 
 
 if __name__ == "__main__":

@@ -162,16 +162,11 @@ class Fake:
                 return mid + b',"usage":{"prompt_tokens":8,"completion_tokens":%d,"total_tokens":%d}}\n\n' % (i, 8 + i)
             return mid + b"}\n\n"
 
-        def chunk(i: int, finish: str | None = None, usage: dict | None = None) -> bytes:
-            if finish is None:
-                return token(i)
-            if chat:
-                choice = {"index": 0, "delta": {"content": " tok"} if finish is None else {}, "finish_reason": finish}
-            else:
-                choice = {"index": 0, "text": " tok" if finish is None else "", "token_ids": [i] if finish is None else [],
-                          "finish_reason": finish}
+        def final(usage: dict | None) -> bytes:
+            """The event that ends the stream (finish_reason "length"), with the usage if asked for."""
+            choice = {"index": 0, "delta": {}} if chat else {"index": 0, "text": "", "token_ids": []}
             data: dict[str, object] = {"id": f"cmpl-{rid}", "object": "chat.completion.chunk" if chat else "text_completion",
-                                       "created": 0, "model": "fake", "choices": [choice]}
+                                       "created": 0, "model": "fake", "choices": [{**choice, "finish_reason": "length"}]}
             if usage is not None:
                 data["usage"] = usage
             return b"data: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
@@ -230,7 +225,7 @@ class Fake:
                     await writer.drain()
             else:
                 claimed = sent * 10 if fault == "inconsistent" else 0 if fault == "zerocount" else sent
-                tail = [chunk(sent, finish="length", usage=usage(claimed) if usage_each else None)]
+                tail = [final(usage(claimed) if usage_each else None)]
                 if opts.get("include_usage"):
                     tail.append(b"data: " + json.dumps({"id": f"cmpl-{rid}", "choices": [],
                                                         "usage": usage(claimed)}).encode() + b"\n\n")

@@ -19,49 +19,43 @@ import json
 import sys
 import time
 import urllib.request
-from pathlib import Path
 
-# The checkout's own package (a peer's venv does not have lanebench installed); since b6c58bb
-# http.py imports its socket reader from tasks.client.stamped, so loading http.py alone broke.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from _common import ints  # puts the checkout on sys.path: a peer's venv has no lanebench installed
+
 from tasks.client import http as lean
 
 BODY = {"model": "fake", "prompt": "benchmark prompt", "stream": True}
 
 
-async def _httpx(url: str, c: int, n: int, tokens: int) -> int:
-    httpx = sys.modules["httpx"]
-    body = {**BODY, "max_tokens": tokens}
+async def _streams(c: int, n: int, post, chunks) -> int:
+    """`c` streams of `n` requests each, every body read to its end, each read stamped and kept."""
     events = 0
+
+    async def stream() -> None:
+        nonlocal events
+        for _ in range(n):
+            pieces = []
+            async with post() as resp:
+                async for data in chunks(resp):
+                    pieces.append((time.perf_counter(), data))
+            events += sum(d.count(b"\n\n") for _, d in pieces)
+    await asyncio.gather(*(stream() for _ in range(c)))
+    return events
+
+
+async def _httpx(url: str, c: int, n: int, tokens: int) -> int:
+    httpx, body = sys.modules["httpx"], {**BODY, "max_tokens": tokens}
     limits = httpx.Limits(max_connections=c, max_keepalive_connections=c)
     async with httpx.AsyncClient(base_url=url, limits=limits, timeout=120) as client:
-        async def stream() -> None:
-            nonlocal events
-            for _ in range(n):
-                pieces = []
-                async with client.stream("POST", "/v1/completions", json=body) as resp:
-                    async for data in resp.aiter_raw():
-                        pieces.append((time.perf_counter(), data))
-                events += sum(d.count(b"\n\n") for _, d in pieces)
-        await asyncio.gather(*(stream() for _ in range(c)))
-    return events
+        return await _streams(c, n, lambda: client.stream("POST", "/v1/completions", json=body),
+                              lambda resp: resp.aiter_raw())
 
 
 async def _aiohttp(url: str, c: int, n: int, tokens: int) -> int:
-    aiohttp = sys.modules["aiohttp"]
-    body = {**BODY, "max_tokens": tokens}
-    events = 0
+    aiohttp, body = sys.modules["aiohttp"], {**BODY, "max_tokens": tokens}
     async with aiohttp.ClientSession(base_url=url, connector=aiohttp.TCPConnector(limit=c)) as session:
-        async def stream() -> None:
-            nonlocal events
-            for _ in range(n):
-                pieces = []
-                async with session.post("/v1/completions", json=body) as resp:
-                    async for data in resp.content.iter_any():
-                        pieces.append((time.perf_counter(), data))
-                events += sum(d.count(b"\n\n") for _, d in pieces)
-        await asyncio.gather(*(stream() for _ in range(c)))
-    return events
+        return await _streams(c, n, lambda: session.post("/v1/completions", json=body),
+                              lambda resp: resp.content.iter_any())
 
 
 async def _lean(url: str, c: int, n: int, tokens: int) -> int:
@@ -91,7 +85,7 @@ def _connections(url: str) -> int:
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--url", required=True)
-    p.add_argument("--levels", default="1,16,64")
+    p.add_argument("--levels", type=ints, default="1,16,64")
     p.add_argument("--requests", type=int, default=4, help="per stream")
     p.add_argument("--tokens", type=int, default=512)
     p.add_argument("--layers", default="httpx,aiohttp,lean", help="comma list of httpx, aiohttp, lean")
@@ -106,7 +100,7 @@ def main() -> int:
         if name != "lean":
             importlib.import_module(name)  # before any timing: an import is not a layer's cost
     rows = []
-    for c in [int(x) for x in args.levels.split(",")]:
+    for c in args.levels:
         for name, fn in (every[x] for x in chosen):
             before = _connections(args.url)
             cpu0, t0 = time.process_time(), time.perf_counter()

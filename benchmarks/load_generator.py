@@ -32,53 +32,16 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import REPO, FakeServer, ints, loadavg, table
+from peers import PEERS, python, run_peer
 
-from peers import PEERS, python, run_peer  # noqa: E402
-from tasks.client.metrics import percentile  # noqa: E402
-from tasks.client.prompts import Prompt  # noqa: E402
-from tasks.client.load import Wave, run_wave  # noqa: E402
-from tasks.client.workers import run_spread  # noqa: E402
-from tasks.engines import engine_for  # noqa: E402
+from tasks.client.load import Wave, run_wave
+from tasks.client.metrics import percentile
+from tasks.client.prompts import Prompt
+from tasks.client.workers import run_spread
+from tasks.engines import engine_for
 
 PORT = 18531
-
-
-class FakeServer:
-    """One fake server process per core in `cpus` (several share the port: --reuse-port), each
-    with its own log; read together, as one server."""
-
-    def __init__(self, cpus: list[int], log: Path, *flags: str, port: int = PORT):
-        self.log, self.url = log, f"http://127.0.0.1:{port}"
-        share = ["--reuse-port"] if len(cpus) > 1 else []
-        self.procs = [subprocess.Popen([sys.executable, str(ROOT / "benchmarks/fake_server.py"), "--port", str(port),
-                                        "--cpu", str(cpu), "--log", str(self._log(i)), *share, *flags],
-                                       stdout=subprocess.PIPE, text=True) for i, cpu in enumerate(cpus)]
-        for proc in self.procs:
-            assert proc.stdout is not None  # stdout=PIPE
-            if "listening" not in proc.stdout.readline():
-                self.stop()
-                raise SystemExit(f"load_generator.py: the fake server did not start on port {port} (--port picks another)")
-
-    def _log(self, index: int) -> Path:
-        return self.log if index == 0 else self.log.with_suffix(f".{index}.jsonl")
-
-    def reset(self) -> None:
-        for i in range(len(self.procs)):
-            self._log(i).write_text("")
-
-    def entries(self) -> list[dict]:
-        time.sleep(0.2)  # the server logs a request after its last write
-        return [json.loads(line) for i in range(len(self.procs)) if self._log(i).exists()
-                for line in self._log(i).read_text().splitlines()]
-
-    def stop(self) -> None:
-        for proc in self.procs:
-            proc.terminate()
-        for proc in self.procs:
-            proc.wait(10)
 
 
 def lanebench(url: str, concurrency: int, requests: int, tokens: int, workers: int = 1,
@@ -149,15 +112,6 @@ def raw_row(client: str, got: dict, entries: list[dict], concurrency: int, conns
             "client CPU us/token": 1e6 * got["cpu_s"] / max(got["tokens"], 1), "connections": conns}
 
 
-def table(rows: list[dict]) -> str:
-    cols = list(rows[0])
-    out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for r in rows:
-        out.append("| " + " | ".join(f"{v:.3f}" if isinstance(v, float) and abs(v) < 100 else
-                                     f"{v:.0f}" if isinstance(v, float) else str(v) for v in r.values()) + " |")
-    return "\n".join(out)
-
-
 def one(client: str, server: FakeServer, concurrency: int, requests: int, tokens: int, work: Path,
         workers: int = 1, cpus: list[int] | None = None) -> dict:
     server.reset()
@@ -187,12 +141,12 @@ def main() -> int:
     p.add_argument("--peers", default="guidellm,aiperf", help="comma list, or 'none'")
     p.add_argument("--port", type=int, default=PORT, help="the fake server's port (loopback)")
     p.add_argument("--server-cpu", type=int, default=0)
-    p.add_argument("--raw-server-cpus", default=None,
+    p.add_argument("--raw-server-cpus", type=ints, default=None,
                    help="raw part: one zero-delay fake server per core listed, sharing the port (default: --server-cpu)")
     p.add_argument("--client-cpu", type=int, default=1)
-    p.add_argument("--workers", default="1",
+    p.add_argument("--workers", type=ints, default="1",
                    help="raw part: comma list of lanebench worker-process counts to run (e.g. 1,2,4,8,16)")
-    p.add_argument("--client-cpus", default=None,
+    p.add_argument("--client-cpus", type=ints, default=None,
                    help="cores the workers are pinned to, round-robin (default: --client-cpu only)")
     p.add_argument("--ttft-ms", type=float, default=20.0)
     p.add_argument("--itl-ms", type=float, default=1.0)
@@ -207,8 +161,7 @@ def main() -> int:
     peers = [] if args.peers == "none" else args.peers.split(",")
     clients = ["lanebench", *[c for c in peers if c in PEERS]]
     work = Path(tempfile.mkdtemp(prefix="lb-loadgen-"))
-    with open("/proc/loadavg") as f:
-        load = f.read().split()[:3]
+    load = loadavg()
     print(f"# load generator benchmark: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
           f"{os.cpu_count()} cores, load at start {' '.join(load)}, server cpu {args.server_cpu}, "
           f"clients cpu {args.client_cpu}\n")
@@ -216,24 +169,18 @@ def main() -> int:
 
     timed, raw, layers = [], [], []
     # The reference polls instead of sleeping: its own wake-up is not the clients' error.
-    server = FakeServer([args.server_cpu], log, "--ttft-ms", str(args.ttft_ms), "--itl-ms", str(args.itl_ms),
-                        *([] if args.server_sleeps else ["--busy-poll"]), port=args.port)
-    os.sched_setaffinity(0, {args.client_cpu})  # after the server started: it pinned itself
-    try:
+    with FakeServer(args.port, "--ttft-ms", str(args.ttft_ms), "--itl-ms", str(args.itl_ms),
+                    *([] if args.server_sleeps else ["--busy-poll"]), cpus=[args.server_cpu], log=log) as server:
+        os.sched_setaffinity(0, {args.client_cpu})  # after the server started: it pinned itself
         for c in levels_timed:
             for client in clients:
                 n = per_level * max(1, c // 8) if c > 1 else per_level
                 got = one(client, server, c, n, tokens_timed, work)
                 timed.append(timed_row(client, got, server.entries(), c, args.itl_ms))
                 print(timed[-1], flush=True)
-    finally:
-        server.stop()
-    server_cpus = [int(x) for x in args.raw_server_cpus.split(",")] if args.raw_server_cpus else [args.server_cpu]
-    server = FakeServer(server_cpus, log, "--zero-delay", port=args.port)
-    try:
-        counts = [int(x) for x in args.workers.split(",")]
-        cpus = [int(x) for x in args.client_cpus.split(",")] if args.client_cpus else [args.client_cpu]
-        raw_clients = [(f"lanebench x{w}" if w > 1 else "lanebench", w) for w in counts] + [(c, 1) for c in clients[1:]]
+    with FakeServer(args.port, "--zero-delay", cpus=args.raw_server_cpus or [args.server_cpu], log=log) as server:
+        cpus = args.client_cpus or [args.client_cpu]
+        raw_clients = [(f"lanebench x{w}" if w > 1 else "lanebench", w) for w in args.workers] + [(c, 1) for c in clients[1:]]
         # peers, given --client-cpus, run on all of them (their own worker processes)
         for c in levels_raw:
             for client, w in raw_clients:
@@ -241,23 +188,17 @@ def main() -> int:
                 entries = server.entries()
                 raw.append(raw_row(client, got, entries, c, len({e["conn"] for e in entries})))
                 print(raw[-1], flush=True)
-    finally:
-        server.stop()
     if "aiperf" in clients:  # its venv has httpx and aiohttp: the HTTP layer comparison, on one server
-        server = FakeServer([args.server_cpu], log, "--zero-delay", port=args.port)  # (its /stats counts connections)
-        try:
+        with FakeServer(args.port, "--zero-delay", cpus=[args.server_cpu], log=log) as server:  # (its /stats counts connections)
             interpreter, env = python("aiperf")
-            res = subprocess.run([*interpreter, str(ROOT / "benchmarks/http_layers.py"),
+            res = subprocess.run([*interpreter, str(REPO / "benchmarks/http_layers.py"),
                                   "--url", server.url, "--levels", ",".join(map(str, levels_raw)),
                                   "--tokens", str(tokens_raw)], capture_output=True, text=True, timeout=900, env=env)
             layers = [json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]
             if res.returncode:
                 print(res.stderr[-2000:], flush=True)
                 errors.append(f"benchmarks/http_layers.py exited {res.returncode}")
-        finally:
-            server.stop()
-    with open("/proc/loadavg") as f:
-        load_end = f.read().split()[:3]
+    load_end = loadavg()
     print(f"\n## timed (TTFT {args.ttft_ms:g} ms, one token every {args.itl_ms:g} ms per stream)\n")
     print(table(timed))
     print("\n## raw ceiling (zero-delay server; peers' CPU is their whole run, start-up included)\n")

@@ -15,14 +15,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import REPO, cpu, run_folder
 
-from rehearsal_wall_time import cpu  # noqa: E402
-
-from tasks.record.manifest import MatrixVerdict, read_manifest  # noqa: E402
+from tasks.record.manifest import MatrixVerdict, read_manifest
 
 
 def main() -> int:
@@ -36,8 +32,7 @@ def main() -> int:
         r = subprocess.run([sys.executable, "-m", "flows.cli", "matrix", "matrix/rehearsal.yaml", "--artifacts", tmp],
                            cwd=REPO, capture_output=True, text=True)
         seconds = time.monotonic() - t0
-        folder = Path(r.stdout.strip().splitlines()[-1].removeprefix("run folder: "))
-        matrix = read_manifest(folder).flow.matrix
+        matrix = read_manifest(run_folder(r, "lanebench matrix")).flow.matrix
         verdict = matrix.verdict if matrix and matrix.verdict else MatrixVerdict(complete=False)
     print(f"| {time.strftime('%Y-%m-%d')} | {cpu()}, {os.cpu_count()} cores | load {load:.2f} | "
           f"{seconds:.0f} s | {'yes' if seconds < 900 else 'NO'} | "

@@ -3,34 +3,24 @@
 Target (issue 11): at least 80% of `lanebench nightly`'s wall time is spent booting the server
 or with requests in flight. Measured from outside, the same way for any lanebench checkout:
 
-- wall: the command, from launch to exit (imports, Prefect's server, the flow, the exit);
-- measuring: the server's boot (`boot_seconds` in the manifest) plus the union of every
-  request's in-flight interval: `requests.jsonl` and `prefill.jsonl` (started_at .. started_at
-  + e2el_s), the tool gate's and the accuracy eval's requests (`tool_cases.jsonl`,
-  `accuracy.jsonl`: started_at .. + seconds), and the gates' own requests (the boot gates'
-  probe, the agentic smoke and thinking-switch requests: `requests` on each gate verdict in the
-  manifest), and the needle ladder's rungs (`needles.parquet`: started_at .. + seconds; before
-  2026-12-01 18:20 UTC they kept no send time and went uncounted). Before
-  2026-12-01 16:30 UTC the tool gate's and accuracy eval's seconds were summed as if sent one
-  at a time; they are sent concurrently, so that sum overcounted (by 2-8 s a nightly) and every
-  share quoted before then read high;
+- wall: the command, from launch to exit;
+- measuring: the server's boot (`boot_seconds`) plus the union of every request's in-flight
+  span, from every raw record that has one (`measured` below: decode, prefill, tool gate,
+  accuracy, needle rungs and the gates' own requests). Before 2026-12-01 16:30 UTC the tool
+  gate's and accuracy eval's seconds were summed although sent concurrently: shares quoted
+  before then read high (by 2-8 s a nightly); before 18:20 UTC the needle rungs went uncounted;
 - a check: boot plus in-flight time may not exceed the lanes' own span (first to last stage
-  mark); a run where it does is a counting error, and the benchmark says so instead of a share;
-- the same measuring seconds as a share of the flow's own span (the manifest's started_at to
-  finished_at: from the run folder's creation to the last plot, before the report is rendered),
-  beside the share of the command's wall time: the difference is what the command pays around
-  the flow (imports, Prefect's API server, the flow run's creation, the report, the exit);
-- where the checkout records a timeline (stage marks, GX seconds per artifact), a
-  stage-by-stage breakdown.
+  mark); a run where it does is a counting error, reported instead of a share;
+- the same seconds as a share of the flow's own span (manifest started_at to finished_at), beside
+  the share of wall: the difference is what the command pays around the flow (imports, Prefect's
+  API server, the flow run's creation, the report, the exit); and, from the manifest's timeline,
+  a stage-by-stage breakdown.
 
 `--server running` runs every nightly against one Prefect server started before them (what a
-deployed nightly has: `lanebench serve` keeps `prefect server start` up), so no run pays for an
-API server's start; the default, `ephemeral`, is the embedded default: each command starts its own.
-
-`--baseline REF` also runs the nightly from a git worktree of REF (e.g. the commit before the
-restructuring), alternating the two so both see the same machine. Run it on an idle machine;
-it records the 1-minute load and the CPU steal before and after each run, and refuses to call
-a result from a busy machine a result.
+deployed nightly has: `lanebench serve`); the default, `ephemeral`, starts one per command.
+`--baseline REF` also runs the nightly from a git worktree of REF, alternating the two so both
+see the same machine. Run it on an idle machine: it records the 1-minute load and the CPU steal
+around each run and marks a result from a busy machine busy.
 
     uv run python benchmarks/nightly_overhead.py [--runs 2] [--baseline 7bee0d8]
 """
@@ -50,18 +40,13 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from _common import REPO, cpu, run_folder, settle, steal
+
 from tasks.record.manifest import read_manifest
 
-REPO = Path(__file__).resolve().parent.parent
 MEASURING = {"boot", "boot gates", "warmup", "decode curve", "acceptance probe", "tool gate", "needle ladder",
              "prefill ladder", "accuracy eval"}
 BUSY_LOAD = 0.5  # 1-minute load above which a row is marked busy (2 cores, nothing else should run)
-
-
-def steal() -> tuple[int, int]:
-    """(steal ticks, total ticks) from /proc/stat's cpu line."""
-    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
-    return fields[7] if len(fields) > 7 else 0, sum(fields)
 
 
 def union(intervals: list[tuple[float, float]]) -> float:
@@ -124,17 +109,8 @@ def measured(folder: Path) -> dict:
     return out
 
 
-def settle(limit_s: float = 300.0) -> None:
-    """Wait (up to `limit_s`) for the 1-minute load to fall under BUSY_LOAD: a nightly leaves it
-    near 1.4 on 2 cores, and the next run must not start on that."""
-    deadline = time.monotonic() + limit_s
-    while os.getloadavg()[0] >= BUSY_LOAD and time.monotonic() < deadline:
-        time.sleep(5)
-
-
 def one_run(checkout: Path, artifacts: Path, api_url: str | None = None) -> dict:
-    settle()
-    load = os.getloadavg()[0]
+    load = settle(BUSY_LOAD, 300, 5)  # a nightly leaves the load near 1.4 on 2 cores: the next must not start on that
     s0, t0 = steal()
     env = {**os.environ, "DO_NOT_TRACK": "1"} | ({"PREFECT_API_URL": api_url} if api_url else {})
     start = time.time()
@@ -142,8 +118,8 @@ def one_run(checkout: Path, artifacts: Path, api_url: str | None = None) -> dict
                         str(artifacts)], cwd=checkout, capture_output=True, text=True, env=env)
     wall = time.time() - start
     s1, t1 = steal()
-    folder = Path(r.stdout.strip().splitlines()[-1].removeprefix("run folder: ")) if r.stdout.strip() else None
-    if folder is None or not (folder / "manifest.json").is_file():
+    folder = run_folder(r, f"lanebench nightly in {checkout}")
+    if not (folder / "manifest.json").is_file():
         raise SystemExit(f"no run folder from {checkout}: {r.stdout[-1500:]}{r.stderr[-1500:]}")
     got = measured(folder)
     if set(got["status"].values()) != {"passed"}:
@@ -195,9 +171,7 @@ def main() -> int:
             if args.baseline:
                 subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(Path(tmp) / "baseline")],
                                capture_output=True)
-    cpu = next((x.split(":", 1)[1].strip() for x in Path("/proc/cpuinfo").read_text().splitlines()
-                if x.startswith("model name")), "?")
-    print(f"machine: {cpu}, {os.cpu_count()} cores; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
+    print(f"machine: {cpu()}, {os.cpu_count()} cores; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
           f"Prefect API server: {args.server}\n")
     print("| checkout | wall s | flow s | boot s | requests in flight s | share of wall | share of flow | GX s "
           "| load at start | steal % | exit |")

@@ -34,12 +34,12 @@ from contextlib import ExitStack
 from pathlib import Path
 
 import httpx
+from _common import REPO, steal
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(REPO), str(REPO / "tests")]
-
-from flows.deployments import server  # noqa: E402
-from pg_fixture import Cluster  # noqa: E402  (the tests' real PostgreSQL, reused)
+sys.path.insert(0, str(REPO / "tests"))
+from flows.deployments import server
+from pg_fixture import Cluster  # the tests' real PostgreSQL, reused
+from prefect_stack import free_port
 
 FLOWS = """
 import json, sys, time
@@ -57,12 +57,6 @@ for _ in range(int(sys.argv[1])):
     times.append(time.perf_counter() - t)
 print(json.dumps(times))
 """
-
-
-def load() -> tuple[float, int, int]:
-    """(1-minute load, steal ticks, total ticks)."""
-    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
-    return float(Path("/proc/loadavg").read_text().split()[0]), fields[7] if len(fields) > 7 else 0, sum(fields)
 
 
 def pct(values: list[float], q: float) -> float:
@@ -144,7 +138,7 @@ def main() -> int:
     results: dict[str, dict[str, list]] = {b: {"lat": [], "run": [], "err": [], "failed": [], "rate": []}
                                            for b in ("sqlite", "postgresql")}
     loads: list[float] = []
-    steal0 = load()
+    steal0 = steal()
     try:
         cluster.start()
         database = cluster.create_database("prefect_bench")
@@ -153,16 +147,16 @@ def main() -> int:
             for backend, url in (("sqlite", None), ("postgresql", database)):
                 home = root / backend
                 home.mkdir()
-                port = _free_port()
+                port = free_port()
                 apis[backend] = (stack.enter_context(server("127.0.0.1", port, home, database=url, extra_env={
                     "PREFECT_UI_ENABLED": "false", "PREFECT_LOGGING_LEVEL": "WARNING"})), home)
             for i in range(args.rounds):
                 for backend in (("sqlite", "postgresql") if i % 2 == 0 else ("postgresql", "sqlite")):
                     api, home = apis[backend]
-                    loads.append(load()[0])
+                    loads.append(os.getloadavg()[0])
                     lat, errors = api_latency(api, args.clients, args.requests)
                     times, failed, fwall = flow_overhead(api, home / "client", args.procs, args.flows)
-                    loads.append(load()[0])
+                    loads.append(os.getloadavg()[0])
                     r = results[backend]
                     r["lat"].append(lat)
                     r["err"].append(errors)
@@ -172,19 +166,11 @@ def main() -> int:
     finally:
         cluster.stop()
         shutil.rmtree(root, ignore_errors=True)
-    steal1 = load()
-    steal_pct = 100 * (steal1[1] - steal0[1]) / max(1, steal1[2] - steal0[2])
+    steal1 = steal()
+    steal_pct = 100 * (steal1[0] - steal0[0]) / max(1, steal1[1] - steal0[1])
     print(report(results, args, loads, steal_pct))
     failed = sum(sum(r["failed"]) for r in results.values())
     return 1 if failed else 0
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def report(results: dict, args: argparse.Namespace, loads: list[float], steal_pct: float) -> str:

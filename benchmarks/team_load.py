@@ -23,22 +23,21 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(REPO), str(REPO / "tests")]
+from _common import REPO
 
-from pg_fixture import Cluster  # noqa: E402  (the tests' real PostgreSQL, reused)
-from prefect_stack import free_port  # noqa: E402
-from test_deployments import _Lines  # noqa: E402
-from test_team import TERMINAL, _inventory, _launch, _matrix, _spans  # noqa: E402  (the CI test's lanes)
+sys.path.insert(0, str(REPO / "tests"))
+from pg_fixture import Cluster  # the tests' real PostgreSQL, reused
+from prefect_stack import free_port
+from test_deployments import _Lines
+from test_team import TERMINAL, _inventory, _launch, _matrix, _spans, _stop  # the CI test's lanes
 
-from tasks.record.manifest import read_manifest  # noqa: E402
+from tasks.record.manifest import read_manifest
 
 NIGHTLY_PORT, MATRIX_PORT = 18770, 18780  # this script's lanes (the matrix's arms may move up)
 
@@ -49,19 +48,6 @@ def _get(api: str, path: str) -> dict:
     r = httpx.get(api + path, timeout=30)  # no retry: a 503 here fails the benchmark
     r.raise_for_status()
     return r.json()
-
-
-def _stop(proc: subprocess.Popen | None) -> None:
-    if proc is not None and proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=90)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-
-
-def load1() -> float:
-    return float(Path("/proc/loadavg").read_text().split()[0])
 
 
 def main() -> int:
@@ -101,7 +87,7 @@ def main() -> int:
         team = {"api": api, "env": side}
         inventory = _inventory(root / "inventory", NIGHTLY_PORT)
         matrix_inv = _inventory(root / "matrix-inventory", MATRIX_PORT)
-        load_before, t0 = load1(), time.monotonic()
+        load_before, t0 = os.getloadavg()[0], time.monotonic()
         runs = {_launch(team, "nightly", "site-b", hosts=str(inventory), artifacts_root=str(store)): "site-b"}
         for i in range(args.matrices):
             queue = ("site-a", "site-b")[i % 2]
@@ -115,7 +101,7 @@ def main() -> int:
                 run = _get(api, f"/flow_runs/{run_id}")
                 if run["state"]["type"] in TERMINAL:
                     done[run_id] = run
-            loads.append(load1())
+            loads.append(os.getloadavg()[0])
             time.sleep(5)
         wall = time.monotonic() - t0
         for run_id in set(runs) - set(done):
@@ -155,8 +141,9 @@ def main() -> int:
               f"{len(spans)} lane holds, {'none overlapping' if not any('held' in p for p in problems) else 'OVERLAPPING'}; "
               f"{sum(1 for r in done.values() if r['state']['type'] == 'COMPLETED')}/{len(runs)} completed")
     finally:
-        _stop(other)
-        _stop(served)
+        for proc in (other, served):
+            if proc is not None:
+                _stop(proc)
         cluster.stop()
     for p in problems:
         print(f"PROBLEM: {p}")

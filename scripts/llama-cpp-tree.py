@@ -60,11 +60,7 @@ def _members(sdist: Path):
 
 
 def read_manifest(path: Path = MANIFEST) -> dict[str, str]:
-    pins = {}
-    for line in path.read_text().splitlines():
-        digest, rel = line.split("  ", 1)
-        pins[rel] = digest
-    return pins
+    return {rel: digest for digest, rel in (line.split("  ", 1) for line in path.read_text().splitlines())}
 
 
 def check(tree: Path, pins: dict[str, str]) -> str | None:

@@ -44,6 +44,7 @@ from pathlib import Path
 import corpus  # testbed/ is on sys.path when this file is run as a script
 import numpy as np
 import torch
+import random_model
 import torch.nn.functional as F
 from torch import nn
 
@@ -328,55 +329,24 @@ def eval_loss(model: Llama, data: Data, batches: int = 8) -> float:
 
 def write_gguf(model: Llama, path: Path, description: str) -> None:
     """Write ``model`` as a llama GGUF: F16 matrices, F32 norms, byte-level SPM vocab."""
-    import gguf
-
     cfg = model.cfg
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_name(f"lanebench-testbed-{cfg.name}")
-    w.add_description(description)
-    w.add_context_length(cfg.n_ctx)
-    w.add_embedding_length(cfg.n_embd)
-    w.add_block_count(cfg.n_layer)
-    w.add_feed_forward_length(cfg.n_ff)
-    w.add_head_count(cfg.n_head)
-    w.add_head_count_kv(cfg.n_head)
-    w.add_rope_dimension_count(cfg.head_dim)
-    w.add_rope_freq_base(cfg.rope_base)
-    w.add_layer_norm_rms_eps(cfg.norm_eps)
-    w.add_vocab_size(cfg.n_vocab)
-    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
-    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
-
     toks, types = vocab_tokens()
-    w.add_tokenizer_model("llama")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(toks)
-    w.add_token_scores([0.0] * len(toks))
-    w.add_token_types(types)
-    w.add_bos_token_id(BOS)
-    w.add_eos_token_id(EOS)
-    w.add_unk_token_id(UNK)
-    w.add_eot_token_id(SPECIAL_IDS["<|im_end|>"])
-    w.add_add_bos_token(True)
-    w.add_add_eos_token(False)
-    w.add_add_space_prefix(False)
-    w.add_chat_template(CHAT_TEMPLATE)
+    vocab = {"tokenizer_model": "llama", "tokenizer_pre": "default", "token_list": toks,
+             "token_scores": [0.0] * len(toks), "token_types": types, "bos_token_id": BOS, "eos_token_id": EOS,
+             "unk_token_id": UNK, "eot_token_id": SPECIAL_IDS["<|im_end|>"], "chat_template": CHAT_TEMPLATE}
 
-    def put(name: str, t: torch.Tensor) -> None:
+    def put(name: str, t: torch.Tensor) -> tuple[str, np.ndarray]:
         a = t.detach().float().numpy()
-        w.add_tensor(name, a.astype(np.float32 if a.ndim == 1 else np.float16))
+        return name, a.astype(np.float32 if a.ndim == 1 else np.float16)
 
-    put("token_embd.weight", model.token_embd.weight)
-    for i, b in enumerate(model.blocks):
-        for n in ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
-                  "ffn_norm", "ffn_gate", "ffn_up", "ffn_down"):
-            put(f"blk.{i}.{n}.weight", getattr(b, n).weight)
-    put("output_norm.weight", model.output_norm.weight)
-    put("output.weight", model.output.weight)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    blocks = [put(f"blk.{i}.{n}.weight", getattr(b, n).weight) for i, b in enumerate(model.blocks)
+              for n in ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up",
+                        "ffn_down")]
+    random_model.write_llama(
+        path, f"lanebench-testbed-{cfg.name}", description, n_ctx=cfg.n_ctx, n_embd=cfg.n_embd, n_layer=cfg.n_layer,
+        n_ff=cfg.n_ff, n_head=cfg.n_head, rope_base=cfg.rope_base, norm_eps=cfg.norm_eps, vocab=vocab,
+        tensors=[put("token_embd.weight", model.token_embd.weight), *blocks,
+                 put("output_norm.weight", model.output_norm.weight), put("output.weight", model.output.weight)])
 
 
 def load_gguf(path: Path) -> Llama:
@@ -384,12 +354,7 @@ def load_gguf(path: Path) -> Llama:
     import gguf
 
     rd = gguf.GGUFReader(str(path))
-    f = {fl.name: fl for fl in rd.fields.values()}
-
-    def num(key: str) -> float:
-        fl = f[key]
-        return fl.parts[fl.data[0]][0].item()
-
+    num = lambda key: rd.fields[key].contents()  # noqa: E731
     cfg = Config(
         name=path.stem.removesuffix("-f16"), n_embd=int(num("llama.embedding_length")),
         n_layer=int(num("llama.block_count")), n_head=int(num("llama.attention.head_count")),
@@ -430,8 +395,6 @@ def main() -> None:
                          "(testbed/random_model.py)")
     args = ap.parse_args()
     if args.random_params:
-        import random_model
-
         args.out.mkdir(parents=True, exist_ok=True)
         random_model.main(["--params", str(args.random_params), "--out", str(args.out / "random-f16.gguf")])
         return

@@ -246,15 +246,13 @@ def main() -> None:
         report["tokenizer"] = tok = check_tokenizer(port)
         print(f"tokenizer: {tok}")
         runs = greedy_runs(port, prompts, args.n_predict)
+    report["greedy"] = greedy = {c: {"tps": sum(r["tps"] for r in rs) / len(rs),
+                                     "loops": sum(loop_period(r["content"]) is not None for r in rs)}
+                                 for c, rs in runs.items()}
     for cls, rs in runs.items():
-        loops = sum(loop_period(r["content"]) is not None for r in rs)
-        tps = sum(r["tps"] for r in rs) / len(rs)
-        print(f"greedy {cls}: {tps:.0f} tok/s, {loops}/{len(rs)} end in a short loop")
+        print(f"greedy {cls}: {greedy[cls]['tps']:.0f} tok/s, {greedy[cls]['loops']}/{len(rs)} end in a short loop")
         for r in rs[:args.show]:
             print(f"  {r['id']}: ...{r['prompt'][-60:]!r} => {r['content']!r}")
-    report["greedy"] = {c: {"tps": sum(r["tps"] for r in rs) / len(rs),
-                            "loops": sum(loop_period(r["content"]) is not None for r in rs)}
-                        for c, rs in runs.items()}
     if args.torch_check:
         report["torch_agreement"] = agr = torch_agreement(runs, target)
         print("torch top-1 agreement with llama-server greedy:",

@@ -15,7 +15,9 @@ Numpy and the `gguf` package only; a few seconds per GB. Not shipped: generate i
 from __future__ import annotations
 
 import argparse
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -25,8 +27,7 @@ TESTBED_TARGET = HERE / "models" / "target-f16.gguf"
 # SwiGLU width 5632; the layer count sets the size (~51 M parameters per layer). `--width 4096`
 # is a Llama-8B-like body (32 heads of 128, SwiGLU 14336, ~243 M parameters per layer): at 32
 # layers its ~16 GB F16 step is bound by memory, not by kernel launches.
-N_EMBD, N_HEAD, N_FF, N_CTX = 2048, 16, 5632, 4096
-PER_LAYER = 4 * N_EMBD * N_EMBD + 3 * N_EMBD * N_FF + 2 * N_EMBD
+N_EMBD, N_CTX = 2048, 4096
 BODIES = {2048: (16, 5632), 4096: (32, 14336)}  # width -> heads, SwiGLU width
 
 
@@ -37,6 +38,36 @@ def per_layer(width: int = N_EMBD) -> int:
 
 def layers_for(params: float, width: int = N_EMBD) -> int:
     return max(1, round(params / per_layer(width)))
+
+
+def write_llama(path: Path, name: str, description: str, *, n_ctx: int, n_embd: int, n_layer: int, n_ff: int,
+                n_head: int, rope_base: float, norm_eps: float, vocab: dict[str, Any],
+                tensors: Iterable[tuple[str, np.ndarray]]) -> int:
+    """Write a llama GGUF (F16 file type) of `tensors`, written as given; returns the parameter count.
+    `vocab`: GGUFWriter `add_<key>` calls in order (tokenizer_model .. eot_token_id, chat_template)."""
+    import gguf
+
+    w = gguf.GGUFWriter(str(path), "llama")
+    n_vocab = len(vocab["token_list"])
+    chat_template = vocab["chat_template"]
+    for key, value in (("name", name), ("description", description), ("context_length", n_ctx),
+                       ("embedding_length", n_embd), ("block_count", n_layer), ("feed_forward_length", n_ff),
+                       ("head_count", n_head), ("head_count_kv", n_head), ("rope_dimension_count", n_embd // n_head),
+                       ("rope_freq_base", rope_base), ("layer_norm_rms_eps", norm_eps), ("vocab_size", n_vocab),
+                       ("file_type", gguf.LlamaFileType.MOSTLY_F16), ("quantization_version", gguf.GGML_QUANT_VERSION),
+                       *((k, v) for k, v in vocab.items() if k != "chat_template"),
+                       ("add_bos_token", True), ("add_eos_token", False), ("add_space_prefix", False),
+                       ("chat_template", chat_template)):
+        getattr(w, f"add_{key}")(value)
+    count = 0
+    for tensor_name, array in tensors:
+        w.add_tensor(tensor_name, array)
+        count += array.size
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return count
 
 
 def write_random_gguf(path: Path, params: float, seed: int = 0, like: Path = TESTBED_TARGET, width: int = N_EMBD,
@@ -55,79 +86,44 @@ def write_random_gguf(path: Path, params: float, seed: int = 0, like: Path = TES
     import gguf
 
     n_embd, (n_head, n_ff) = width, BODIES[width]
-
     src = gguf.GGUFReader(str(like))
-
-    def field(key: str):
-        return src.fields[key].contents()
-
-    tokens = field("tokenizer.ggml.tokens")
-    n_vocab, n_layer = len(tokens), layers if layers else layers_for(params, width)
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_name(f"lanebench-random-{n_layer}l")
-    w.add_description(f"random weights, {n_layer} layers of width {n_embd}: a bandwidth test, not a language model")
-    w.add_context_length(N_CTX)
-    w.add_embedding_length(n_embd)
-    w.add_block_count(n_layer)
-    w.add_feed_forward_length(n_ff)
-    w.add_head_count(n_head)
-    w.add_head_count_kv(n_head)
-    w.add_rope_dimension_count(n_embd // n_head)
-    w.add_rope_freq_base(10000.0)
-    w.add_layer_norm_rms_eps(1e-5)
-    w.add_vocab_size(n_vocab)
-    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
-    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    w.add_tokenizer_model(field("tokenizer.ggml.model"))
-    w.add_tokenizer_pre(field("tokenizer.ggml.pre"))
-    w.add_token_list(tokens)
-    w.add_token_scores(field("tokenizer.ggml.scores"))
-    w.add_token_types(field("tokenizer.ggml.token_type"))
-    w.add_bos_token_id(field("tokenizer.ggml.bos_token_id"))
-    w.add_eos_token_id(field("tokenizer.ggml.eos_token_id"))
-    w.add_unk_token_id(field("tokenizer.ggml.unknown_token_id"))
-    w.add_eot_token_id(field("tokenizer.ggml.eot_token_id"))
-    w.add_add_bos_token(True)
-    w.add_add_eos_token(False)
-    w.add_add_space_prefix(False)
-    w.add_chat_template(field("tokenizer.chat_template"))
-
+    vocab = {key: src.fields[f"tokenizer.{field}"].contents() for key, field in (
+        ("tokenizer_model", "ggml.model"), ("tokenizer_pre", "ggml.pre"), ("token_list", "ggml.tokens"),
+        ("token_scores", "ggml.scores"), ("token_types", "ggml.token_type"), ("bos_token_id", "ggml.bos_token_id"),
+        ("eos_token_id", "ggml.eos_token_id"), ("unk_token_id", "ggml.unknown_token_id"),
+        ("eot_token_id", "ggml.eot_token_id"), ("chat_template", "chat_template"))}
+    n_vocab, n_layer = len(vocab["token_list"]), layers if layers else layers_for(params, width)
     # One pool of N(0, 0.02) values, each tensor a window of it at a random offset: drawing
     # billions of normals would take minutes, and the GPU reads these bytes the same either way.
     rng = np.random.default_rng(seed)
     pool = (rng.standard_normal(n_embd * n_ff + (1 << 20), dtype=np.float32) * 0.02).astype(np.float16)
     scaled = pool if residual_scale == 1.0 else (pool.astype(np.float32) * residual_scale).astype(np.float16)
-    count = 0
 
-    def matrix(name: str, rows: int, cols: int, src: np.ndarray = pool) -> None:
-        nonlocal count
-        at = np.random.default_rng([seed, zlib.crc32(name.encode())])
-        start = int(at.integers(0, src.size - rows * cols + 1))
-        w.add_tensor(name, src[start:start + rows * cols].reshape(rows, cols))
-        count += rows * cols
+    def matrix(name: str, rows: int, cols: int, src: np.ndarray = pool) -> tuple[str, np.ndarray]:
+        start = int(np.random.default_rng([seed, zlib.crc32(name.encode())]).integers(0, src.size - rows * cols + 1))
+        return name, src[start:start + rows * cols].reshape(rows, cols)
 
-    def norm(name: str) -> None:
-        nonlocal count
-        w.add_tensor(name, np.ones(n_embd, dtype=np.float32))
-        count += n_embd
+    def norm(name: str) -> tuple[str, np.ndarray]:
+        return name, np.ones(n_embd, dtype=np.float32)
 
-    matrix("token_embd.weight", n_vocab, n_embd)
-    for i in range(n_layer):
-        norm(f"blk.{i}.attn_norm.weight")
-        for n in ("attn_q", "attn_k", "attn_v"):
-            matrix(f"blk.{i}.{n}.weight", n_embd, n_embd)
-        matrix(f"blk.{i}.attn_output.weight", n_embd, n_embd, scaled)
-        norm(f"blk.{i}.ffn_norm.weight")
-        matrix(f"blk.{i}.ffn_gate.weight", n_ff, n_embd)
-        matrix(f"blk.{i}.ffn_up.weight", n_ff, n_embd)
-        matrix(f"blk.{i}.ffn_down.weight", n_embd, n_ff, scaled)
-    norm("output_norm.weight")
-    matrix("output.weight", n_vocab, n_embd)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return count
+    def tensors() -> Iterator[tuple[str, np.ndarray]]:
+        yield matrix("token_embd.weight", n_vocab, n_embd)
+        for i in range(n_layer):
+            yield norm(f"blk.{i}.attn_norm.weight")
+            for n in ("attn_q", "attn_k", "attn_v"):
+                yield matrix(f"blk.{i}.{n}.weight", n_embd, n_embd)
+            yield matrix(f"blk.{i}.attn_output.weight", n_embd, n_embd, scaled)
+            yield norm(f"blk.{i}.ffn_norm.weight")
+            yield matrix(f"blk.{i}.ffn_gate.weight", n_ff, n_embd)
+            yield matrix(f"blk.{i}.ffn_up.weight", n_ff, n_embd)
+            yield matrix(f"blk.{i}.ffn_down.weight", n_embd, n_ff, scaled)
+        yield norm("output_norm.weight")
+        yield matrix("output.weight", n_vocab, n_embd)
+
+    return write_llama(path, f"lanebench-random-{n_layer}l",
+                       f"random weights, {n_layer} layers of width {n_embd}: a bandwidth test, not a language model",
+                       n_ctx=N_CTX, n_embd=n_embd, n_layer=n_layer, n_ff=n_ff, n_head=n_head, rope_base=10000.0,
+                       norm_eps=1e-5, vocab=vocab, tensors=tensors())
 
 
 def main(argv: list[str] | None = None) -> None:

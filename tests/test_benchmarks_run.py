@@ -36,6 +36,7 @@ SMOKE: dict[str, list[str]] = {
     "fake_server.py": ["--help"],  # served every run above
     "client_bursts.py": ["--levels", "1,2", "--max-tokens", "8", "--repeats", "1", "--port", str(BURSTS_PORT)],
     "peers.py": [],  # a module: importing it is all it does alone (peers install from the registry)
+    "_common.py": [],  # a module: what the scripts share
     "engines_side_by_side.py": ["--help"],  # four lanes' nightlies: tens of minutes
     "matrix_wall_time.py": ["--help"],
     "nightly_overhead.py": ["--help"],

@@ -60,7 +60,3 @@ def send_chats(base_url: str, engine: Engine, specs: Sequence[RequestSpec], conc
     if not specs:
         return []
     return asyncio.run(_many(base_url, engine, specs, max(1, concurrency)))
-
-
-def send_chat(base_url: str, engine: Engine, spec: RequestSpec) -> ChatReply:
-    return send_chats(base_url, engine, [spec])[0]

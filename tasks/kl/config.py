@@ -17,12 +17,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, Field, model_validator
 
 from tasks.engines import engine_for
 from tasks.inventory.paths import REPO
 from tasks.inventory.models import BenchPlan, ConfigError, DecodePlan, FileRef, Host, Inventory, Lane
-from tasks.inventory.base import _RefError
+from tasks.inventory.base import _RefError, _Strict
 from tasks.inventory.config_file import load_model, validate
 from tasks.inventory.load import load_inventory
 
@@ -32,10 +32,6 @@ TOKENIZER_PROBE = ("The quick brown fox jumps over the lazy dog. 1234567890 \"qu
                    "and\ttabs\nnew lines; def f(x): return x ** 2  # code\n{\"tool\": \"call\"}")
 # Flags that turn speculation on, per engine; each is dropped with its value.
 _SPEC_FLAGS = ("--spec", "--draft", "--model-draft", "-md", "--threads-draft", "--speculative")
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class Quantize(_Strict):

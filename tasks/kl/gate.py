@@ -17,6 +17,7 @@ import pandas as pd
 from prefect import get_run_logger
 
 from tasks.client import auth
+from tasks.engines import engine_for
 from tasks.record.manifest import KlSection
 from tasks.inventory.lane_hosts import every_host
 from tasks.record.run_folder import RunFolder
@@ -60,15 +61,12 @@ class Gate:
 
     # --- steps --------------------------------------------------------------------------------
 
-    def _stage(self, name: str, stage: str) -> None:
-        self.run.stage(name, stage)
-
     def prepare_models(self) -> None:
         """Quantize where a lane asks for it; a lane whose model cannot be made is skipped with the reason."""
         for name, rl in self.lanes.items():
             if rl.quantize is None:
                 continue
-            self._stage(name, f"quantize {rl.quantize.type}")
+            self.run.stage(name, f"quantize {rl.quantize.type}")
             try:
                 assert rl.quantize_source is not None  # resolved with `quantize` (tasks/kl/config.py)
                 out = quantize(rl.quantize_source, rl.quantize.type, self.run.lane_dir(name) / "quantize.log")
@@ -119,16 +117,16 @@ class Gate:
                     self.refusal = f"reference {name} could not run: {record.reason}"
                     return False
                 server, client = served
-                engine = _engine(self.lanes[name])
-                self._stage(name, "tokenizer probe")
+                engine = engine_for(self.lanes[name].lane.engine)
+                self.run.stage(name, "tokenizer probe")
                 self.probe = tokenize(client, server, engine, TOKENIZER_PROBE)
-                self._stage(name, f"generate {len(self.prompts)} x {self.spec.tokens_per_prompt} tokens")
+                self.run.stage(name, f"generate {len(self.prompts)} x {self.spec.tokens_per_prompt} tokens")
                 self.sequences = generate(client, server, engine, self.prompts, self.spec.tokens_per_prompt,
                                           self.spec.ignore_eos,
                                           lambda s: self.run.append_jsonl(name, "reference.jsonl", s))
-                self._stage(name, "score 1 (teacher-forced)")
+                self.run.stage(name, "score 1 (teacher-forced)")
                 self.ref = score(client, server, engine, self.sequences, self.spec.concurrency, self._keep(name, "reference-1"))
-                self._stage(name, "score 2 (exactness)")
+                self.run.stage(name, "score 2 (exactness)")
                 again = score(client, server, engine, self.sequences, self.spec.concurrency, self._keep(name, "reference-2"))
         except Exception as e:
             record.status, record.reason = "failed", f"{record.stage}: {type(e).__name__}: {e}"
@@ -158,8 +156,8 @@ class Gate:
                     self.outcomes[name] = Outcome("skipped", record.reason)
                     return
                 server, client = served
-                engine = _engine(self.lanes[name])
-                self._stage(name, "tokenizer probe")
+                engine = engine_for(self.lanes[name].lane.engine)
+                self.run.stage(name, "tokenizer probe")
                 diff = tokenizer_difference(self.probe, tokenize(client, server, engine, TOKENIZER_PROBE))
                 if diff is not None:
                     reason = (f"refused: tokenizer differs from the reference {self.spec.reference}'s: {diff}; "
@@ -171,7 +169,7 @@ class Gate:
                     self.outcomes[name] = Outcome("failed", f"context {self.lanes[name].lane.context} per slot is shorter "
                                                             f"than the longest sequence to score ({longest} tokens)")
                     return
-                self._stage(name, "score (teacher-forced)")
+                self.run.stage(name, "score (teacher-forced)")
                 try:
                     scores = score(client, server, engine, self.sequences, self.spec.concurrency, self._keep(name, "candidate"))
                     self.outcomes[name] = Outcome("complete", scores=scores)
@@ -299,12 +297,6 @@ class Gate:
                 resamples=spec.bootstrap_resamples, seed=spec.seed, tolerance=spec.exactness_tolerance,
                 bars=spec.bars.model_dump(mode="json"), exactness=self.exactness, headline=headline, flags=flags)
         return facts.model_dump(exclude={"headline", "flags"})
-
-
-def _engine(rl: ResolvedLane):
-    from tasks.engines import engine_for
-
-    return engine_for(rl.lane.engine)
 
 
 def _expected(sequences: list[Sequence]) -> int:

@@ -7,6 +7,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from tasks.record.plots import _plt
+
 _HOW = """\
 ## How it was measured
 
@@ -38,11 +40,7 @@ def histogram(positions: dict[str, pd.DataFrame], path: Path) -> bool:
     data = {lane: df["abs_dlogprob"].to_numpy(float) for lane, df in positions.items() if not df.empty}
     if not data:
         return False
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _plt()
     floor = 1e-7  # float32 log-probabilities resolve about this much near 0
     top = max(float(d.max()) for d in data.values())
     bins = np.logspace(np.log10(floor), np.log10(max(top, floor * 10)) + 0.05, 50)

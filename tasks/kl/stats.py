@@ -109,9 +109,4 @@ def pair_row(a: str, b: str, da: pd.DataFrame, db: pd.DataFrame, resamples: int,
 
 
 def pair_rows(frames: dict[str, pd.DataFrame], resamples: int, seed: int) -> list[KlPairRow]:
-    rows = []
-    for a, b in combinations(frames, 2):
-        row = pair_row(a, b, frames[a], frames[b], resamples, seed)
-        if row is not None:
-            rows.append(row)
-    return rows
+    return [row for a, b in combinations(frames, 2) if (row := pair_row(a, b, frames[a], frames[b], resamples, seed)) is not None]

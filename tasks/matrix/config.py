@@ -1,24 +1,11 @@
 """The matrix file: drafters x K x prompt class on one target lane, with bars set before the run.
 
-The seeds' October evaluation by hand: five arms (two drafters and a newer checkpoint, at
-K=4 and K=7), each booted fresh on the same lane, three repeats over each prompt set, and a
-verdict against bars written down before training. A matrix file states that once
-(`matrix/README.md` documents every field):
-
-    name: rehearsal
-    target: rehearsal                  # a lane of the inventory (engine, model, host, gates)
-    drafters: {good: {path: ..., revision: ...}, weak: {...}}
-    baseline: good                     # relative bars compare with this drafter at the same K
-    arms: [{drafter: good, k: [2, 4, 7]}, {drafter: weak, k: [2, 4, 7]}]
-    prompt_sets: {prose: ..., code: ...}
-    repeats: 3
-    speed: {concurrency: [1]}
-    bars: [{metric: acceptance_length, class: prose, k: 4, op: ">=", value: 2.6}, ...]
-
-`load_matrix` checks every field and every cross-reference (lanes, drafters, classes, K,
-concurrency levels, baseline arms) before anything runs; any problem is one
-`tasks.config.ConfigError` naming file, field and fix. Paths are relative to the matrix
-file; the inventory defaults to the repo's hosts.yaml.
+The seeds' October evaluation by hand (five arms booted fresh on one lane, three repeats per
+prompt set, a verdict against bars written before training) stated once; `matrix/README.md`
+documents every field and matrix/rehearsal.yaml is an example. `load_matrix` checks every field
+and cross-reference (lanes, drafters, classes, K, concurrency levels, baseline arms) before
+anything runs; any problem is one `ConfigError` naming file, field and fix. Paths are relative to
+the matrix file; the inventory defaults to the repo's hosts.yaml.
 """
 
 from __future__ import annotations
@@ -34,16 +21,13 @@ from tasks.engines import engine_for
 from tasks.inventory.paths import REPO
 from tasks.inventory.models import _NAME, AcceptancePlan, BenchPlan, ConfigError, DecodePlan, FileRef, Host, Lane, Speculative
 from tasks.inventory.flag_conflicts import flag_values
+from tasks.inventory.base import _Strict
 from tasks.inventory.config_file import config_error, load_model
 from tasks.inventory.load import load_inventory
 from tasks.matrix.bars import METRICS, Bar
 
 DEFAULT_INVENTORY = REPO / "hosts.yaml"
 _DOC = "matrix/README.md"
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class DrafterRef(_Strict):
@@ -151,6 +135,12 @@ _FIXES = {"extra_forbidden": f"remove it, or check its spelling against the fiel
           "bars.value_error": f"write the bar in one of the forms documented in {_DOC}"}
 
 
+def _known(path: Path, field: str, what: str, name: str | None, under: str, known: dict) -> None:
+    """A cross-reference (a drafter, a prompt class ...) names an entry of `under`, or it is a ConfigError."""
+    if name is not None and name not in known:
+        raise ConfigError(path, field, f"names {what} {name!r}, which is not under '{under}'", f"use one of: {', '.join(known)}")
+
+
 def _count_prompts(path: Path, field: str, matrix_path: Path) -> list[tuple[str, str]]:
     """(class, id) of every prompt in a JSONL prompt set; a malformed file is a ConfigError."""
     if not path.is_file():
@@ -174,9 +164,7 @@ def _arms(spec: MatrixFile, path: Path) -> tuple[Arm, ...]:
     arms: list[Arm] = []
     for i, a in enumerate(spec.arms):
         field = f"arms[{i}]"
-        if a.drafter not in spec.drafters:
-            raise ConfigError(path, f"{field}.drafter", f"names drafter {a.drafter!r}, which is not under 'drafters'",
-                              f"use one of: {', '.join(spec.drafters)}")
+        _known(path, f"{field}.drafter", "drafter", a.drafter, "drafters", spec.drafters)
         ks = [a.k] if isinstance(a.k, int) else list(a.k)
         if a.name is not None and len(ks) > 1:
             raise ConfigError(path, f"{field}.name", "a name needs a single K (each K is its own arm)",
@@ -210,15 +198,11 @@ def baseline_arm(arm: Arm, arms: tuple[Arm, ...]) -> Arm | None:
 def _check_bars(spec: MatrixFile, arms: tuple[Arm, ...], path: Path, speed_levels: list[int]) -> None:
     for i, bar in enumerate(spec.bars):
         field = f"bars[{i}]"
-        if bar.prompt_class is not None and bar.prompt_class not in spec.prompt_sets:
-            raise ConfigError(path, f"{field}.class", f"names prompt class {bar.prompt_class!r}, which is not under 'prompt_sets'",
-                              f"use one of: {', '.join(spec.prompt_sets)}")
+        _known(path, f"{field}.class", "prompt class", bar.prompt_class, "prompt_sets", spec.prompt_sets)
         if bar.concurrency is not None and bar.concurrency not in speed_levels:
             raise ConfigError(path, f"{field}.concurrency", f"C={bar.concurrency} is not a speed level",
                               f"use one of {speed_levels}, or add it to speed.concurrency")
-        if bar.drafter is not None and bar.drafter not in spec.drafters:
-            raise ConfigError(path, f"{field}.drafter", f"names drafter {bar.drafter!r}, which is not under 'drafters'",
-                              f"use one of: {', '.join(spec.drafters)}")
+        _known(path, f"{field}.drafter", "drafter", bar.drafter, "drafters", spec.drafters)
         if bar.relative_to and bar.drafter == spec.baseline:
             raise ConfigError(path, f"{field}.drafter", f"a bar relative to the baseline judges the baseline {bar.drafter!r} itself",
                               "name another drafter, or make the bar absolute (op and value)")
@@ -287,9 +271,7 @@ def load_matrix(path: str | Path) -> Matrix:
     if spec.method is None and target.speculative is None and unmethodical:
         raise ConfigError(path, "method", f"target lane {spec.target} declares no speculative method for drafter "
                           f"{unmethodical[0]!r}", "add 'method:' (e.g. draft-simple for llama.cpp), or a method per drafter")
-    if spec.baseline not in spec.drafters:
-        raise ConfigError(path, "baseline", f"names drafter {spec.baseline!r}, which is not under 'drafters'",
-                          f"use one of: {', '.join(spec.drafters)}")
+    _known(path, "baseline", "drafter", spec.baseline, "drafters", spec.drafters)
     arms = _arms(spec, path)
     if not any(a.baseline for a in arms):
         raise ConfigError(path, "baseline", f"drafter {spec.baseline!r} has no arm", "add an arm for the baseline drafter")
@@ -312,9 +294,7 @@ def load_matrix(path: str | Path) -> Matrix:
             seen[key] = c
         counts[c] = len(keys)
     speed_set = spec.speed.prompt_set or next(iter(spec.prompt_sets))
-    if speed_set not in sets:
-        raise ConfigError(path, "speed.prompt_set", f"names prompt set {speed_set!r}, which is not under 'prompt_sets'",
-                          f"use one of: {', '.join(sets)}")
+    _known(path, "speed.prompt_set", "prompt set", speed_set, "prompt_sets", sets)
     _check_bars(spec, arms, path, list(spec.speed.concurrency))
     m = Matrix(path=path, spec=spec, name=name, inventory_path=inv_path, target=target, host_name=target.host,
                host=inventory.hosts[target.host], arms=arms, prompt_sets=sets, prompt_counts=counts,

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from tasks.record.manifest import Manifest, MatrixSection
 from tasks.record.markdown import table
+from tasks.record.plots import _plt
 from tasks.matrix.config import Matrix
 from tasks.matrix.bars import EarlierRun, Registration
 from tasks.matrix.verdict import ArmClassRow, DrafterVerdict, SpeedRow, VerdictRow
@@ -30,15 +31,6 @@ def _ranged(v: float | None, lo: float | None, hi: float | None, digits: int = 2
     if lo is None or hi is None or (abs(hi - lo) < 10 ** -(digits + 1)):
         return _f(v, digits)
     return f"{_f(v, digits)} [{_f(lo, digits)}, {_f(hi, digits)}]"
-
-
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def _colors(drafters: list[str]) -> dict[str, str]:

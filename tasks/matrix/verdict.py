@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict
 
 from tasks.record.run_folder import RunFolder
 from tasks.matrix.config import Arm, Matrix, baseline_arm, judged_arms, prompt_class_of
-from tasks.matrix.bars import METRICS, Bar, Registration
+from tasks.matrix.bars import Bar, Registration
 
 
 _TOL = 1e-9
@@ -247,9 +247,7 @@ def _measure(bar: Bar, arm: Arm, rows: list[ArmClassRow], speed: list[SpeedRow])
         assert r.per_position is not None and bar.position is not None
         v = r.per_position[bar.position - 1] if bar.position <= len(r.per_position) else None
         return v, v, v  # the curve is a median over repeats; its range is not kept per position
-    field = {"acceptance_length": "acceptance_length", "draft_efficiency": "draft_efficiency",
-             "single_stream_tok_s": "single_stream_tok_s"}[bar.metric]
-    return getattr(r, field), getattr(r, field + "_min"), getattr(r, field + "_max")
+    return getattr(r, bar.metric), getattr(r, bar.metric + "_min"), getattr(r, bar.metric + "_max")
 
 
 def judge(reg: Registration, m: Matrix, rows: list[ArmClassRow], speed: list[SpeedRow]) -> list[VerdictRow]:
@@ -338,6 +336,3 @@ def drafter_verdicts(m: Matrix, verdict: list[VerdictRow]) -> list[DrafterVerdic
             failed_bars=[f"{v.arm}: {v.bar}" for v in mine if v.outcome == "fail"]))
     return out
 
-
-def metric_unit(metric: str) -> str:
-    return METRICS[metric][1]
