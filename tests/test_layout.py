@@ -41,12 +41,10 @@ _BY_NAME = re.compile(r"((?:tasks|flows|lab)(?:\.\w+)+):\w+")
 # registry above its row models.
 STRING_IMPORTS_ALLOWED = {"tasks/record/kinds.py"}
 ENGINES = frozenset({"llamacpp", "sglang", "vllm"})
-# The inventory schema sits below engines/ (every Engine reads a Lane), so its per-engine rules
-# (which engine takes `rpc`, which `nodes.env`, which flag table) cannot ask an Engine.
+# None: the inventory's per-engine rules (rpc, nodes.env, draft plan, flag table) are data, one
+# LaneRules row per engine (tasks/inventory/flag_conflicts.py), not branches on the name.
 ENGINE_BRANCH_ALLOWED: set[str] = set()
-# Functions over LONG_FUNCTION lines being split by the helper that owns their file this session;
-# remove each as it lands (the test then holds it).
-LONG_FUNCTION_ALLOWED: set[str] = set()  # none left: every function is under the bar
+LONG_FUNCTION_ALLOWED: set[str] = set()  # none: every function is under the bar
 
 
 def _modules() -> dict[str, Path]:
