@@ -18,7 +18,7 @@ torn down, the run folder marked interrupted, no verdict). Its last line names t
 
 The Prefect flow is `matrix(matrix_file, artifacts_root="artifacts")`; relative paths are
 resolved against the repository, so a deployment needs only `matrix_file`. `lanebench
-matrix` (flows/cli/matrix.py) checks the file before the flow starts.
+matrix` (flows/cli) checks the file before the flow starts.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from prefect.states import Completed, Failed, State
 
 from flows.lanes import LaneJob, run_lane
 from flows.lifecycle import NOTIFY, Closing, in_artifacts, open_run, run_lifecycle, write_report
-from flows.stage_plan import MATRIX_ARM
+from flows.lane import MATRIX_ARM
 from tasks.inventory.paths import REPO
 from tasks.hosts.files import model_sha256, sha256_of
 from tasks.hosts.lock import limit_name

@@ -21,7 +21,7 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.states import State
 
-from flows.stage_plan import NIGHTLY
+from flows.lane import NIGHTLY
 from flows.lanes import LaneJob, run_lanes
 from flows.lifecycle import NOTIFY, Closing, in_artifacts, lanes_verdict, open_run, run_lifecycle, write_report
 from tasks.record.run_folder import RunFolder

@@ -12,7 +12,7 @@ the same artifacts folder).
 Exit codes (tasks/record/verdict.py): 0 every selected lane passed its gates, 1 a gate failed,
 2 bad input, 3 nothing was measured (every lane skipped by a precondition: not a pass), 130
 Ctrl-C or SIGTERM stopped it (lane torn down, run folder marked interrupted). The last line
-names the run folder (flows/cli/tools.py checks the input first).
+names the run folder (`lanebench tools` checks the input first).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 from prefect import flow
 from prefect.states import State
 
-from flows import stage_plan
+from flows.lane import TOOLS
 from flows.lanes import LaneJob, run_lanes
 from flows.lifecycle import NOTIFY, Closing, in_artifacts, lanes_verdict, open_run, run_lifecycle, write_report
 from tasks.correctness import record as correctness
@@ -44,7 +44,7 @@ def _tools(hosts: str, lanes: list[str], artifacts_root: str, held_out: bool) ->
     run = open_run("tools", artifacts_root, inventory_path)
     run.manifest.flow.held_out_requested = held_out
     with run_lifecycle(run, "tools", lanes, closing) as life:
-        run_lanes(run, [LaneJob.of(name, inventory, inventory_path, stage_plan.tools(held_out)) for name in lanes])
+        run_lanes(run, [LaneJob.of(name, inventory, inventory_path, TOOLS.model_copy(update={"held_out": held_out})) for name in lanes])
     return life.state
 
 

@@ -115,7 +115,6 @@ def cmd_nightly(args: argparse.Namespace) -> int:
         return refused
 
     def build() -> Any:
-        import flows.lane  # noqa: F401  (imported by the first lane otherwise: after the API server is up)
         from flows.nightly import nightly, warm
 
         warm()  # GX and matplotlib load now, while the API server boots
