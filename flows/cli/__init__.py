@@ -23,8 +23,8 @@ from tasks.inventory.paths import REPO
 DEFAULT_HOSTS = REPO / "hosts.yaml"
 # Modules that bring their own subcommands: each has register_cli(subparsers), which must stay
 # cheap to import (no Prefect or GX at import time). The flows themselves (flows/nightly.py,
-# kl.py, matrix.py, tools.py) are imported only once a command has checked its input and
-# launched the API server.
+# kl.py, matrix.py) are imported only once a command has checked its input and launched the
+# API server.
 _SUBCOMMANDS: list[str] = ["flows.history", "flows.lab", "flows.plan"]
 
 
@@ -177,7 +177,7 @@ def _matrix_flow() -> Any:
 
 
 def _tools_flow() -> Any:
-    from flows.tools import tools
+    from flows.nightly import tools
 
     return tools
 
@@ -278,7 +278,7 @@ def _tool_lanes(args: argparse.Namespace) -> tuple[Path, list[str]] | str:
 
 
 def cmd_tools(args: argparse.Namespace) -> int:
-    """The tool-gate flow (flows/tools.py), each gate's verdict printed; exit codes as the nightly's."""
+    """The tool-gate flow (`tools` of flows/nightly.py), each gate's verdict printed; exit codes as the nightly's."""
     selected = _tool_lanes(args)
     if isinstance(selected, str):
         return _bad_input(selected)
