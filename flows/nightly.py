@@ -25,12 +25,13 @@ from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger
-from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.artifacts import create_markdown_artifact
 from prefect.states import State
 
 from flows.lane import NIGHTLY, TOOLS
 from flows.lanes import LaneJob, run_lanes
-from flows.lifecycle import NOTIFY, Closing, in_artifacts, lanes_verdict, open_run, run_lifecycle, write_report
+from flows.lifecycle import (NOTIFY, Closing, in_artifacts, lanes_verdict, open_run, run_lifecycle, table_artifact,
+                             write_report)
 from tasks.correctness import record as correctness
 from tasks.inventory.load import load_inventory
 from tasks.record.run_folder import RunFolder
@@ -66,12 +67,8 @@ def _publish(run: RunFolder, report: str) -> None:
     published = published_kinds()
     for entry in run.manifest.artifacts:
         if entry.kind in published and entry.validation == "passed":
-            df = pd.read_parquet(run.path / entry.path)
-            if "per_position" in df:
-                df["per_position"] = [" ".join(f"{p:.3f}" for p in pp) for pp in df.per_position]
-            create_table_artifact(key=_artifact_key(entry.lane, entry.kind),
-                                  table=df.round(4).astype(object).where(df.notna(), None).to_dict(orient="records"),
-                                  description=f"{entry.kind} for lane {entry.lane}")
+            table_artifact(_artifact_key(entry.lane, entry.kind), pd.read_parquet(run.path / entry.path),
+                           f"{entry.kind} for lane {entry.lane}")
     create_markdown_artifact(key="nightly-report", markdown=embed_images(report, run.path), description=run.path.name)
 
 
