@@ -15,8 +15,7 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
 
-from tasks.record.confined import Outside, inside
-from tasks.record.manifest import LaneRecord, Reclaim, scan_manifests
+from tasks.record.manifest import LaneRecord, Outside, Reclaim, inside, scan_manifests
 from tasks.record.run_folder import LIVE_GLOBS, RESERVE, SEALS, RunFolder
 
 
