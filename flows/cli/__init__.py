@@ -25,7 +25,7 @@ DEFAULT_HOSTS = REPO / "hosts.yaml"
 # cheap to import (no Prefect or GX at import time). The flows themselves (flows/nightly.py,
 # kl.py, matrix.py) are imported only once a command has checked its input and launched the
 # API server.
-_SUBCOMMANDS: list[str] = ["flows.history", "flows.lab", "flows.plan"]
+_SUBCOMMANDS: list[str] = ["flows.history", "flows.plan"]
 
 
 def _bad_input(message: str) -> int:
@@ -298,6 +298,46 @@ def cmd_tools(args: argparse.Namespace) -> int:
     return closing_verdict(state, folder, "tools")
 
 
+def cmd_lab(args: argparse.Namespace) -> int:
+    """`lanebench lab up|down|status|cut-link|restore-link`: the users' topology (GB300, a Spark
+    pair, a direct cable) as network namespaces on this machine (lab/README.md). `up` writes
+    hosts.lab.yaml (a leftover lab goes first); `status` exits 1 when the lab is not (fully) up.
+    Needs root; one lab per machine: a command fails while a test session holds the lab."""
+    from lab.lab import Lab, LabError, lab_lock
+    from lab.netns import NetnsError
+
+    lab = Lab(say=lambda line: print(line, flush=True))
+    try:
+        if args.action == "status":
+            ok, lines = lab.status()
+            print("\n".join(lines))
+            return 0 if ok else 1
+        with lab_lock():
+            return _lab_locked(lab, args.action)
+    except (LabError, NetnsError) as e:
+        print(f"lanebench: error: {e}", file=sys.stderr)
+        return 1
+
+
+def _lab_locked(lab: Any, action: str) -> int:  # lab: lab.lab.Lab (imported lazily)
+    if action == "up":
+        lab.up()
+        ok, lines = lab.status()
+        print("\n".join(lines))
+        return 0 if ok else 1
+    if action == "down":
+        lab.down()
+        left = lab.leftovers()
+        print("lab: down" if not left else f"lab: still present: {', '.join(left)}")
+        return 0 if not left else 1
+    if not lab.state().get("complete"):
+        print("lanebench: error: the lab is not up. Fix: run `lanebench lab up` first", file=sys.stderr)
+        return 2
+    lab.cut_link() if action == "cut-link" else lab.restore_link()
+    print("\n".join(line for line in lab.status()[1] if line.startswith("direct link")))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="lanebench", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -327,6 +367,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="also run the held-out suite (each run is counted in the manifest)")
     p.add_argument("--artifacts", default=str(REPO / "artifacts"), help=artifacts_help)
     p.set_defaults(func=cmd_tools)
+    p = sub.add_parser("lab", help="the host lab: GB300 and a Spark pair as network namespaces (root)",
+                       description="`lanebench lab`: the users' topology (GB300, a Spark pair, a direct cable) on this machine.")
+    p.add_argument("action", choices=("up", "down", "status", "cut-link", "restore-link"),
+                   help="up | down | status | cut-link | restore-link")
+    p.set_defaults(func=cmd_lab)
     for module in _SUBCOMMANDS:
         import_module(module).register_cli(sub)
     args = parser.parse_args(argv)
