@@ -33,7 +33,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 from urllib.parse import urlsplit
@@ -103,10 +103,8 @@ def stop(proc: subprocess.Popen | None, grace_s: float = 30) -> None:
             break
         except subprocess.TimeoutExpired:
             continue
-    try:  # the group may outlive its leader (a flow run still tearing down)
+    with suppress(ProcessLookupError, PermissionError):  # the group may outlive its leader (a flow run tearing down)
         os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def wait_healthy(api_url: str, proc: subprocess.Popen | None, timeout_s: float, poll_s: float = 0.5) -> None:
@@ -186,15 +184,11 @@ def ensure_pool(env: dict[str, str], pool: str = POOL, queues: list[str] | None 
 
     with temporary_settings({PREFECT_API_URL: env["PREFECT_API_URL"]}):
         with get_client(sync_client=True) as client:
-            try:
+            with suppress(ObjectAlreadyExists):
                 client.create_work_pool(WorkPoolCreate(name=pool, type="process"))
-            except ObjectAlreadyExists:
-                pass
             for queue in queues or []:
-                try:
+                with suppress(ObjectAlreadyExists):
                     client.create_work_queue(name=queue, work_pool_name=pool)
-                except ObjectAlreadyExists:
-                    pass
 
 
 def deploy(env: dict[str, str], prefect_file: Path = PREFECT_FILE, pool: str = POOL,

@@ -36,7 +36,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from typing import Literal
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -80,13 +80,9 @@ def git_identity() -> GitIdentity:
 
 def host_facts() -> HostFacts:
     cpu = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    with suppress(OSError):
+        cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                    if line.startswith("model name")), "")
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     return HostFacts(hostname=socket.gethostname(), platform=platform.platform(), machine=platform.machine(),
                      cpu=cpu, cores=os.cpu_count(), memory_gib=round(mem, 1), python=platform.python_version())
@@ -205,10 +201,8 @@ class RunFolder:
                     f.write(f"{size + len(data)} {sealed.hexdigest()}\n")
                 self._seals[rel] = sealed
             except OSError as e:
-                try:
+                with suppress(OSError):
                     os.truncate(path, size)
-                except OSError:
-                    pass
                 self._failed_write(rel, e)
             if size == 0:
                 self._refresh(rel)
