@@ -132,7 +132,7 @@ def lane_flow(lane_name: str, lane: Lane, host: Host, base_dir: Path, run_dir: s
 def _ended_by(lane_name: str, record: LaneRecord, e: Exception) -> State:
     """The one place an exception becomes the lane's status and reason, named with the stage it
     happened in. A crashed stage fails this lane, not the run."""
-    where = _failed_in(record)
+    where = record.stopped_in()
     if isinstance(e, GateFailed):  # names gate, value and threshold itself
         reason = str(e)
     elif isinstance(e, (NodeLost, ServerDied)):  # named as what it is
@@ -147,12 +147,6 @@ def _ended_by(lane_name: str, record: LaneRecord, e: Exception) -> State:
     record.status, record.reason = "failed", reason
     get_run_logger().error("lane %s failed: %s", lane_name, reason)
     return Failed(message=reason)
-
-
-def _failed_in(record: LaneRecord) -> str:
-    """The stage a failure happened in: teardown has run by the time the error reaches the flow."""
-    stages = [m.stage for m in record.timeline if m.stage not in ("teardown", "done")]
-    return stages[-1] if stages else record.stage
 
 
 @dataclass

@@ -93,8 +93,7 @@ def mark_lanes(lanes: dict[str, LaneRecord], why: str) -> list[str]:
     names = []
     for name, lane in lanes.items():
         if lane.status == "running":
-            marks = [m.stage for m in lane.timeline if m.stage not in ("teardown", "done")]
-            stage = marks[-1] if marks else lane.stage  # where it was stopped, not the teardown that followed
+            stage = lane.stopped_in()
             lane.status, lane.reason = "interrupted", f"{stage}: {why}" if stage else why
             names.append(name)
     return names

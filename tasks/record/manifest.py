@@ -133,6 +133,11 @@ class LaneRecord(_Section):
     capacity: JsonObject = {}  # the capacity plan's check before the curve (tasks/stages/capacity.py)
     fingerprint: dict[str, str] = {}  # what can move a number (tasks/record/fingerprint.py): comparisons hold it equal
 
+    def stopped_in(self) -> str:
+        """The stage a failure or a stop happened in, not the teardown that followed it."""
+        stages = [m.stage for m in self.timeline if m.stage not in ("teardown", "done")]
+        return stages[-1] if stages else self.stage
+
 
 class FlowVerdict(_Section):
     """The run's outcome as its command exits with it (tasks/record/verdict.py)."""
