@@ -131,6 +131,7 @@ def cmd_nightly(args: argparse.Namespace) -> int:
 
 def _refused_nightly(args: argparse.Namespace) -> int | None:
     """Exit 2 with one line for an inventory the nightly cannot run; None when it can."""
+    from tasks.engines import engine_for, planned
     from tasks.inventory.models import ConfigError
     from tasks.inventory.load import load_inventory
     from tasks.stages.input_files import check_prompt_files
@@ -143,24 +144,16 @@ def _refused_nightly(args: argparse.Namespace) -> int | None:
     unknown = [name for name in args.lane or [] if name not in inventory.lanes]
     if unknown:
         return _bad_input(f"--lane {unknown[0]}: no such lane in {hosts}. Fix: use one of: {', '.join(inventory.lanes)}")
-    if (capped := _capped_by_config(inventory, args.lane or list(inventory.lanes))) is not None:
-        return _bad_input(f"{hosts}: {capped}")
+    # A lane whose own config caps running requests below its bench (and gates on capacity) fails
+    # for sure: said before anything is pulled or booted (`lanebench plan` shows the computation).
+    for name in args.lane or list(inventory.lanes):
+        lane = inventory.lanes[name]
+        if (reason := planned.check(lane, engine_for(lane.engine).planned_cap(lane))) is not None:
+            return _bad_input(f"{hosts}: lanes.{name}.flags: {reason}")
     try:
         check_prompt_files(inventory, hosts)
     except ConfigError as e:
         return _bad_input(str(e))
-    return None
-
-
-def _capped_by_config(inventory, names: list[str]) -> str | None:
-    """A lane whose own config caps running requests below its bench (and gates on capacity) fails
-    for sure: said before anything is pulled or booted (`lanebench plan` shows the computation)."""
-    from tasks.engines import engine_for, planned
-
-    for name in names:
-        lane = inventory.lanes[name]
-        if (reason := planned.check(lane, engine_for(lane.engine).planned_cap(lane))) is not None:
-            return f"lanes.{name}.flags: {reason}"
     return None
 
 
