@@ -17,6 +17,12 @@ deployments are made through Prefect's Python API (`create_work_pool`, `Flow.fro
 A deployment whose entrypoint cannot be loaded yet (its module is missing) is left out with a
 message rather than failing the others. Every process runs in its own process group and is
 stopped by its group, so no flow run (or the llama-server it started) outlives `serve`.
+
+`--database`: SQLite under PREFECT_HOME is right for one machine; a team's server (several
+workers, people launching matrices, a nightly) writes from many connections at once, where
+SQLite answers 503 "database is locked" and PostgreSQL does not. Prefect takes either through
+PREFECT_API_DATABASE_CONNECTION_URL with an async driver in the URL; users write the plain
+`postgresql://` form and `connection_url` adds the driver.
 """
 
 from __future__ import annotations
@@ -27,9 +33,10 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
+from urllib.parse import urlsplit
 
 import httpx
 import yaml
@@ -42,6 +49,29 @@ if TYPE_CHECKING:
 
 PREFECT_FILE = REPO / "prefect.yaml"
 POOL = "lanebench"
+_DRIVERS = {"postgresql": "postgresql+asyncpg", "postgres": "postgresql+asyncpg",
+            "postgresql+asyncpg": "postgresql+asyncpg", "sqlite": "sqlite+aiosqlite",
+            "sqlite+aiosqlite": "sqlite+aiosqlite"}
+
+
+class DatabaseUrlError(ValueError):
+    """A --database value Prefect cannot use; the message names the fix."""
+
+
+def connection_url(url: str) -> str:
+    """`postgresql://user[:pw]@host[:port]/db` -> Prefect's `postgresql+asyncpg://...` (sqlite likewise)."""
+    parts = urlsplit(url)
+    driver = _DRIVERS.get(parts.scheme)
+    shown = url if parts.password is None else url.replace(f":{parts.password}@", ":***@", 1)
+    if driver is None:
+        raise DatabaseUrlError(f"--database {shown}: scheme {parts.scheme or '(none)'!r} is not supported. "
+                               "Fix: postgresql://USER[:PASSWORD]@HOST[:PORT]/DATABASE or sqlite:////abs/path.db")
+    if driver.startswith("postgresql") and (not parts.hostname or not parts.path.strip("/")):
+        raise DatabaseUrlError(f"--database {shown}: needs a host and a database name. "
+                               "Fix: postgresql://USER[:PASSWORD]@HOST[:PORT]/DATABASE")
+    if driver.startswith("sqlite") and not parts.path.strip("/"):
+        raise DatabaseUrlError(f"--database {url}: needs a file path. Fix: sqlite:////abs/path/prefect.db")
+    return driver + url[len(parts.scheme):]
 
 
 def prefect_env(api_url: str, home: Path | None = None, extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -73,10 +103,8 @@ def stop(proc: subprocess.Popen | None, grace_s: float = 30) -> None:
             break
         except subprocess.TimeoutExpired:
             continue
-    try:  # the group may outlive its leader (a flow run still tearing down)
+    with suppress(ProcessLookupError, PermissionError):  # the group may outlive its leader (a flow run tearing down)
         os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def wait_healthy(api_url: str, proc: subprocess.Popen | None, timeout_s: float, poll_s: float = 0.5) -> None:
@@ -96,13 +124,13 @@ def wait_healthy(api_url: str, proc: subprocess.Popen | None, timeout_s: float, 
 @contextmanager
 def server(host: str, port: int, home: Path | None, timeout_s: float = 180,
            extra_env: dict[str, str] | None = None, database: str | None = None) -> Iterator[str]:
-    """`prefect server start` on host:port (SQLite under PREFECT_HOME, or `database`, flows/database.py);
-    yields its API URL; stopped on exit."""
-    from flows.database import server_env
+    """`prefect server start` on host:port (SQLite under PREFECT_HOME, or `database`); yields its API
+    URL; stopped on exit."""
     from tasks.hosts.lock import FILE_LEASES, LEASE_STORAGE_ENV
 
     api_url = f"http://{host}:{port}/api"
-    env = prefect_env(api_url, home, (extra_env or {}) | server_env(database))
+    db = {"PREFECT_API_DATABASE_CONNECTION_URL": connection_url(database)} if database else {}
+    env = prefect_env(api_url, home, (extra_env or {}) | db)
     env.pop("PREFECT_API_URL")  # the server serves the API; it is no client of one
     # The UI's calls go here (Prefect's default is port 4200 whatever --port says); a server on
     # 0.0.0.0 is reached by its name: set PREFECT_UI_API_URL to it.
@@ -156,15 +184,11 @@ def ensure_pool(env: dict[str, str], pool: str = POOL, queues: list[str] | None 
 
     with temporary_settings({PREFECT_API_URL: env["PREFECT_API_URL"]}):
         with get_client(sync_client=True) as client:
-            try:
+            with suppress(ObjectAlreadyExists):
                 client.create_work_pool(WorkPoolCreate(name=pool, type="process"))
-            except ObjectAlreadyExists:
-                pass
             for queue in queues or []:
-                try:
+                with suppress(ObjectAlreadyExists):
                     client.create_work_queue(name=queue, work_pool_name=pool)
-                except ObjectAlreadyExists:
-                    pass
 
 
 def deploy(env: dict[str, str], prefect_file: Path = PREFECT_FILE, pool: str = POOL,

@@ -1,4 +1,5 @@
-"""`lanebench history` (questions to the run history) and `lanebench serve` (deployments on a real server).
+"""`lanebench history` (questions to the run history), `verify` (a run folder against its manifest),
+and a team's commands: `serve` (deployments on a real server), `worker`, `launch`.
 
     lanebench history                          the last runs, newest last
     lanebench history metric LANE METRIC       a metric over the lane's last N runs, with what produced each number
@@ -16,10 +17,14 @@ pandas and Prefect are imported when a command runs.
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
+TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}  # a launched run's end (`launch --wait`)
 _SHORT = ("git_sha", "model_sha256", "drafter_sha256", "engine_sha256", "inventory_sha256", "config_sha256")
 
 
@@ -52,7 +57,6 @@ def _print(df: Any, csv: bool, title: str) -> None:
 def cmd_history(args: argparse.Namespace) -> int:
     from flows.cli import _bad_input
     from tasks.record import history
-
     from tasks.record.store import Store, StoreError, is_url
 
     if is_url(args.artifacts):  # a team's store: its published run folders, mirrored and checked here
@@ -96,12 +100,64 @@ def cmd_history(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_serve(args: argparse.Namespace) -> int:
-    from flows.cli import _quiet_prefect
-    from flows.deployments import serve
+def cmd_verify(args: argparse.Namespace) -> int:
+    from flows.cli import _bad_input
+    from tasks.record.audit import audit
+    from tasks.record.store import is_url
+
+    if is_url(args.run):
+        return _verify_in_store(args.run)
+    run = Path(args.run)
+    if not (run / "manifest.json").is_file():
+        return _bad_input(f"{run}: no manifest.json there. Fix: pass a run folder, e.g. artifacts/<time>_nightly_<id>")
+    result = audit(run)
+    _print_audit(result, result.problems)
+    print(f"{'ok' if result.ok else 'FAILED'}: {_audit_counts(result)}"
+          + (f", {len(result.problems)} problems" if result.problems else ""))
+    if result.ledger:  # after the verdict line, which a good folder's output starts with
+        print(f"ledger: {result.ledger}")
+    return 0 if result.ok else 1
+
+
+def _verify_in_store(address: str) -> int:
+    """`verify sftp://host/root/RUN`: the run folder as the store holds it, downloaded as it is
+    (no check on the way) and audited against its manifest like a local one."""
+    import tempfile
 
     from flows.cli import _bad_input
-    from flows.database import DatabaseUrlError, connection_url
+    from tasks.record.audit import audit
+    from tasks.record.store import Store, StoreError
+
+    root, _, name = address.rstrip("/").rpartition("/")
+    try:
+        store = Store(root)
+        if name not in store.published():
+            return _bad_input(f"{address}: no such run folder in the store. Fix: lanebench history --artifacts {root}")
+        with tempfile.TemporaryDirectory(prefix="lanebench-verify-") as tmp:
+            result = audit(store.download(name, Path(tmp)))
+    except StoreError as e:
+        return _bad_input(str(e))
+    _print_audit(result, [])
+    print(f"{'ok' if result.ok else 'FAILED'}: {_audit_counts(result)} ({address})")
+    return 0 if result.ok else 1
+
+
+def _print_audit(result: Any, problems: list[str]) -> None:
+    for kind in ("missing", "changed", "extra"):
+        for rel in getattr(result, kind):
+            print(f"{kind}: {rel}")
+    for line in problems:
+        print(f"problem: {line}")
+
+
+def _audit_counts(result: Any) -> str:
+    return (f"{result.checked} files listed in the manifest, {len(result.missing)} missing, "
+            f"{len(result.changed)} changed, {len(result.extra)} extra")
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from flows.cli import _bad_input, _quiet_prefect
+    from flows.deployments import DatabaseUrlError, connection_url, serve
 
     if args.database:
         if args.api_url:
@@ -120,8 +176,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_worker(args: argparse.Namespace) -> int:
     """A worker on another machine: the pool and its queues made if missing, then Prefect's own
     `prefect worker start` in this process's place (its signals, its logs)."""
-    import os
-
     from flows.cli import _bad_input, _quiet_prefect
 
     api = args.api_url or os.environ.get("PREFECT_API_URL")
@@ -138,6 +192,62 @@ def cmd_worker(args: argparse.Namespace) -> int:
             *[a for q in args.work_queue or [] for a in ("--work-queue", q)], *(["--name", args.name] if args.name else [])]
     os.chdir(REPO)
     os.execve(sys.executable, argv, env)
+
+
+def _params(pairs: list[str]) -> dict[str, Any] | str:
+    """k=v pairs; a value that parses as JSON is taken as JSON (numbers, lists), else as text."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            return f"--param {pair}: not KEY=VALUE. Fix: e.g. --param matrix_file=matrix/rehearsal.yaml"
+        try:
+            out[key] = json.loads(value)
+        except ValueError:
+            out[key] = value
+    return out
+
+
+def cmd_launch(args: argparse.Namespace) -> int:
+    """One run of a deployment on a running server (PREFECT_API_URL), sent to a site's queue:
+    `prefect deployment run` cannot name a work queue, and a team routes runs by queue (one per
+    site or host group: docs/nightly.md, "A team's set-up"). Prefect's own create-flow-run call
+    with `work_queue_name`."""
+    from flows.cli import _bad_input
+
+    api = os.environ.get("PREFECT_API_URL")
+    if not api:
+        return _bad_input("PREFECT_API_URL is not set: launch needs the team's server. "
+                          "Fix: export PREFECT_API_URL=http://SERVER:4200/api")
+    params = _params(args.param or [])
+    if isinstance(params, str):
+        return _bad_input(params)
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        name = args.deployment.rpartition("/")[2]  # `matrix` or Prefect's `matrix/matrix`
+        found = [d for d in client.read_deployments() if d.name == name]
+        if len(found) != 1:
+            names = sorted({d.name for d in client.read_deployments()})
+            return _bad_input(f"deployment {args.deployment}: {'not found' if not found else 'not unique'} on {api}. "
+                              f"Fix: one of {', '.join(names) or '(none: run lanebench serve)'}")
+        deployment = found[0]
+        if args.work_queue:
+            queues = [q.name for q in client.read_work_queues(work_pool_name=deployment.work_pool_name)]
+            if args.work_queue not in queues:
+                return _bad_input(f"--work-queue {args.work_queue}: no such queue in pool {deployment.work_pool_name}. "
+                                  f"Fix: one of {', '.join(sorted(queues))}, or start its worker first "
+                                  f"(lanebench worker --work-queue {args.work_queue})")
+        run = client.create_flow_run_from_deployment(deployment.id, parameters=params,
+                                                     work_queue_name=args.work_queue)
+        print(f"flow run {run.name} ({run.id}) of {deployment.name} on queue "
+              f"{args.work_queue or deployment.work_queue_name}", flush=True)
+        if not args.wait:
+            return 0
+        while (state := client.read_flow_run(run.id).state) is None or state.type.value not in TERMINAL:
+            time.sleep(2)
+        print(f"{state.type.value}: {state.message or ''}".rstrip())
+        return 0 if state.type.value == "COMPLETED" else 1
 
 
 def register_cli(subparsers: Any) -> None:
@@ -190,3 +300,15 @@ def register_cli(subparsers: Any) -> None:
     p.add_argument("--work-queue", action="append", help="take only this queue (repeatable; created when missing)")
     p.add_argument("--name", default=None, help="the worker's name in the UI (default: Prefect's)")
     p.set_defaults(func=cmd_worker)
+
+    p = subparsers.add_parser("verify", help="check every file of a run folder against the sha256 in its manifest")
+    p.add_argument("run", help="the run folder (a path, or its address in a store: sftp://host/root/RUN)")
+    p.set_defaults(func=cmd_verify)
+
+    p = subparsers.add_parser("launch", help="one run of a deployment on the server PREFECT_API_URL names, "
+                                             "sent to a work queue (a site's workers)")
+    p.add_argument("deployment", help="deployment name: nightly, matrix, kl")
+    p.add_argument("--work-queue", default=None, help="queue of the deployment's pool (default: the deployment's)")
+    p.add_argument("--param", action="append", help="flow parameter KEY=VALUE (repeatable; JSON values are parsed)")
+    p.add_argument("--wait", action="store_true", help="wait for the run; exit 0 when it completed, else 1")
+    p.set_defaults(func=cmd_launch)

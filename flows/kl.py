@@ -12,7 +12,7 @@ mid-scoring keeps its partial results, marked, and fails. Every lane, local, SSH
 or across hosts, is served through the same lifecycle as the nightly's (tasks/stages/serve.py)
 under its host lock.
 
-Run it with `lanebench kl FILE` (flows/cli/kl.py checks the file first) or as the `kl`
+Run it with `lanebench kl FILE` (flows/cli checks the file first) or as the `kl`
 deployment of prefect.yaml.
 """
 

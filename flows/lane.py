@@ -11,10 +11,12 @@ reason; a failed boot gate stops the lane's measurements and names gate, value a
 a failed correctness gate (tool gate, needle ladder) fails the lane after its tables are kept;
 a table that fails its expectations is quarantined and fails the lane.
 
-Which optional stages run is the caller's explicit `StagePlan` (flows/stage_plan.py): the
-nightly runs all, `lanebench tools` the tool gate only (held-out suite when asked), a matrix
-arm the speed stages only. Whatever ends the lane, `_ended_by` alone turns it into the lane's
-status and reason.
+Which optional stages run is the caller's explicit `StagePlan`: the nightly runs all,
+`lanebench tools` the tool gate only (held-out suite when asked), a matrix arm the speed stages
+only (the target's prefill ladder, tool gate, needles and accuracy would cost every arm minutes
+and are the nightly's business). The boot gates and the expectations always run: they are what
+makes a number trustworthy at all. Whatever ends the lane, `_ended_by` alone turns it into the
+lane's status and reason.
 """
 
 from __future__ import annotations
@@ -24,8 +26,8 @@ from pathlib import Path
 
 from prefect import flow, get_run_logger
 from prefect.states import Completed, Failed, State
+from pydantic import BaseModel, ConfigDict
 
-from flows.stage_plan import NIGHTLY, StagePlan
 from tasks.client.metrics import SERVER_AGREE_PCT
 from tasks.client.prompts import Prompt, load_prompts
 from tasks.correctness import record as correctness
@@ -55,6 +57,24 @@ from tasks.stages.preflight import resolve
 from tasks.stages.safety import acceptance_findings, noise_findings
 from tasks.stages.serve import Served, served_lane
 from tasks.stages.warmup import warmup
+
+
+class StagePlan(BaseModel):
+    """The optional stages, each still only where the lane declares it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    speed: bool = True  # capacity plan, warmup, decode curve (+ queueing levels), acceptance probe
+    prefill: bool = True  # prefill ladder
+    tool_gate: bool = True
+    needles: bool = True  # needle ladder
+    accuracy: bool = True  # accuracy eval
+    held_out: bool = False  # the held-out tool suite, only ever when asked (`lanebench tools --held-out`)
+
+
+NIGHTLY = StagePlan()
+MATRIX_ARM = StagePlan(prefill=False, tool_gate=False, needles=False, accuracy=False)
+TOOLS = StagePlan(speed=False, prefill=False, needles=False, accuracy=False)  # boot, boot gates, tool gate
 
 
 @dataclass
@@ -112,7 +132,7 @@ def lane_flow(lane_name: str, lane: Lane, host: Host, base_dir: Path, run_dir: s
 def _ended_by(lane_name: str, record: LaneRecord, e: Exception) -> State:
     """The one place an exception becomes the lane's status and reason, named with the stage it
     happened in. A crashed stage fails this lane, not the run."""
-    where = _failed_in(record)
+    where = record.stopped_in()
     if isinstance(e, GateFailed):  # names gate, value and threshold itself
         reason = str(e)
     elif isinstance(e, (NodeLost, ServerDied)):  # named as what it is
@@ -127,12 +147,6 @@ def _ended_by(lane_name: str, record: LaneRecord, e: Exception) -> State:
     record.status, record.reason = "failed", reason
     get_run_logger().error("lane %s failed: %s", lane_name, reason)
     return Failed(message=reason)
-
-
-def _failed_in(record: LaneRecord) -> str:
-    """The stage a failure happened in: teardown has run by the time the error reaches the flow."""
-    stages = [m.stage for m in record.timeline if m.stage not in ("teardown", "done")]
-    return stages[-1] if stages else record.stage
 
 
 @dataclass

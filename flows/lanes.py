@@ -21,7 +21,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel
 
-from flows.stage_plan import NIGHTLY, StagePlan
+from flows.lane import NIGHTLY, StagePlan, lane_flow
 from tasks.hosts.lock import Hold, host_lock
 from tasks.inventory import secrets
 from tasks.record.interrupted import interrupts, mark_lanes, raise_if_stopped, signal_name, stop_requested
@@ -55,8 +55,6 @@ def run_lane(run_dir: str, job: LaneJob, before: Callable[[LaneJob], LaneJob] | 
     `before` runs once the lock is held and may adjust the job (the matrix picks a free port for
     its arm there, since only the lock holder may rely on a port staying free).
     """
-    from flows.lane import lane_flow
-
     run = RunFolder.opened(run_dir)
     record = run.lane(job.name)
     hold: Hold | None = None

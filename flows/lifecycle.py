@@ -125,6 +125,16 @@ def _end(run: RunFolder, closing: Closing[R], stopped: bool = False) -> R | None
     return reported
 
 
+def table_artifact(key: str, df: Any, description: str) -> None:
+    """A table (a DataFrame) as a Prefect artifact for the UI: rounded, missing values empty."""
+    from prefect.artifacts import create_table_artifact
+
+    if "per_position" in df:
+        df["per_position"] = [" ".join(f"{p:.3f}" for p in (pp if pp is not None else [])) for pp in df.per_position]
+    create_table_artifact(key=key, table=df.round(4).astype(object).where(df.notna(), None).to_dict(orient="records"),
+                          description=description)
+
+
 def write_report(run: RunFolder, report: str) -> None:
     (run.path / "report.md").write_text(report)
     run.register("", "report.md", "report")

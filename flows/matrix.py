@@ -18,7 +18,7 @@ torn down, the run folder marked interrupted, no verdict). Its last line names t
 
 The Prefect flow is `matrix(matrix_file, artifacts_root="artifacts")`; relative paths are
 resolved against the repository, so a deployment needs only `matrix_file`. `lanebench
-matrix` (flows/cli/matrix.py) checks the file before the flow starts.
+matrix` (flows/cli) checks the file before the flow starts.
 """
 
 from __future__ import annotations
@@ -31,13 +31,13 @@ from pathlib import Path
 
 import pandas as pd
 from prefect import flow, get_run_logger
-from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
 from prefect.states import Completed, Failed, State
 
 from flows.lanes import LaneJob, run_lane
-from flows.lifecycle import NOTIFY, Closing, in_artifacts, open_run, run_lifecycle, write_report
-from flows.stage_plan import MATRIX_ARM
+from flows.lifecycle import NOTIFY, Closing, in_artifacts, open_run, run_lifecycle, table_artifact, write_report
+from flows.lane import MATRIX_ARM
 from tasks.inventory.paths import REPO
 from tasks.hosts.files import model_sha256, sha256_of
 from tasks.hosts.lock import limit_name
@@ -286,11 +286,7 @@ def _earlier(facts: MatrixSection) -> EarlierRun | None:
 def _publish(rows: list, verdict: list, report: str, run_name: str) -> None:
     """The verdict and arm tables and the report as Prefect artifacts, for the UI."""
     if verdict:
-        df = pd.DataFrame([v.model_dump() for v in verdict]).drop(columns=["bars_sha256"])
-        create_table_artifact(key="matrix-verdict", table=df.round(4).astype(object).where(df.notna(), None)
-                              .to_dict(orient="records"), description=f"bars x arms ({run_name})")
-    df = pd.DataFrame([r.model_dump() for r in rows])
-    df["per_position"] = [" ".join(f"{p:.3f}" for p in pp) if pp else "" for pp in df.per_position]
-    create_table_artifact(key="matrix-arms", table=df.round(4).astype(object).where(df.notna(), None)
-                          .to_dict(orient="records"), description=f"arm x prompt class ({run_name})")
+        table_artifact("matrix-verdict", pd.DataFrame([v.model_dump() for v in verdict]).drop(columns=["bars_sha256"]),
+                       f"bars x arms ({run_name})")
+    table_artifact("matrix-arms", pd.DataFrame([r.model_dump() for r in rows]), f"arm x prompt class ({run_name})")
     create_markdown_artifact(key="matrix-report", markdown=report, description=run_name)

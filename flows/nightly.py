@@ -9,6 +9,13 @@ lane that passed is then compared, metric by metric, with a baseline window of e
 nightlies of the same lane (tasks/record/regression.py); a regression fails the night like a failed
 gate does, and the on-failure hook posts a notification (tasks/record/notify.py). The run folder is
 written as the run goes and finished with plots and the report, whatever happened.
+
+`tools` (`lanebench tools`) is the nightly's tool gate alone, on freshly booted lanes:
+preflight -> boot -> boot gates -> tool gate: dev suite [+ held-out suite] -> report. Minutes
+instead of a night, and the only way to run the held-out suite, so a held-out score is never
+looked at by accident; every held-out run is counted in the manifest
+(`flow.correctness.<lane>.tool_gate.held_out.run_number`, earlier runs found under the same
+artifacts folder).
 """
 
 from __future__ import annotations
@@ -18,14 +25,16 @@ from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger
-from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.artifacts import create_markdown_artifact
 from prefect.states import State
 
-from flows.stage_plan import NIGHTLY
+from flows.lane import NIGHTLY, TOOLS
 from flows.lanes import LaneJob, run_lanes
-from flows.lifecycle import NOTIFY, Closing, in_artifacts, lanes_verdict, open_run, run_lifecycle, write_report
-from tasks.record.run_folder import RunFolder
+from flows.lifecycle import (NOTIFY, Closing, in_artifacts, lanes_verdict, open_run, run_lifecycle, table_artifact,
+                             write_report)
+from tasks.correctness import record as correctness
 from tasks.inventory.load import load_inventory
+from tasks.record.run_folder import RunFolder
 from tasks.record.expectations import warm_up
 from tasks.record.progress import progress
 from tasks.record.regression import LaneComparison, RegressionPolicy, describe
@@ -58,12 +67,8 @@ def _publish(run: RunFolder, report: str) -> None:
     published = published_kinds()
     for entry in run.manifest.artifacts:
         if entry.kind in published and entry.validation == "passed":
-            df = pd.read_parquet(run.path / entry.path)
-            if "per_position" in df:
-                df["per_position"] = [" ".join(f"{p:.3f}" for p in pp) for pp in df.per_position]
-            create_table_artifact(key=_artifact_key(entry.lane, entry.kind),
-                                  table=df.round(4).astype(object).where(df.notna(), None).to_dict(orient="records"),
-                                  description=f"{entry.kind} for lane {entry.lane}")
+            table_artifact(_artifact_key(entry.lane, entry.kind), pd.read_parquet(run.path / entry.path),
+                           f"{entry.kind} for lane {entry.lane}")
     create_markdown_artifact(key="nightly-report", markdown=embed_images(report, run.path), description=run.path.name)
 
 
@@ -192,3 +197,29 @@ class _Judged:
                                       for r in c.regressions),
                     *(f"comparison refused: {c.refused}" for c in self.comparisons.values() if c.refused)]
         return lanes_verdict(run, "nightly", problems, flagged=True)
+
+
+@flow(name="tools", flow_run_name="tools", **NOTIFY)
+def tools(hosts: str, lanes: list[str], artifacts_root: str = "artifacts", held_out: bool = False) -> State:
+    """Each named lane booted under its host lock, its tool gate run, the report written."""
+    return in_artifacts("tools", artifacts_root, lambda root: _tools(hosts, lanes, root, held_out))
+
+
+def _tools(hosts: str, lanes: list[str], artifacts_root: str, held_out: bool) -> State:
+    inventory_path = Path(hosts).resolve()
+    inventory = load_inventory(inventory_path)
+    closing = Closing(report=_tools_report, verdict=lambda run, _: lanes_verdict(run, "tools", []))
+    run = open_run("tools", artifacts_root, inventory_path)
+    run.manifest.flow.held_out_requested = held_out
+    stages = TOOLS.model_copy(update={"held_out": held_out})
+    with run_lifecycle(run, "tools", lanes, closing) as life:
+        run_lanes(run, [LaneJob.of(name, inventory, inventory_path, stages) for name in lanes])
+    return life.state
+
+
+def _tools_report(run: RunFolder) -> None:
+    """The lanes' report, each lane's correctness section after it."""
+    report = render(run)
+    for name in run.manifest.lanes:
+        report += "\n" + "\n".join(correctness.section(run, name)) + "\n"
+    write_report(run, report)

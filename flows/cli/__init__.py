@@ -21,13 +21,11 @@ from typing import Any, NoReturn
 from tasks.inventory.paths import REPO
 
 DEFAULT_HOSTS = REPO / "hosts.yaml"
-# Commands that bring their own subcommand: each module has register_cli(subparsers), which
-# must stay cheap to import (no Prefect or GX at import time). The flows themselves
-# (flows/nightly.py, kl.py, matrix.py, tools.py) are Prefect flows defined at module level,
-# imported only once a command has checked its input and launched the API server.
-_SUBCOMMANDS: list[str] = ["flows.cli.kl", "flows.cli.matrix", "flows.history", "flows.cli.tools", "flows.lab",
-                           "flows.cli.launch",
-                           "flows.plan"]
+# Modules that bring their own subcommands: each has register_cli(subparsers), which must stay
+# cheap to import (no Prefect or GX at import time). The flows themselves (flows/nightly.py,
+# kl.py, matrix.py) are imported only once a command has checked its input and launched the
+# API server.
+_SUBCOMMANDS: list[str] = ["flows.history", "flows.plan"]
 
 
 def _bad_input(message: str) -> int:
@@ -117,7 +115,6 @@ def cmd_nightly(args: argparse.Namespace) -> int:
         return refused
 
     def build() -> Any:
-        import flows.lane  # noqa: F401  (imported by the first lane otherwise: after the API server is up)
         from flows.nightly import nightly, warm
 
         warm()  # GX and matplotlib load now, while the API server boots
@@ -134,6 +131,7 @@ def cmd_nightly(args: argparse.Namespace) -> int:
 
 def _refused_nightly(args: argparse.Namespace) -> int | None:
     """Exit 2 with one line for an inventory the nightly cannot run; None when it can."""
+    from tasks.engines import engine_for, planned
     from tasks.inventory.models import ConfigError
     from tasks.inventory.load import load_inventory
     from tasks.stages.input_files import check_prompt_files
@@ -146,8 +144,12 @@ def _refused_nightly(args: argparse.Namespace) -> int | None:
     unknown = [name for name in args.lane or [] if name not in inventory.lanes]
     if unknown:
         return _bad_input(f"--lane {unknown[0]}: no such lane in {hosts}. Fix: use one of: {', '.join(inventory.lanes)}")
-    if (capped := _capped_by_config(inventory, args.lane or list(inventory.lanes))) is not None:
-        return _bad_input(f"{hosts}: {capped}")
+    # A lane whose own config caps running requests below its bench (and gates on capacity) fails
+    # for sure: said before anything is pulled or booted (`lanebench plan` shows the computation).
+    for name in args.lane or list(inventory.lanes):
+        lane = inventory.lanes[name]
+        if (reason := planned.check(lane, engine_for(lane.engine).planned_cap(lane))) is not None:
+            return _bad_input(f"{hosts}: lanes.{name}.flags: {reason}")
     try:
         check_prompt_files(inventory, hosts)
     except ConfigError as e:
@@ -155,64 +157,178 @@ def _refused_nightly(args: argparse.Namespace) -> int | None:
     return None
 
 
-def _capped_by_config(inventory, names: list[str]) -> str | None:
-    """A lane whose own config caps running requests below its bench (and gates on capacity) fails
-    for sure: said before anything is pulled or booted (`lanebench plan` shows the computation)."""
-    from tasks.engines import engine_for, planned
+def _kl_flow() -> Any:
+    from flows.kl import kl_gate
 
-    for name in names:
-        lane = inventory.lanes[name]
-        if (reason := planned.check(lane, engine_for(lane.engine).planned_cap(lane))) is not None:
-            return f"lanes.{name}.flags: {reason}"
-    return None
+    return kl_gate
 
 
-def cmd_verify(args: argparse.Namespace) -> int:
-    from tasks.record.audit import audit
-    from tasks.record.store import is_url
+def _matrix_flow() -> Any:
+    from flows.matrix import matrix
 
-    if is_url(args.run):
-        return _verify_in_store(args.run)
-    run = Path(args.run)
-    if not (run / "manifest.json").is_file():
-        return _bad_input(f"{run}: no manifest.json there. Fix: pass a run folder, e.g. artifacts/<time>_nightly_<id>")
-    result = audit(run)
-    for kind in ("missing", "changed", "extra"):
-        for rel in getattr(result, kind):
-            print(f"{kind}: {rel}")
-    for line in result.problems:
-        print(f"problem: {line}")
-    print(f"{'ok' if result.ok else 'FAILED'}: {result.checked} files listed in the manifest, "
-          f"{len(result.missing)} missing, {len(result.changed)} changed, {len(result.extra)} extra"
-          + (f", {len(result.problems)} problems" if result.problems else ""))
-    if result.ledger:  # after the verdict line, which a good folder's output starts with
-        print(f"ledger: {result.ledger}")
-    return 0 if result.ok else 1
+    return matrix
 
 
-def _verify_in_store(address: str) -> int:
-    """`verify sftp://host/root/RUN`: the run folder as the store holds it, downloaded as it is
-    (no check on the way) and audited against its manifest like a local one."""
-    import tempfile
+def _tools_flow() -> Any:
+    from flows.nightly import tools
 
-    from tasks.record.audit import audit
-    from tasks.record.store import Store, StoreError
+    return tools
 
-    root, _, name = address.rstrip("/").rpartition("/")
+
+def cmd_kl(args: argparse.Namespace) -> int:
+    """The KL gate (flows/kl.py): 0 every candidate meets the bars, 1 any does not (or the gate
+    refused to judge)."""
+    from tasks.client.prompts import load_prompts
+    from tasks.inventory.models import ConfigError
+    from tasks.kl.config import load_kl_file, resolve, resolve_lanes
+
+    path = Path(args.file)
     try:
-        store = Store(root)
-        if name not in store.published():
-            return _bad_input(f"{address}: no such run folder in the store. Fix: lanebench history --artifacts {root}")
-        with tempfile.TemporaryDirectory(prefix="lanebench-verify-") as tmp:
-            result = audit(store.download(name, Path(tmp)))
-    except StoreError as e:
+        spec = load_kl_file(path)
+        resolve_lanes(spec, path)
+        prompts = load_prompts(resolve(path.resolve().parent, spec.prompts))
+    except ConfigError as e:
         return _bad_input(str(e))
-    for kind in ("missing", "changed", "extra"):
-        for rel in getattr(result, kind):
-            print(f"{kind}: {rel}")
-    print(f"{'ok' if result.ok else 'FAILED'}: {result.checked} files listed in the manifest, "
-          f"{len(result.missing)} missing, {len(result.changed)} changed, {len(result.extra)} extra ({address})")
-    return 0 if result.ok else 1
+    except (ValueError, KeyError) as e:
+        return _bad_input(f"{path}: prompts: the prompt file is not JSONL of {{id, class, prompt}} ({e}). "
+                          "Fix: one JSON object per line with those keys")
+    wanted = args.prompt_count or spec.prompt_count
+    if args.prompt_count is not None and args.prompt_count < 2:
+        return _bad_input(f"--prompt-count {args.prompt_count}: a paired bootstrap needs at least 2 prompts. Fix: pass 2 or more")
+    if len(prompts) < wanted:
+        return _bad_input(f"{path}: prompt_count: asks for {wanted} prompts, the prompt file has {len(prompts)}. "
+                          "Fix: lower prompt_count or add prompts")
+    if len({p.id for p in prompts}) != len(prompts):
+        return _bad_input(f"{path}: prompts: prompt ids repeat in the prompt file. Fix: give every prompt its own id")
+    artifacts = Path(args.artifacts)
+    state, folder = run_flow("kl", _kl_flow, artifacts, kl_file=str(path.resolve()),
+                             artifacts_root=str(artifacts), prompt_count=args.prompt_count)
+    if (code := interrupted_exit(state, folder, "kl")) is not None:
+        return code
+    from tasks.record.progress import closing
+
+    return 0 if closing(state, folder, "kl gate passed", "kl gate failed") else 1
+
+
+def cmd_matrix(args: argparse.Namespace) -> int:
+    """The drafter matrix (flows/matrix.py), each drafter's verdict printed: 0 the matrix ran
+    completely whatever the verdict (`--require-bars`: 1 on a failed bar), 1 incomplete."""
+    from tasks.inventory.models import ConfigError
+    from tasks.matrix.config import load_matrix
+
+    path = Path(args.file)
+    try:
+        load_matrix(path)
+    except ConfigError as e:
+        return _bad_input(str(e))
+    root, artifacts = artifacts_arg(args.artifacts, resolve=True)
+    state, folder = run_flow("matrix", _matrix_flow, artifacts, matrix_file=str(path.resolve()), artifacts_root=root)
+    if (code := interrupted_exit(state, folder, "matrix")) is not None:
+        return code
+    from tasks.record.manifest import MatrixVerdict, read_manifest
+    from tasks.record.progress import closing, say
+
+    matrix = read_manifest(folder).flow.matrix if folder else None
+    verdict = (matrix.verdict if matrix else None) or MatrixVerdict(complete=False)
+    for name, d in verdict.drafters.items():
+        if d["checks"]:
+            colour = "green" if d["verdict"] == "PASSED" else "red"
+            say(f"drafter [bold]{name}[/bold]: [{colour}]{d['verdict']}[/{colour}] "
+                f"({d['passed']} passed, {d['failed']} failed, {d['no_data']} not measured of {d['checks']} checks)")
+    if not closing(state, folder, f"matrix complete: {state.message}", "matrix incomplete"):
+        return 1
+    return 1 if args.require_bars and verdict.bars_failed else 0
+
+
+def _tool_lanes(args: argparse.Namespace) -> tuple[Path, list[str]] | str:
+    """`lanebench tools`: the inventory and the lanes to run, or the one-line problem with them."""
+    from tasks.inventory.models import ConfigError
+    from tasks.inventory.load import load_inventory
+    from tasks.stages.input_files import check_prompt_files
+
+    hosts = Path(args.hosts)
+    try:
+        inventory = load_inventory(hosts)
+        check_prompt_files(inventory, hosts)
+    except ConfigError as e:
+        return str(e)
+    unknown = [n for n in args.lane or [] if n not in inventory.lanes]
+    if unknown:
+        return f"--lane {unknown[0]}: no such lane in {hosts}. Fix: use one of: {', '.join(inventory.lanes)}"
+    gated = [n for n, lane in inventory.lanes.items() if lane.correctness and lane.correctness.tool_gate]
+    names = args.lane or gated
+    for name in names:
+        if name not in gated:
+            return (f"{hosts}: lanes.{name}.correctness.tool_gate: the lane declares no tool gate. "
+                    "Fix: add correctness: {tool_gate: {dev: <suite.jsonl>}} (toolsuites/README.md)")
+        plan = inventory.lanes[name].correctness.tool_gate  # type: ignore[union-attr]
+        if args.held_out and plan is not None and plan.held_out is None:
+            return (f"{hosts}: lanes.{name}.correctness.tool_gate.held_out: --held-out asked, but the lane "
+                    "declares no held-out suite. Fix: add held_out: <suite.jsonl>, or run without --held-out")
+    if not names:
+        return f"{hosts}: no lane declares correctness.tool_gate. Fix: add one (toolsuites/README.md)"
+    return hosts, names
+
+
+def cmd_tools(args: argparse.Namespace) -> int:
+    """The tool-gate flow (`tools` of flows/nightly.py), each gate's verdict printed; exit codes as the nightly's."""
+    selected = _tool_lanes(args)
+    if isinstance(selected, str):
+        return _bad_input(selected)
+    hosts, names = selected
+    artifacts = Path(args.artifacts).resolve()
+    state, folder = run_flow("tools", _tools_flow, artifacts, hosts=str(hosts.resolve()), lanes=names,
+                             artifacts_root=str(artifacts), held_out=args.held_out)
+    from tasks.record.progress import closing_verdict, say
+
+    if folder:
+        from tasks.record.manifest import read_manifest
+
+        for lane, entry in read_manifest(folder).flow.correctness.items():
+            for gate in entry.gates:
+                colour = "green" if gate.passed else "red"
+                say(f"[bold]{lane}[/bold] [{colour}]{gate.gate}[/{colour}]: {gate.detail}")
+    return closing_verdict(state, folder, "tools")
+
+
+def cmd_lab(args: argparse.Namespace) -> int:
+    """`lanebench lab up|down|status|cut-link|restore-link`: the users' topology (GB300, a Spark
+    pair, a direct cable) as network namespaces on this machine (lab/README.md). `up` writes
+    hosts.lab.yaml (a leftover lab goes first); `status` exits 1 when the lab is not (fully) up.
+    Needs root; one lab per machine: a command fails while a test session holds the lab."""
+    from lab.lab import Lab, LabError, lab_lock
+    from lab.netns import NetnsError
+
+    lab = Lab(say=lambda line: print(line, flush=True))
+    try:
+        if args.action == "status":
+            ok, lines = lab.status()
+            print("\n".join(lines))
+            return 0 if ok else 1
+        with lab_lock():
+            return _lab_locked(lab, args.action)
+    except (LabError, NetnsError) as e:
+        print(f"lanebench: error: {e}", file=sys.stderr)
+        return 1
+
+
+def _lab_locked(lab: Any, action: str) -> int:  # lab: lab.lab.Lab (imported lazily)
+    if action == "up":
+        lab.up()
+        ok, lines = lab.status()
+        print("\n".join(lines))
+        return 0 if ok else 1
+    if action == "down":
+        lab.down()
+        left = lab.leftovers()
+        print("lab: down" if not left else f"lab: still present: {', '.join(left)}")
+        return 0 if not left else 1
+    if not lab.state().get("complete"):
+        print("lanebench: error: the lab is not up. Fix: run `lanebench lab up` first", file=sys.stderr)
+        return 2
+    lab.cut_link() if action == "cut-link" else lab.restore_link()
+    print("\n".join(line for line in lab.status()[1] if line.startswith("direct link")))
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -224,9 +340,31 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--artifacts", default=str(REPO / "artifacts"),
                    help="folder that receives the run folder, or a store URL (sftp://host/path) it is published to")
     p.set_defaults(func=cmd_nightly)
-    p = sub.add_parser("verify", help="check every file of a run folder against the sha256 in its manifest")
-    p.add_argument("run", help="the run folder (a path, or its address in a store: sftp://host/root/RUN)")
-    p.set_defaults(func=cmd_verify)
+    artifacts_help = "folder that receives the run folder"
+    p = sub.add_parser("kl", help="KL gate: score candidates teacher-forced against a reference lane")
+    p.add_argument("file", help="KL file (e.g. kl/rehearsal.yaml)")
+    p.add_argument("--artifacts", default=str(REPO / "artifacts"), help=artifacts_help)
+    p.add_argument("--prompt-count", type=int, default=None,
+                   help="score only the first N prompts (a quick check; the report says so)")
+    p.set_defaults(func=cmd_kl)
+    p = sub.add_parser("matrix", help="drafter matrix: drafters x K x prompt class, judged against registered bars")
+    p.add_argument("file", help="matrix file (e.g. matrix/rehearsal.yaml)")
+    p.add_argument("--artifacts", default=str(REPO / "artifacts"), help=artifacts_help)
+    p.add_argument("--require-bars", action="store_true",
+                   help="exit 1 when any bar fails (default: a failed bar is a verdict, exit 0)")
+    p.set_defaults(func=cmd_matrix)
+    p = sub.add_parser("tools", help="tool-call gate: boot each lane with a tool gate, smoke it, grade its suites")
+    p.add_argument("--hosts", default=str(DEFAULT_HOSTS), help="inventory file (default: the shipped hosts.yaml)")
+    p.add_argument("--lane", action="append", help="run only this lane (repeatable; default: every lane with a tool gate)")
+    p.add_argument("--held-out", action="store_true",
+                   help="also run the held-out suite (each run is counted in the manifest)")
+    p.add_argument("--artifacts", default=str(REPO / "artifacts"), help=artifacts_help)
+    p.set_defaults(func=cmd_tools)
+    p = sub.add_parser("lab", help="the host lab: GB300 and a Spark pair as network namespaces (root)",
+                       description="`lanebench lab`: the users' topology (GB300, a Spark pair, a direct cable) on this machine.")
+    p.add_argument("action", choices=("up", "down", "status", "cut-link", "restore-link"),
+                   help="up | down | status | cut-link | restore-link")
+    p.set_defaults(func=cmd_lab)
     for module in _SUBCOMMANDS:
         import_module(module).register_cli(sub)
     args = parser.parse_args(argv)

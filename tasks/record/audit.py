@@ -14,8 +14,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from tasks.hosts.files import file_sha256
-from tasks.record.confined import Outside, confined
-from tasks.record.manifest import ManifestError, read_manifest
+from tasks.record.manifest import ManifestError, Outside, confined, read_manifest
 
 # Files the manifest cannot list by hash: itself; the reserve (freed space for a last manifest,
 # tasks/record/run_folder.py); the seals of a run that died (per-append digests, checked by reclaim).

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -51,11 +52,9 @@ def _by_content(value: Any, base_dir: Path | None, known: dict[str, str]) -> Any
         from tasks.inventory.load import shipped_or_local
 
         path = shipped_or_local(base_dir, value)
-    try:
+    with suppress(OSError):
         if path.is_file() and path.stat().st_size < 1 << 30:  # models are known by their recorded sha256
             return f"sha256:{sha256_of(path)}"
-    except OSError:
-        pass
     return value
 
 

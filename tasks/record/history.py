@@ -29,8 +29,7 @@ import pandas as pd
 from pydantic import JsonValue
 
 from tasks.hosts.files import file_sha256
-from tasks.record.confined import Outside, confined
-from tasks.record.manifest import Manifest, scan_manifests
+from tasks.record.manifest import Manifest, Outside, confined, scan_manifests
 from tasks.record.kinds import ADDED_COLUMNS, KINDS, METRICS, MetricDef, history_kinds, metric_def  # noqa: F401  (re-exported for queries)
 
 INDEX_FILE = ".history.duckdb"

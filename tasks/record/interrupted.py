@@ -15,8 +15,7 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
 
-from tasks.record.confined import Outside, inside
-from tasks.record.manifest import LaneRecord, Reclaim, scan_manifests
+from tasks.record.manifest import LaneRecord, Outside, Reclaim, inside, scan_manifests
 from tasks.record.run_folder import LIVE_GLOBS, RESERVE, SEALS, RunFolder
 
 
@@ -94,8 +93,7 @@ def mark_lanes(lanes: dict[str, LaneRecord], why: str) -> list[str]:
     names = []
     for name, lane in lanes.items():
         if lane.status == "running":
-            marks = [m.stage for m in lane.timeline if m.stage not in ("teardown", "done")]
-            stage = marks[-1] if marks else lane.stage  # where it was stopped, not the teardown that followed
+            stage = lane.stopped_in()
             lane.status, lane.reason = "interrupted", f"{stage}: {why}" if stage else why
             names.append(name)
     return names

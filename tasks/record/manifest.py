@@ -9,20 +9,24 @@ the record lies below those modules and does not import them.
 lanebench up to faf9901) are read through `_from_v0`; tests/fixtures/run-folders-v0 holds such
 folders. `read_manifest` is the only place a manifest.json is parsed; `RunFolder`
 (tasks/record/run_folder.py) is the only writer.
+
+Paths a run folder names stay inside the artifacts folder (`confined`): no symlink followed, no
+`..`. A folder is data anyone with write access can shape: a symlinked run folder or lane folder
+led reclaim to rewrite a manifest outside the artifacts folder (issue 27), and a manifest can name
+`../x`. Reclaim, history and verify check every such path first and refuse it with one line.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, JsonValue, ValidationError
 
 from tasks.hosts.gpu import GpuHostFacts
 from tasks.hosts.lock import Hold
-from tasks.record.confined import Outside, inside
 from tasks.hosts.owner import Owner
 from tasks.record.rows import GateResult
 
@@ -128,6 +132,11 @@ class LaneRecord(_Section):
     bandwidth: Bandwidth | None = None
     capacity: JsonObject = {}  # the capacity plan's check before the curve (tasks/stages/capacity.py)
     fingerprint: dict[str, str] = {}  # what can move a number (tasks/record/fingerprint.py): comparisons hold it equal
+
+    def stopped_in(self) -> str:
+        """The stage a failure or a stop happened in, not the teardown that followed it."""
+        stages = [m.stage for m in self.timeline if m.stage not in ("teardown", "done")]
+        return stages[-1] if stages else self.stage
 
 
 class FlowVerdict(_Section):
@@ -280,6 +289,29 @@ class Manifest(_Section):
     artifacts: list[ArtifactEntry]  # required: a manifest without it cannot vouch for any file
 
 
+class Outside(ValueError):
+    """A path that is a symlink or leaves its root: the one line that says which and why."""
+
+
+def confined(root: Path, rel: str | Path) -> Path:
+    """`root / rel`, when `rel` is relative, has no `..`, and neither it nor any folder on the way
+    from `root` is a symlink (`root` itself may be one: the user chose it). Raises Outside."""
+    parts = PurePosixPath(str(rel)).parts
+    if not parts or PurePosixPath(str(rel)).is_absolute() or ".." in parts:
+        raise Outside(f"{rel}: leaves {root} (absolute or '..'): not followed")
+    path = Path(root)
+    for part in parts:
+        path = path / part
+        if path.is_symlink():
+            raise Outside(f"{path}: a symlink, not followed (nothing outside {root} is read or written)")
+    return path
+
+
+def inside(root: Path, path: Path) -> Path:
+    """`path` (found under `root` by a glob) checked as `confined` does."""
+    return confined(root, Path(path).relative_to(root))
+
+
 class ManifestError(ValueError):
     """A manifest.json that cannot be read as a manifest: one line naming the file and why."""
 
@@ -343,7 +375,7 @@ def read_manifest(path: Path) -> Manifest:
 
 def scan_manifests(root: Path, pattern: str = "*") -> Iterator[tuple[Path, Manifest]]:
     """(folder, manifest) of every run folder under `root` matching `pattern` that reads as one,
-    oldest name first; a symlinked folder is never read (tasks/record/confined.py)."""
+    oldest name first; a symlinked folder is never read (`confined`)."""
     for manifest_path in sorted(Path(root).glob(f"{pattern}/manifest.json")):
         try:
             inside(Path(root), manifest_path)

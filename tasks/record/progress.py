@@ -31,8 +31,7 @@ def closing(state: Any, folder: Path | None, passed: str, failed: str) -> bool:
     """How every flow command ends: its verdict, then `run folder: ...` as the very last line
     (scripts and tests read it). True when the flow run completed."""
     ok = bool(state.is_completed())
-    say(f"[green]{passed}[/green]" if ok else f"[red]{failed}[/red]: {state.message}")
-    print(f"run folder: {folder if folder else '(none was created)'}")
+    _close(f"[green]{passed}[/green]" if ok else f"[red]{failed}[/red]: {state.message}", folder)
     return ok
 
 
@@ -45,6 +44,10 @@ def closing_verdict(state: Any, folder: Path | None, flow: str) -> int:
     message = str(state.message or "")
     line = message if message.startswith(f"{flow} ") else f"{flow} failed: {message}"
     colour = {0: "green", 3: "yellow", 130: "yellow"}.get(code, "red")
-    say(f"[{colour}]{line}[/{colour}]")
-    print(f"run folder: {folder if folder else '(none was created)'}")
+    _close(f"[{colour}]{line}[/{colour}]", folder)
     return code
+
+
+def _close(verdict: str, folder: Path | None) -> None:
+    say(verdict)
+    print(f"run folder: {folder if folder else '(none was created)'}")

@@ -42,8 +42,6 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 from tasks.record.kinds import metric_def
 
-# Row keys for GX failure lines of this kind (tasks/expectations.py looks them up by kind).
-
 Verdict = Literal["regression", "improvement", "no change", "no baseline", "too few samples", "not comparable"]
 
 
@@ -67,16 +65,16 @@ class RegressionRow(BaseModel):
     family: str
     better: Literal["higher", "lower"]
     current: float
-    baseline: float | None  # geometric mean of the baseline runs (mean on the linear scale)
+    baseline: float | None = None  # geometric mean of the baseline runs (mean on the linear scale)
     baseline_min: float | None
     baseline_max: float | None
-    baseline_spread_pct: float | None  # one standard deviation of the baseline runs, in percent
-    band_low: float | None  # tonight's value is ordinary noise inside [band_low, band_high] (the t band)
-    band_high: float | None
+    baseline_spread_pct: float | None = None  # one standard deviation of the baseline runs, in percent
+    band_low: float | None = None  # tonight's value is ordinary noise inside [band_low, band_high] (the t band)
+    band_high: float | None = None
     baseline_runs: int
-    change_pct: float | None  # tonight against the baseline
-    ci_low_pct: float | None
-    ci_high_pct: float | None
+    change_pct: float | None = None  # tonight against the baseline; None: not judged
+    ci_low_pct: float | None = None
+    ci_high_pct: float | None = None
     min_effect_pct: float
     verdict: Verdict
     baseline_from: str  # baseline run folders, oldest first, comma-separated
@@ -173,7 +171,6 @@ def _fingerprint_of(con: Any, run: str, lane: str, cache: dict[str, dict[str, st
         from pathlib import Path
 
         from tasks.record.fingerprint import fingerprint
-
         from tasks.record.manifest import HostFacts, LaneRecord, ManifestError, read_manifest
 
         (path,), = con.execute("SELECT path FROM runs WHERE run = ?", [run]).fetchall()
@@ -242,16 +239,14 @@ def compare_lane(con: Any, run: str, lane: str, policy: RegressionPolicy) -> Lan
                       baseline_min=min(values) if values else None, baseline_max=max(values) if values else None)
         if judged is None:
             not_comparable = refused_against is not None and len(base) < policy.min_runs
-            rows.append(RegressionRow(**common, baseline=None, baseline_spread_pct=None, band_low=None, band_high=None,
-                                      change_pct=None, ci_low_pct=None, ci_high_pct=None,
-                                      verdict="too few samples" if metric not in enough else
+            rows.append(RegressionRow(**common, verdict="too few samples" if metric not in enough else
                                       "not comparable" if not_comparable else "no baseline"))
             continue
         j = judged
         rows.append(RegressionRow(**common, baseline=j.centre, baseline_spread_pct=j.spread_pct, band_low=j.band_low,
                                   band_high=j.band_high, change_pct=j.change_pct, ci_low_pct=j.low_pct,
-                                  ci_high_pct=j.high_pct,
-                                  verdict=verdict(d.better, j.change_pct, j.low_pct, j.high_pct, min_effect)))
+                                  ci_high_pct=j.high_pct, verdict=verdict(d.better, j.change_pct, j.low_pct, j.high_pct,
+                                                                          min_effect)))
     changes: list[str] = []
     prev = con.execute("SELECT config FROM lanes WHERE run = ? AND lane = ?",
                        [newest_baseline or refused_against, lane]).fetchone()  # refused: what changed, too

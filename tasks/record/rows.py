@@ -8,18 +8,20 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 
-class _Record(BaseModel):
+class Record(BaseModel):
+    """A row or record: an unknown field is an error, never silently kept."""
+
     model_config = ConfigDict(extra="forbid")
 
 
-class InFlight(_Record):
+class InFlight(Record):
     """One request a gate sent: when it left (wall clock) and how long it was in flight."""
 
     started_at: float
     seconds: float
 
 
-class GateResult(_Record):
+class GateResult(Record):
     gate: str
     kind: str
     passed: bool
@@ -32,7 +34,7 @@ class GateResult(_Record):
     requests: list[InFlight] = []
 
 
-class WarmupRow(_Record):
+class WarmupRow(Record):
     lane: str
     concurrency: int
     size_class: str
@@ -44,7 +46,7 @@ class WarmupRow(_Record):
     noise: bool = False  # first hit faster than steady: the host's noise, not a negative cost
 
 
-class DecodeRow(_Record):
+class DecodeRow(Record):
     lane: str
     concurrency: int
     repeats: int
@@ -117,7 +119,7 @@ class DecodeRow(_Record):
     send_late_p99_s: float | None = None
 
 
-class AcceptanceRow(_Record):
+class AcceptanceRow(Record):
     lane: str
     prompt_class: str
     k: int
@@ -156,7 +158,7 @@ class AcceptanceRow(_Record):
     engine_log_gap: float | None = None
 
 
-class LaneStatus(_Record):
+class LaneStatus(Record):
     lane: str
     status: Literal["passed", "failed", "skipped"]
     reason: str = ""

@@ -26,14 +26,17 @@ from __future__ import annotations
 
 import errno
 import hashlib
-import shutil
 import json
 import os
+import platform
+import shutil
+import socket
+import subprocess
 import threading
 import time
 from collections.abc import Iterator, Sequence
 from typing import Literal
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -42,10 +45,10 @@ from pydantic import BaseModel
 
 from tasks.hosts.files import file_sha256
 from tasks.record.expectations import validate
-from tasks.record.manifest import (ArtifactEntry, CorrectnessEntry, FileRef, FlowRecord, LaneRecord, Manifest,
-                                   StageMark, read_manifest)
 from tasks.hosts.owner import Owner
-from tasks.record.provenance import git_identity, host_facts
+from tasks.inventory.paths import REPO
+from tasks.record.manifest import (ArtifactEntry, CorrectnessEntry, FileRef, FlowRecord, GitIdentity, HostFacts,
+                                   LaneRecord, Manifest, StageMark, read_manifest)
 
 __all__ = ["ArtifactEntry", "LaneRecord", "Manifest", "RunFolder", "RunFolderWriteError"]
 
@@ -58,6 +61,31 @@ LIVE_GLOBS = ("*/*.jsonl", "*/*.log")  # raw records and logs: listed as soon as
 
 class RunFolderWriteError(OSError):
     """A write into the run folder failed (disk full, read-only): the lane ends with this one line."""
+
+
+def git_identity() -> GitIdentity:
+    """The lanebench commit; a copy without .git (the GPU bundle, scripts/gpu-run.sh) carries the
+    one it was made from in `.lanebench-git.json`."""
+    def git(*args: str) -> str:
+        r = subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True)
+        return r.stdout.strip() if r.returncode == 0 else ""
+
+    sha = git("rev-parse", "HEAD")
+    if not sha and (carried := REPO / ".lanebench-git.json").is_file():
+        known = json.loads(carried.read_text())
+        return GitIdentity(git_sha=str(known.get("git_sha") or "unknown"), dirty=bool(known.get("dirty")),
+                           git_from=".lanebench-git.json")
+    return GitIdentity(git_sha=sha or "unknown", dirty=bool(git("status", "--porcelain")))
+
+
+def host_facts() -> HostFacts:
+    cpu = ""
+    with suppress(OSError):
+        cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                    if line.startswith("model name")), "")
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return HostFacts(hostname=socket.gethostname(), platform=platform.platform(), machine=platform.machine(),
+                     cpu=cpu, cores=os.cpu_count(), memory_gib=round(mem, 1), python=platform.python_version())
 
 
 class RunFolder:
@@ -173,10 +201,8 @@ class RunFolder:
                     f.write(f"{size + len(data)} {sealed.hexdigest()}\n")
                 self._seals[rel] = sealed
             except OSError as e:
-                try:
+                with suppress(OSError):
                     os.truncate(path, size)
-                except OSError:
-                    pass
                 self._failed_write(rel, e)
             if size == 0:
                 self._refresh(rel)

@@ -16,6 +16,7 @@ mirrors under LANEBENCH_STORE_MIRRORS (default ~/.cache/lanebench/stores/<hash o
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
@@ -136,10 +137,8 @@ class Store:
                 raise StoreError(f"{self.url}/{INCOMING}: {folder.name}/manifest.json changed in the copy")
             self.remote_fs.mv(staging, final)  # one rename: the folder appears whole
         except BaseException:
-            try:
+            with contextlib.suppress(Exception):
                 self.remote_fs.rm(staging, recursive=True)
-            except Exception:
-                pass
             raise
         return f"{self.url.rstrip('/')}/{folder.name}"
 

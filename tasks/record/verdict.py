@@ -45,27 +45,16 @@ class Verdict(BaseModel):
         return FlowVerdict(outcome=self.outcome, exit_code=self.exit_code, line=self.line)
 
 
-def _count(n: int, what: str) -> str:
-    return f"{n} {what}"
-
-
 def night_verdict(flow: str, lanes: dict[str, LaneRecord], problems: list[str], interrupted: bool = False) -> Verdict:
     """`problems`: failures beyond the lanes (regressions, a report that could not be written)."""
     v = Verdict(outcome="passed", line="")
     for name, r in lanes.items():
-        status = r.status
-        if status == "passed":
-            v.passed.append(name)
-        elif status == "skipped":
+        if r.status == "skipped":
             v.skipped[name] = r.reason
-        elif status == "failed":
-            v.failed.append(name)
-        else:  # running or interrupted: it did not finish
-            v.interrupted.append(name)
-    counts = ", ".join(c for c in (_count(len(v.passed), "passed") if v.passed else "",
-                                   _count(len(v.failed), "failed") if v.failed else "",
-                                   _count(len(v.skipped), "skipped") if v.skipped else "",
-                                   _count(len(v.interrupted), "interrupted") if v.interrupted else "") if c)
+        else:  # a lane still running or interrupted did not finish
+            {"passed": v.passed, "failed": v.failed}.get(r.status, v.interrupted).append(name)
+    counts = ", ".join(f"{len(names)} {word}" for names, word in ((v.passed, "passed"), (v.failed, "failed"),
+                       (v.skipped, "skipped"), (v.interrupted, "interrupted")) if names)
     skipped = "; ".join(f"{n} skipped: {why}" for n, why in v.skipped.items())
     if v.failed or problems:
         v.outcome = "failed"

@@ -20,9 +20,6 @@ def _num(v: object, fmt: str = "{:.3g}") -> str:
     return "" if v is None or (isinstance(v, float) and pd.isna(v)) else fmt.format(v)
 
 
-_md = frame
-
-
 def prefill_lines(df: pd.DataFrame) -> list[str]:
     table = pd.DataFrame({
         "rung": df.rung, "prompt tokens": [_num(v, "{:.0f}") for v in df.prompt_tokens],
@@ -33,7 +30,7 @@ def prefill_lines(df: pd.DataFrame) -> list[str]:
         "cache speedup": [_num(v, "{:.2f}x") for v in df.cache_speedup],
         "status": [s if not r else f"{s}: {r}" for s, r in zip(df.status, df.reason)],
     })
-    return [_md(table), "", "Each rung is one prompt that opens with a fresh nonce, so no prefix cache holds any of it: "
+    return [frame(table), "", "Each rung is one prompt that opens with a fresh nonce, so no prefix cache holds any of it: "
             "TTFT is the prefill. The warm hit sends the same prompt with the same nonce again and is reported "
             "apart: it shows the cache, and never counts as prefill speed."]
 
@@ -49,7 +46,7 @@ def accuracy_lines(df: pd.DataFrame) -> list[str]:
         f"share [{rows[0].confidence:.0%} Wilson interval]": [
             "n/a" if r.value is None else f"{r.value:.1%} [{r.ci_low:.1%}, {r.ci_high:.1%}]" for r in rows],
     })
-    return [f"**{in_words(rows)}.**", "", _md(table)]
+    return [f"**{in_words(rows)}.**", "", frame(table)]
 
 
 def capacity_lines(df: pd.DataFrame, check: dict) -> list[str]:
@@ -72,7 +69,7 @@ def capacity_lines(df: pd.DataFrame, check: dict) -> list[str]:
     elif check:
         out += [f"Declared concurrency {check['concurrency']} x typical {check['typical_tokens']} tokens = "
                 f"{check['needed_tokens']} tokens fits the pool ({check['context_per_user']} tokens per user).", ""]
-    return out + [_md(table), "", SEEDS_TRADE]
+    return out + [frame(table), "", SEEDS_TRADE]
 
 
 def queueing_lines(df: pd.DataFrame) -> list[str]:
@@ -85,7 +82,7 @@ def queueing_lines(df: pd.DataFrame) -> list[str]:
         "queued (gauge peak / mean)": [f"{_num(p, '{:.0f}')} / {_num(m, '{:.1f}')} ({g})" if g else "no gauge"
                                        for p, m, g in zip(df.deferred_peak, df.deferred_mean, df.queue_gauge)],
     })
-    return [_md(table), "", "Levels the lane declared `beyond_cap: queue`, run above the server's running-request "
+    return [frame(table), "", "Levels the lane declared `beyond_cap: queue`, run above the server's running-request "
             "cap: labelled **queueing** in the decode table and plot, and never part of a speed verdict (the "
             "regression check leaves them out). Queue wait = TTFT less the TTFT p50 at the highest level inside "
             "the cap."]

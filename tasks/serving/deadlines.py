@@ -1,22 +1,13 @@
-"""Every stage has a deadline, derived from the lane, and a dead server is named at once.
+"""A dead or late server is named at once: the lane fails within a known time with the stage
+and the reason, and the other lanes go on.
 
-A hung server (SIGSTOP), a cut link or a stalled worker must fail the lane within a known time
-with the stage and the reason, and the other lanes go on. llama-server sends an SSE ping every
-30 s, so a read timeout alone never fires on a stopped stream: a request needs a wall deadline.
-
-- request deadline = TTFT allowance + max_tokens / floor speed (a request slower than the floor
-  speed is not a measurement, it is a fault);
-- wave deadline = requests per stream x request deadline + slack (streams run side by side);
-- between waves, the server is checked (`check_alive`; a measuring task calls it itself through
-  `check(endpoint)` of tasks/serving/live.py, which holds the lane's server and `Late`): process
-  gone, or health not answering within seconds, ends the lane naming what happened, instead of
-  sending the remaining waves to a dead server and blaming the next metrics scrape;
-- a request that ran past its wall deadline ends the lane at the next check (between waves, and
-  after each measuring stage, so a fault in the last wave is caught too), naming the deadline
-  and what the check found: a stopped server's health goes silent, but a server hung on a cut
-  link or a lost worker still answers its health, so the deadline is the only witness.
-
-The client (tasks/client/waves.py) takes the request deadline; these functions derive it.
+A hung server (SIGSTOP), a cut link or a stalled worker: llama-server sends an SSE ping every
+30 s, so a read timeout alone never fires on a stopped stream, and each request runs under a
+wall deadline (tasks/client/deadline.py). Between waves and after each measuring stage the server
+is checked (`check_alive`, through `check(endpoint)` of tasks/serving/live.py): process gone or
+health silent ends the lane naming what happened, instead of sending the remaining waves to a
+dead server. A request past its deadline ends the lane at the next check too: a server hung on
+a cut link or a lost worker still answers its health, so the deadline is the only witness.
 """
 
 from __future__ import annotations
@@ -26,14 +17,10 @@ import time
 import httpx
 
 from tasks.client.control import control
-from tasks.client.deadline import TTFT_ALLOWANCE_S, floor_tok_s, request_deadline_s, stall_bounds  # noqa: F401
+from tasks.client.deadline import stall_bounds
 from tasks.hosts.transport import TransportError
 
 HEALTH_TIMEOUT_S = 5.0
-
-
-def wave_deadline_s(requests_per_stream: int, max_tokens: int) -> float:
-    return requests_per_stream * request_deadline_s(max_tokens) + 10.0
 
 
 class ServerDied(RuntimeError):
@@ -112,8 +99,7 @@ def _check_alive(server, engine_health_path: str) -> None:
     try:  # over SSH, a dropped connection asks the host again: its sshd may be gone
         code = server.process.poll()
         if code is not None:
-            raise ServerDied(f"the server died (exit code {code}); last log lines: "
-                             + " | ".join(server.log().splitlines()[-3:]))
+            raise _died(server, code)
         for worker in getattr(server, "workers", []):
             if (wcode := worker.poll()) is not None:
                 raise ServerDied(f"an RPC worker the server depends on died (exit code {wcode}): "
@@ -128,9 +114,12 @@ def _check_alive(server, engine_health_path: str) -> None:
     except httpx.TransportError as e:
         for _ in range(20):  # a process that was just killed closes its socket before it is reaped
             if (code := server.process.poll()) is not None:
-                raise ServerDied(f"the server died (exit code {code}); last log lines: "
-                                 + " | ".join(server.log().splitlines()[-3:])) from None
+                raise _died(server, code) from None
             time.sleep(0.1)
         raise ServerDied(f"the server is unreachable ({type(e).__name__}) although its process runs") from None
     if r.status_code >= 500 and r.status_code != 503:
         raise ServerDied(f"the server's health says HTTP {r.status_code}")
+
+
+def _died(server, code: int) -> ServerDied:
+    return ServerDied(f"the server died (exit code {code}); last log lines: " + " | ".join(server.log().splitlines()[-3:]))

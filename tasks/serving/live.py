@@ -17,6 +17,7 @@ from __future__ import annotations
 import shlex
 import threading
 from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -179,7 +180,5 @@ def keep(run_dir: str, endpoint: Endpoint, record: RequestRecord, judged: bool =
     run = RunFolder.opened(run_dir)
     if run.write_error is not None:
         return
-    try:
+    with suppress(RunFolderWriteError):
         run.append_jsonl(endpoint.lane, "requests.jsonl", record)
-    except RunFolderWriteError:
-        pass

@@ -10,14 +10,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from tasks.record.rows import Record
 
 
-class _Record(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class ForcedProbe(_Record):
+class ForcedProbe(Record):
     """One HTTP request that scores `positions` of a token sequence teacher-forced.
 
     `forced[i]` is the token id at `positions[i]`: the token whose log-probability is read.
@@ -30,7 +26,7 @@ class ForcedProbe(_Record):
     forced: list[int]
 
 
-class ForcedScore(_Record):
+class ForcedScore(Record):
     """The model's view of one forced position: log p(forced token | prefix) and its own argmax."""
 
     position: int
@@ -51,7 +47,7 @@ class ProbeRetry(Exception):
         self.probe = probe
 
 
-class Sequence(_Record):
+class Sequence(Record):
     """A prompt's tokens (as the reference tokenized it) and the reference's greedy continuation."""
 
     prompt_id: str
@@ -70,7 +66,7 @@ KlStatus = Literal["complete", "partial", "refused", "skipped", "failed"]
 KlVerdict = Literal["pass", "fail", "exact", "inexact", "no verdict"]
 
 
-class ScoreRecord(_Record):
+class ScoreRecord(Record):
     """Raw record, appended per prompt as it is scored (kept when a lane dies mid-way)."""
 
     lane: str
@@ -82,7 +78,7 @@ class ScoreRecord(_Record):
     seconds: float
 
 
-class KlPositionRow(_Record):
+class KlPositionRow(Record):
     """One scored continuation position of one lane, beside the reference's first scoring.
 
     For the reference lane itself the row compares its second scoring with its first: that
@@ -101,7 +97,7 @@ class KlPositionRow(_Record):
     flip: bool  # argmax != token
 
 
-class KlSummaryRow(_Record):
+class KlSummaryRow(Record):
     lane: str
     role: KlRole
     status: KlStatus
@@ -117,7 +113,7 @@ class KlSummaryRow(_Record):
     reason: str = ""
 
 
-class KlPairRow(_Record):
+class KlPairRow(Record):
     """Two candidates against each other, on the positions both scored.
 
     `gap_*` is candidate a minus candidate b, each measured against the reference (negative:

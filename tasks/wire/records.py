@@ -7,14 +7,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from tasks.record.rows import Record
 
 
-class _Record(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class StreamEvent(_Record):
+class StreamEvent(Record):
     """One parsed streaming chunk, in the same shape for every engine."""
 
     text: str = ""
@@ -51,12 +47,12 @@ def truncation_of(ok: bool, finish_reason: str | None, output_tokens: int, max_t
     return "none"
 
 
-class RequestSpec(_Record):
+class RequestSpec(Record):
     path: str
     body: dict
 
 
-class RequestRecord(_Record):
+class RequestRecord(Record):
     """One request as it happened. Every raw record is kept, warmup and measured alike."""
 
     lane: str

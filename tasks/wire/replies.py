@@ -5,25 +5,21 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
-
-from tasks.record.rows import InFlight
+from tasks.record.rows import InFlight, Record
 
 _SHOWN = 160  # characters of content or reasoning quoted in a gate's detail
 
 
-class ToolCall(BaseModel):
+class ToolCall(Record):
     """One structured call as the server returned it; `arguments` is the raw JSON text."""
 
-    model_config = ConfigDict(extra="forbid")
     name: str
     arguments: str
 
 
-class ChatReply(BaseModel):
+class ChatReply(Record):
     """One chat request as it came back, in the same shape for every engine."""
 
-    model_config = ConfigDict(extra="forbid")
     ok: bool
     http_status: int | None = None
     error: str | None = None
