@@ -261,7 +261,7 @@ def test_a_candidate_that_dies_keeps_its_partial_results(tmp_path, llama_bin):
 @pytest.mark.parametrize("sig, ports", [("SIGINT", (18244, 18245)), ("SIGTERM", (18246, 18247))])
 def test_ctrl_c_mid_reference_stops_kl_like_nightly(tmp_path, llama_bin, sig, ports):
     """Ctrl-C to `lanebench kl`'s process group, or SIGTERM to the process alone, while the
-    reference scores (flows/cli/kl.py -> run_flow): exit 130 naming the signal, the reference's
+    reference scores (flows/cli/__init__.py -> run_flow): exit 130 naming the signal, the reference's
     server torn down, the run folder marked interrupted with what was scored kept, verify
     passes, no verdict."""
     reference, candidate = ports

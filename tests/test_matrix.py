@@ -426,7 +426,7 @@ def test_rerun_with_an_edited_bar_says_so_and_a_failed_gate_does_not_stop_the_ma
 @pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
 def test_ctrl_c_mid_arm_stops_the_matrix_like_nightly(tmp_path, llama_bin, sig):
     """Ctrl-C to `lanebench matrix`'s process group, or SIGTERM to the process alone, mid arm
-    (flows/cli/matrix.py -> run_flow): exit 130 naming the signal, the arm's server torn down,
+    (flows/cli/__init__.py -> run_flow): exit 130 naming the signal, the arm's server torn down,
     the run folder marked interrupted with the arms never started said so, verify passes, no
     verdict."""
     matrix_inventory(tmp_path, PORT + 10)
