@@ -23,8 +23,8 @@ LONG_FUNCTION = 80  # lines, from `def` to its last line
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("tasks.inventory",),   # hosts.yaml's models and loader, secrets, repository paths
     ("tasks.hosts",),       # transports, SSH, locks, files on a host
-    ("tasks.record",),      # the run folder, its rows, manifest, ledger, history
     ("tasks.wire",),        # request specs, stream events, replies, KL probes: what engines and client speak
+    ("tasks.record",),      # the run folder, every table's row model, manifest, ledger, history
     ("tasks.engines",),     # one Engine per server, its capabilities and builds
     ("tasks.client",),      # load generation and request timing
     ("tasks.serving",),     # a lane's live server: Endpoint, handles, deadlines
@@ -35,11 +35,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("flows",),
 )
 _BY_NAME = re.compile(r"((?:tasks|flows|lab)(?:\.\w+)+):\w+")
-# The artifact-kind registry names each kind's row model as "module:Class", and some of those
-# models live above record/ (wire, correctness, stages, matrix): an upward dependency that only
-# the string hides. Allowed while "record" owns the registry; the fix is rows below record/ or the
-# registry above its row models.
-STRING_IMPORTS_ALLOWED = {"tasks/record/kinds.py"}
+# The artifact-kind registry names each kind's row model as "module:Class": a string import that
+# counts like any other. None is allowed: every row model lives in record/ or below it (wire/).
+STRING_IMPORTS_ALLOWED: set[str] = set()
 ENGINES = frozenset({"llamacpp", "sglang", "vllm"})
 # None: the inventory's per-engine rules (rpc, nodes.env, draft plan, flag table) are data, one
 # LaneRules row per engine (tasks/inventory/flag_conflicts.py), not branches on the name.

@@ -38,11 +38,11 @@ from tasks.engines import engine_for
 from tasks.inventory.models import AccuracyPlan, Lane
 from tasks.record.run_folder import RunFolder
 from tasks.serving.live import Endpoint
+from tasks.record.table_rows import AccuracyRow, Measure
 
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 DOMINANT = 0.5  # a truncated share above this makes the raw score a truncation score
 _ANSWER = re.compile(r"(?i:answer)\s*(?i:is)?\s*[:=]?\s*[(\[*]*\s*([A-Z])(?![A-Za-z])")
-Measure = Literal["raw", "truncated_share", "floor", "still_truncated_share", "finished_right"]
 
 
 class McqRecord(BaseModel):
@@ -100,21 +100,6 @@ class AccuracyAttempt(BaseModel):
     started_at: float | None = None  # wall clock when it was sent (questions run concurrently)
     reply: str
     reasoning_chars: int
-
-
-class AccuracyRow(BaseModel):
-    """One of the five measures, with its binomial interval."""
-
-    model_config = ConfigDict(extra="forbid")
-    lane: str
-    measure: Measure
-    max_tokens: int  # the cap the measure is at
-    count: int
-    of: int
-    value: float | None  # count / of; None when `of` is 0
-    ci_low: float | None
-    ci_high: float | None
-    confidence: float
 
 
 def render(plan: AccuracyPlan, record: McqRecord) -> str:

@@ -19,7 +19,7 @@ import math
 import random
 import re
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
@@ -34,8 +34,8 @@ from tasks.engines import Engine, engine_for
 from tasks.client.prompts import nonce, with_nonce
 from tasks.record.rows import GateResult
 from tasks.correctness.thinking import switch_kwargs
+from tasks.record.table_rows import NeedleRow, Outcome
 
-Outcome = Literal["pass", "fail", "truncated", "error"]
 TEMPLATE_MARGIN = 48  # tokens a chat template may add around the user message
 
 _PLACES = ["The harbor", "The old library", "A small garden", "The river bank", "The market square",
@@ -47,25 +47,6 @@ _STATES = ["was busy in the morning", "smelled of fresh bread", "stayed calm all
            "echoed with music", "was cold before dawn", "kept its old name"]
 _TAILS = ["", " as usual", " that year", " for a while", " once again"]
 _COLORS = ["red", "green", "blue", "yellow", "white"]
-
-
-class NeedleRow(BaseModel):
-    """One rung of one needle kind."""
-
-    lane: str
-    needle_kind: str
-    rung: int
-    target_tokens: int
-    message_tokens: int
-    prompt_tokens: int | None
-    context_per_slot: int
-    keys_expected: int
-    keys_found: int
-    outcome: Outcome
-    finish_reason: str | None
-    answer: str
-    seconds: float
-    started_at: float | None = None  # wall clock when it was sent (two rungs run at once)
 
 
 class Haystack(BaseModel):

@@ -36,6 +36,7 @@ from tasks.hosts.files import sha256_of
 from tasks.record.rows import GateResult
 from tasks.correctness.thinking import switch_kwargs
 from tasks.correctness.tool_grader import MISS_KINDS, MISS_LABELS, ToolCase, grade, load_suite, openai_tools
+from tasks.record.table_rows import ToolGateRow
 
 
 class ToolCaseRecord(BaseModel):
@@ -57,43 +58,6 @@ class ToolCaseRecord(BaseModel):
     prompt_tokens: int | None
     completion_tokens: int | None
     started_at: float | None = None  # wall clock when it was sent (cases run concurrently)
-
-
-class ToolGateRow(BaseModel):
-    """One suite pass: solved/total, misses by kind, seconds, and cost per 1,000 solved."""
-
-    lane: str
-    suite: str
-    split: Literal["dev", "held_out"]
-    suite_sha256: str
-    cases: int
-    solved: int
-    solved_pct: float
-    http_error: int
-    truncated: int
-    no_call: int
-    malformed_call: int
-    wrong_count: int
-    wrong_function: int
-    missing_argument: int
-    unexpected_argument: int
-    wrong_value: int
-    accounted: int  # solved + every miss: each case lands in exactly one bucket
-    seconds: float
-    concurrency: int
-    max_tokens: int
-    dollars_per_hour: float | None
-    cost_per_1000_solved: float | None
-    run_number: int  # dev: 1; held_out: how many times these suite bytes have been run, this one included
-    # Truncation counted (the seeds' GPQA "truncation score"): cases cut at max_tokens are asked
-    # again at REASK_FACTOR x the cap and merged by case id. raw = solved_pct above (first pass);
-    # floor = solved after the re-ask, anything still cut counted wrong; finished-and-right =
-    # solved among the cases that finished within the higher cap.
-    truncated_share: float = 0.0
-    reask_max_tokens: int | None = None
-    floor_pct: float | None = None
-    finished_and_right_pct: float | None = None
-    truncation_dominated: bool = False  # truncated misses are most of the misses: the score measures the cap
 
 
 def run_suite(base_url: str, engine: Engine, lane_name: str, cases: list[ToolCase], suite: str,

@@ -25,81 +25,23 @@ from pathlib import Path
 from typing import Any, Literal
 
 import pandas as pd
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel
 
 from tasks.record.run_folder import RunFolder
 from tasks.matrix.config import Arm, Matrix, baseline_arm, judged_arms, prompt_class_of
 from tasks.matrix.bars import Bar, Registration
+from tasks.record.table_rows import ArmClassRow, MatrixRow, VerdictRow
 
 
 _TOL = 1e-9
 
 
-class _Row(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class ArmClassRow(_Row):
-    """One arm on one prompt class (kind `matrix_arms`); measurement fields are None for an arm that did not pass."""
-
-    arm: str
-    drafter: str
-    revision: str
-    k: int
-    baseline: bool
-    status: Literal["passed", "failed", "skipped", "running", "interrupted"]  # the arm lane's own status
-    reason: str
-    prompt_class: str
-    repeats: int | None = None
-    acceptance_length: float | None = None
-    acceptance_length_min: float | None = None
-    acceptance_length_max: float | None = None
-    per_position: list[float] | None = None
-    draft_shape: str = "chain"  # a tree's per_position[i] is "accepted path at least i+1 long" (AcceptanceRow)
-    verify_steps: float | None = None
-    accepted: float | None = None
-    draft_tokens: float | None = None
-    draft_efficiency: float | None = None
-    draft_efficiency_min: float | None = None
-    draft_efficiency_max: float | None = None
-    rejected_per_step: float | None = None  # drafted minus accepted, per verification step: wasted verify work
-    single_stream_tok_s: float | None = None
-    single_stream_tok_s_min: float | None = None
-    single_stream_tok_s_max: float | None = None
-    k_plus_1: int  # acceptance length can never exceed K + 1 (checked by the suite)
-    curve_nonincreasing: bool | None = None  # per-position rates never rise (checked by the suite)
-
-
-class SpeedRow(_Row):
+class SpeedRow(MatrixRow):
     arm: str
     concurrency: int
     aggregate_tok_s: float
     aggregate_tok_s_min: float
     aggregate_tok_s_max: float
-
-
-class VerdictRow(_Row):
-    """One bar on one arm (kind `matrix_verdict`). pass <=> margin >= 0 (checked by the suite)."""
-
-    bar_index: int
-    bar: str  # the bar as registered, in words
-    bars_sha256: str
-    arm: str
-    drafter: str
-    k: int
-    metric: str
-    prompt_class: str | None
-    concurrency: int | None
-    op: str
-    baseline_arm: str | None
-    baseline_value: float | None
-    threshold: float | None
-    measured: float | None
-    measured_min: float | None
-    measured_max: float | None
-    margin: float | None  # how far on the passing side of the bound (negative: failed by that much)
-    outcome: Literal["pass", "fail", "no-data"]
-    note: str
 
 
 def _stats(values: list[float]) -> tuple[float, float, float] | tuple[None, None, None]:

@@ -34,15 +34,14 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import pandas as pd
-from pydantic import BaseModel, ConfigDict, Field, JsonValue
+from pydantic import BaseModel, Field, JsonValue
 
 from tasks.record.kinds import metric_def
-
-Verdict = Literal["regression", "improvement", "no change", "no baseline", "too few samples", "not comparable"]
+from tasks.record.table_rows import RegressionRow, Verdict
 
 
 class RegressionPolicy(BaseModel):
@@ -55,29 +54,6 @@ class RegressionPolicy(BaseModel):
         default_factory=lambda: {"throughput": 5.0, "latency": 10.0, "acceptance": 3.0, "kl": 25.0},
         description="smallest change (percent) that can fail a night, per metric family")
     since: str | None = Field(None, description="ISO time or run folder name: ignore baseline runs before it")
-
-
-class RegressionRow(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    lane: str
-    metric: str
-    family: str
-    better: Literal["higher", "lower"]
-    current: float
-    baseline: float | None = None  # geometric mean of the baseline runs (mean on the linear scale)
-    baseline_min: float | None
-    baseline_max: float | None
-    baseline_spread_pct: float | None = None  # one standard deviation of the baseline runs, in percent
-    band_low: float | None = None  # tonight's value is ordinary noise inside [band_low, band_high] (the t band)
-    band_high: float | None = None
-    baseline_runs: int
-    change_pct: float | None = None  # tonight against the baseline; None: not judged
-    ci_low_pct: float | None = None
-    ci_high_pct: float | None = None
-    min_effect_pct: float
-    verdict: Verdict
-    baseline_from: str  # baseline run folders, oldest first, comma-separated
 
 
 class LaneComparison(BaseModel):

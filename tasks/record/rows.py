@@ -5,20 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
-
-
-class Record(BaseModel):
-    """A row or record: an unknown field is an error, never silently kept."""
-
-    model_config = ConfigDict(extra="forbid")
-
-
-class InFlight(Record):
-    """One request a gate sent: when it left (wall clock) and how long it was in flight."""
-
-    started_at: float
-    seconds: float
+from tasks.wire.base import InFlight, Record
 
 
 class GateResult(Record):

@@ -27,27 +27,9 @@ from tasks.correctness.needles import token_counter
 from tasks.engines import Engine
 from tasks.engines.facts import BootFacts
 from tasks.inventory.models import Lane
+from tasks.record.table_rows import CapacityRow
 
 _POOL_KEYS = ("max_total_num_tokens", "kv_cache_tokens", "kv_pool_tokens")  # shared paged pools, by engine
-
-
-class CapacityRow(BaseModel):
-    """One number of users and the context each can hold."""
-
-    model_config = ConfigDict(extra="forbid")
-    lane: str
-    users: int
-    context_per_user: int  # tokens each user can hold at once; 0 beyond the running-request cap
-    pool_tokens: int
-    pool_shape: Literal["per-slot", "shared"]
-    running_cap: int | None
-    fits_cap: bool
-    state_slots_needed: int | None  # hybrid models: recurrent-state slots these users need
-    state_slots: int | None  # what the server has
-    kv_bytes_per_seat: float | None  # where the server states its KV memory
-    declared: bool  # one of the lane's decode levels
-    typical_tokens: int | None
-    typical_fits: bool | None  # a typical request fits the context each user gets
 
 
 class CapacityCheck(BaseModel):

@@ -30,6 +30,7 @@ from tasks.inventory.models import PrefillPlan
 from tasks.record.progress import progress
 from tasks.record.run_folder import RunFolder
 from tasks.serving.live import Endpoint
+from tasks.record.table_rows import PrefillRow
 
 _TIMEOUT = httpx.Timeout(connect=10.0, read=600.0, write=60.0, pool=60.0)
 _BOS_MARGIN = 2  # tokens the server may add around a raw prompt (BOS, a separator)
@@ -51,23 +52,6 @@ class PrefillRecord(BaseModel):
     started_at: float
     ttft_s: float | None = None
     e2el_s: float | None = None
-
-
-class PrefillRow(BaseModel):
-    """One rung: the cold request's TTFT and prefill speed, the warm hit's beside it."""
-
-    model_config = ConfigDict(extra="forbid")
-    lane: str
-    rung: int
-    status: Literal["measured", "skipped", "failed"]
-    reason: str = ""
-    context_per_slot: int
-    prompt_tokens: int | None = None
-    cold_ttft_s: float | None = None
-    prefill_tok_s: float | None = None  # prompt tokens / cold TTFT
-    warm_ttft_s: float | None = None
-    warm_tok_s: float | None = None  # the same over the warm hit: what the prefix cache makes it look like
-    cache_speedup: float | None = None  # cold TTFT / warm TTFT
 
 
 def build_prompt(filler: str, target: int, tag: str, count: Callable[[str], int]) -> tuple[str, int]:

@@ -20,7 +20,6 @@ import httpx
 import numpy as np
 from prefect import task
 from prefect.cache_policies import NO_CACHE
-from pydantic import BaseModel, ConfigDict
 
 from tasks.client import auth
 from tasks.client.metrics import percentile
@@ -33,28 +32,9 @@ from tasks.record.rows import DecodeRow
 from tasks.serving import live
 from tasks.stages.decode_curve import measure
 from tasks.serving.live import Endpoint
+from tasks.record.table_rows import QueueRow
 
 _SAMPLE_S = 0.1
-
-
-class QueueRow(BaseModel):
-    """One queueing level: the wait before the server took a request, apart from TTFT."""
-
-    model_config = ConfigDict(extra="forbid")
-    lane: str
-    concurrency: int
-    regime: str = "queueing"
-    running_cap: int | None
-    beyond_cap: int  # requests in flight above the cap
-    requests: int
-    ttft_p50_s: float
-    ttft_p95_s: float
-    served_ttft_p50_s: float  # TTFT p50 at the highest level inside the cap (or the level's quickest)
-    queue_wait_p50_s: float
-    queue_wait_p95_s: float
-    queue_gauge: str  # the engine's metric sampled, '' when it has none
-    deferred_peak: float | None
-    deferred_mean: float | None
 
 
 class _Sampler:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from tasks.record.rows import Record
+from tasks.wire.base import Record
 
 
 class StreamEvent(Record):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from tasks.record.rows import InFlight, Record
+from tasks.wire.base import InFlight, Record
 
 _SHOWN = 160  # characters of content or reasoning quoted in a gate's detail
 
