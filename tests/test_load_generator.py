@@ -446,3 +446,53 @@ def test_wave_workers_are_kept_between_waves_and_replaced_when_one_dies(fake):
     assert not set(p.pid for p in workers._pools[(2, None)].procs) & set(pids)  # a fresh pool
     workers.close_pools()
     assert workers._pools == {}
+
+
+def _splitter_by_slicing(chunks: list[tuple[float, bytes]]) -> list[tuple[float, bytes, bool]]:
+    """The splitter as it was before one split a read: the rest sliced off event by event. Its
+    output is the contract; only its cost (quadratic in a read's events) was wrong."""
+    buf, t_first, out = b"", 0.0, []
+    for t, data in chunks:
+        if not buf:
+            t_first = t
+        buf += data.replace(b"\r\n", b"\n")
+        while (i := buf.find(b"\n\n")) >= 0:
+            raw, buf = buf[:i], buf[i + 2:]
+            if raw.strip():
+                out.append((t_first, raw, t_first == t and bool(buf.strip())))
+            t_first = t
+    return out + ([(t_first, buf, False)] if buf.strip() else [])
+
+
+def test_the_one_split_splitter_gives_what_event_by_event_slicing_gave():
+    """Random streams (comments, blank events, CRLF, multi-line data, a tail without its blank
+    line) cut at random points: each event with the same stamp and the same shared mark."""
+    import random
+
+    from tasks.client.http import EventSplitter
+
+    rng = random.Random(28)
+    pieces = [b'data: {"a":1}', b": ping", b"", b"  ", b"data: x\r\ndata: y", b"event: error\ndata: {}"]
+    for _ in range(3000):
+        stream = b"".join(rng.choice(pieces) + rng.choice([b"\n\n", b"\r\n\r\n", b"\n\n\n"])
+                          for _ in range(rng.randint(1, 8)))
+        stream += b"data: tail" if rng.random() < 0.3 else b""
+        cuts = sorted(rng.sample(range(1, len(stream)), min(len(stream) - 1, rng.randint(0, 6))))
+        chunks = [(float(t), stream[a:b]) for t, (a, b) in enumerate(zip([0, *cuts], [*cuts, len(stream)]))]
+        splitter = EventSplitter()
+        got = [e for t, data in chunks for e in splitter.feed(t, data)] + splitter.close()
+        assert got == _splitter_by_slicing(chunks), chunks
+
+
+def test_the_fast_json_path_reads_what_the_standard_parser_read():
+    """orjson refuses NaN and Infinity, which Python's json (and servers written with it) emit:
+    such an event still parses, through the fallback, and malformed JSON is still an error."""
+    engine = engine_for("vllm")
+    ev = engine.parse_stream_event(b'data: {"choices":[{"text":"a","token_ids":[1],"finish_reason":null,'
+                                   b'"logprob":NaN}],"usage":null}')
+    assert ev is not None and ev.tokens == 1 and ev.text == "a"
+    ev = engine.parse_stream_event(b'event: message\ndata: {"choices":[{"text":"b","token_ids":[2,3],'
+                                   b'"finish_reason":null,"x":-Infinity}]}')
+    assert ev is not None and ev.tokens == 2
+    with pytest.raises(ValueError):
+        engine.parse_stream_event(b'data: {"choices": [')

@@ -9,11 +9,10 @@ definition. No stage contains an `if engine == ...`.
 from __future__ import annotations
 
 import json
-
-import orjson
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
+import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
 from tasks.wire.replies import ChatReply, parse_openai_chat
