@@ -30,13 +30,14 @@ from pydantic import BaseModel
 from tasks.record.run_folder import RunFolder
 from tasks.matrix.config import Arm, Matrix, baseline_arm, judged_arms, prompt_class_of
 from tasks.matrix.bars import Bar, Registration
-from tasks.record.table_rows import ArmClassRow, MatrixRow, VerdictRow
+from tasks.record.table_rows import ArmClassRow, VerdictRow
+from tasks.wire.base import Record
 
 
 _TOL = 1e-9
 
 
-class SpeedRow(MatrixRow):
+class SpeedRow(Record):
     arm: str
     concurrency: int
     aggregate_tok_s: float

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel
+
+from tasks.wire.base import Record
 
 
-class PrefillRow(BaseModel):
+class PrefillRow(Record):
     """One rung: the cold request's TTFT and prefill speed, the warm hit's beside it."""
 
-    model_config = ConfigDict(extra="forbid")
     lane: str
     rung: int
     status: Literal["measured", "skipped", "failed"]
@@ -27,10 +28,9 @@ class PrefillRow(BaseModel):
     cache_speedup: float | None = None  # cold TTFT / warm TTFT
 
 
-class CapacityRow(BaseModel):
+class CapacityRow(Record):
     """One number of users and the context each can hold."""
 
-    model_config = ConfigDict(extra="forbid")
     lane: str
     users: int
     context_per_user: int  # tokens each user can hold at once; 0 beyond the running-request cap
@@ -46,10 +46,9 @@ class CapacityRow(BaseModel):
     typical_fits: bool | None  # a typical request fits the context each user gets
 
 
-class QueueRow(BaseModel):
+class QueueRow(Record):
     """One queueing level: the wait before the server took a request, apart from TTFT."""
 
-    model_config = ConfigDict(extra="forbid")
     lane: str
     concurrency: int
     regime: str = "queueing"
@@ -128,10 +127,9 @@ class NeedleRow(BaseModel):
 Measure = Literal["raw", "truncated_share", "floor", "still_truncated_share", "finished_right"]
 
 
-class AccuracyRow(BaseModel):
+class AccuracyRow(Record):
     """One of the five measures, with its binomial interval."""
 
-    model_config = ConfigDict(extra="forbid")
     lane: str
     measure: Measure
     max_tokens: int  # the cap the measure is at
@@ -143,11 +141,7 @@ class AccuracyRow(BaseModel):
     confidence: float
 
 
-class MatrixRow(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class ArmClassRow(MatrixRow):
+class ArmClassRow(Record):
     """One arm on one prompt class (kind `matrix_arms`); measurement fields are None for an arm that did not pass."""
 
     arm: str
@@ -178,7 +172,7 @@ class ArmClassRow(MatrixRow):
     curve_nonincreasing: bool | None = None  # per-position rates never rise (checked by the suite)
 
 
-class VerdictRow(MatrixRow):
+class VerdictRow(Record):
     """One bar on one arm (kind `matrix_verdict`). pass <=> margin >= 0 (checked by the suite)."""
 
     bar_index: int
@@ -205,9 +199,7 @@ class VerdictRow(MatrixRow):
 Verdict = Literal["regression", "improvement", "no change", "no baseline", "too few samples", "not comparable"]
 
 
-class RegressionRow(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class RegressionRow(Record):
     lane: str
     metric: str
     family: str
