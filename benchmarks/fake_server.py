@@ -2,13 +2,16 @@
 
 It answers POST /v1/completions and /v1/chat/completions with a stream on a fixed schedule:
 the first token `--ttft-ms` after the request's body arrived, then one event every `--itl-ms`
-(`--zero-delay`: as fast as it can write, to find a client's raw ceiling). Every write is
+(`--zero-delay`: as fast as it can write, to find a client's raw ceiling; `--events-per-write N`:
+N token events a write, so the server's own syscalls do not cap a fast client). Every write is
 stamped with time.perf_counter() (CLOCK_MONOTONIC, shared by every process on the host) just
 before the bytes go to the socket; `--log` writes one JSON line per request with those stamps,
-so a client's TTFT and ITL can be checked against what the server really did. A request has two
-arrival stamps: `recv_bytes`, when the chunk carrying its last byte reached this process (the
-protocol's data_received, as the event loop read the socket), and `recv`, after the handler's
-task woke and parsed head and body (the schedule counts from `recv`).
+so a client's TTFT and ITL can be checked against what the server really did. A request has three
+arrival stamps: `recv_bytes`, when its last byte reached this host (the kernel's SO_TIMESTAMPNS
+stamp of the read that carried it, moved onto perf_counter; the read's own time where the kernel
+gives none), `recv_read`, when this process read those bytes, and `recv`, after the handler's task
+woke and parsed head and body (the schedule counts from `recv`). The server reads and writes its
+sockets itself (the event loop only says one is ready), so each read has its kernel stamp.
 
 Markers in the prompt script one request:
   #burst=N        N tokens in one event, then the gap (speculative decoding's bursts: vLLM streams
@@ -46,30 +49,96 @@ import math
 import os
 import re
 import selectors
+import socket
+import struct
 import time
 
 _MARK = re.compile(rb"#(burst|fault)=(\w+)")
 
 
+_SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)  # Linux's generic ABI value (x86, arm64)
+_ANC = socket.CMSG_SPACE(16)
+
+
 class _StampedReader(asyncio.StreamReader):
-    """A StreamReader that remembers when its bytes arrived: feed_data runs inside the protocol's
-    data_received, as the event loop reads the socket, before the handler's task wakes."""
+    """A StreamReader that remembers when its bytes arrived: (kernel stamp, read time) per read."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.fed = 0  # bytes received so far on this connection
-        self.stamps: list[tuple[int, float]] = []  # (offset just past a received chunk, its arrival)
+        self.stamps: list[tuple[int, float, float]] = []  # (offset just past a read, kernel stamp, read time)
 
-    def feed_data(self, data: bytes) -> None:  # type: ignore[override]  # the event loop feeds bytes
+    def feed_stamped(self, data: bytes, kernel: float, read: float) -> None:
         self.fed += len(data)
-        self.stamps.append((self.fed, time.perf_counter()))
-        super().feed_data(data)
+        self.stamps.append((self.fed, kernel, read))
+        self.feed_data(data)
 
-    def arrival_of(self, offset: int) -> float:
-        """When the byte just before `offset` arrived; forgets the chunks before it."""
+    def arrival_of(self, offset: int) -> tuple[float, float]:
+        """When the byte just before `offset` arrived (kernel, read); forgets the reads before it."""
         while len(self.stamps) > 1 and self.stamps[0][0] < offset:
             self.stamps.pop(0)
-        return self.stamps[0][1]
+        return self.stamps[0][1:]
+
+
+class _Connection:
+    """One accepted socket, read with recvmsg (each read with its kernel receive stamp) and
+    written straight to the socket: what the event loop's transport cannot give (its reads carry
+    no stamp). Only what the handler needs: write (sent at once, the rest held), drain, close."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket) -> None:
+        self.loop, self.sock, self.fd = loop, sock, sock.fileno()
+        self.reader = _StampedReader(limit=2 ** 16, loop=loop)
+        self.held = bytearray()
+        self.error: OSError | None = None
+        sock.setblocking(False)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
+        loop.add_reader(self.fd, self._readable)
+
+    def _readable(self) -> None:
+        try:
+            data, anc, _, _ = self.sock.recvmsg(1 << 16, _ANC)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data, anc = b"", []
+        read = time.perf_counter()
+        if not data:
+            self.loop.remove_reader(self.fd)
+            self.reader.feed_eof()
+            return
+        kernel = read
+        for level, kind, stamp in anc:
+            if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS and len(stamp) >= 16:
+                sec, nsec = struct.unpack("qq", stamp[:16])
+                age = time.time() - (sec + nsec * 1e-9)
+                kernel = read - age if 0.0 <= age < 10.0 else read
+        self.reader.feed_stamped(data, kernel, read)
+
+    def write(self, data: bytes) -> None:
+        if self.error is None and not self.held:
+            try:
+                data = data[self.sock.send(data):]
+            except (BlockingIOError, InterruptedError):
+                pass
+            except OSError as e:
+                self.error = e
+        if self.error is None:
+            self.held += data
+
+    async def drain(self) -> None:
+        if self.held and self.error is None:
+            data, self.held = bytes(self.held), bytearray()
+            try:
+                await self.loop.sock_sendall(self.sock, data)
+            except OSError as e:
+                self.error = e
+        if self.error is not None:
+            raise ConnectionResetError(str(self.error))
+
+    def close(self) -> None:
+        self.loop.remove_reader(self.fd)
+        self.sock.close()
 
 
 class Fake:
@@ -78,13 +147,13 @@ class Fake:
         self.itl = 0.0 if args.zero_delay else args.itl_ms / 1000
         self.ping = args.ping_s
         self.step = args.step_ms / 1000 if args.step_ms else 0.0
+        self.per_write = args.events_per_write if args.zero_delay else 1
         self.log = open(args.log, "a", buffering=1) if args.log else None
         self.connections = 0
         self.requests = 0
 
-    async def handle(self, stream: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        assert isinstance(stream, _StampedReader)  # the protocol below reads with one
-        reader = stream
+    async def handle(self, writer: _Connection) -> None:
+        reader = writer.reader
         self.connections += 1
         conn = f"{os.getpid()}:{self.connections}"
         consumed = 0  # bytes of this connection's requests read so far
@@ -100,15 +169,17 @@ class Fake:
                 body = await reader.readexactly(int(headers.get("content-length", "0") or 0))
                 t_recv = time.perf_counter()
                 consumed += len(head) + len(body)
-                t_bytes = reader.arrival_of(consumed)
+                t_bytes, t_read = reader.arrival_of(consumed)
                 if method == "GET":
                     self._json(writer, self._get(path))
                 elif path.split("?")[0] in ("/v1/completions", "/v1/chat/completions"):
-                    if not await self._stream(writer, path, json.loads(body or b"{}"), t_recv, t_bytes, conn):
+                    if not await self._stream(writer, path, json.loads(body or b"{}"), t_recv, (t_bytes, t_read), conn):
                         return
                 else:
                     self._json(writer, {"error": {"message": f"no route {path}"}}, 404)
                 await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):  # the client went mid-request or mid-stream
+            return
         finally:
             writer.close()
 
@@ -120,13 +191,13 @@ class Fake:
         return {"status": "ok"}
 
     @staticmethod
-    def _json(writer: asyncio.StreamWriter, data: dict, status: int = 200) -> None:
+    def _json(writer: _Connection, data: dict, status: int = 200) -> None:
         body = json.dumps(data).encode()
         writer.write(f"HTTP/1.1 {status} OK\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
                      f"Connection: keep-alive\r\n\r\n".encode() + body)
 
-    async def _stream(self, writer: asyncio.StreamWriter, path: str, req: dict, t_recv: float,
-                      t_bytes: float, conn: str) -> bool:
+    async def _stream(self, writer: _Connection, path: str, req: dict, t_recv: float,
+                      t_arrival: tuple[float, float], conn: str) -> bool:
         self.requests += 1
         rid = self.requests
         chat = "chat" in path
@@ -189,6 +260,7 @@ class Fake:
         else:
             t_next = t_recv + self.ttft
             sent = 0
+            pending: list[bytes] = []  # token events held for one write (--events-per-write)
             while sent < n:
                 if self.step:  # the next tick of the shared grid at or after t_next
                     t_next = math.ceil(t_next / self.step - 1e-6) * self.step
@@ -208,7 +280,13 @@ class Fake:
                         await writer.drain()
                         return False
                     break
-                send(events)
+                if self.per_write > 1 and not fault:
+                    pending += events
+                    if len(pending) >= self.per_write or sent >= n:
+                        send(pending)
+                        pending = []
+                else:
+                    send(events)
                 if fault == "close" and sent > n // 2:
                     await writer.drain()
                     return False
@@ -232,7 +310,8 @@ class Fake:
                 send([*tail, b"data: [DONE]\n\n"])
         writer.write(b"0\r\n\r\n")
         if self.log:
-            self.log.write(json.dumps({"id": rid, "recv": t_recv, "recv_bytes": t_bytes, "writes": writes, "conn": conn,
+            self.log.write(json.dumps({"id": rid, "recv": t_recv, "recv_bytes": t_arrival[0], "recv_read": t_arrival[1],
+                                       "writes": writes, "conn": conn,
                                        "burst": burst, "fault": fault, "prompt": prompt[:80].decode(errors="replace")}) + "\n")
         return True
 
@@ -244,6 +323,7 @@ def options() -> argparse.Namespace:
     p.add_argument("--ttft-ms", type=float, default=20.0)
     p.add_argument("--itl-ms", type=float, default=5.0)
     p.add_argument("--zero-delay", action="store_true")
+    p.add_argument("--events-per-write", type=int, default=1, help="--zero-delay: token events a write")
     p.add_argument("--step-ms", type=float, default=0.0, help="write every event on one shared grid (a batch step)")
     p.add_argument("--ping-s", type=float, default=30.0)
     p.add_argument("--cpu", type=int, default=None, help="pin the server to this core")
@@ -258,14 +338,20 @@ async def serve(args: argparse.Namespace) -> None:
         os.sched_setaffinity(0, {args.cpu})
     fake = Fake(args)
     loop = asyncio.get_running_loop()
-
-    def protocol() -> asyncio.StreamReaderProtocol:  # asyncio.start_server's, with the stamping reader
-        return asyncio.StreamReaderProtocol(_StampedReader(limit=2 ** 16, loop=loop), fake.handle, loop=loop)
-
-    server = await loop.create_server(protocol, args.host, args.port, backlog=2048, reuse_port=args.reuse_port or None)
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if args.reuse_port:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    listener.bind((args.host, args.port))
+    listener.listen(2048)
+    listener.setblocking(False)
     print(f"fake server listening on {args.host}:{args.port}", flush=True)
-    async with server:
-        await server.serve_forever()
+    tasks: set[asyncio.Task] = set()
+    while True:
+        sock, _ = await loop.sock_accept(listener)
+        task = loop.create_task(fake.handle(_Connection(loop, sock)))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
 
 
 class _BusyPoll(selectors.EpollSelector):

@@ -6,8 +6,9 @@ Two parts, each printing a markdown table:
          own write stamps. Error = client's interval - server's interval for the same request.
          The server busy-polls its sockets (fake_server.py --busy-poll), so a request's arrival
          stamp does not wait for its idle core to wake (--server-sleeps: as before).
-  raw:   the fake server writes as fast as it can (--zero-delay); streamed tokens per second
-         over the server's busy span, the client's CPU, and TCP connections the server accepted.
+  raw:   the fake server writes as fast as it can (--zero-delay), --events-per-write token events
+         a write (16: the server's own syscalls stop capping the clients); streamed tokens per
+         second over the server's busy span, the client's CPU, and TCP connections it accepted.
 The server runs pinned to --server-cpu and every client to --client-cpu (os.sched_setaffinity),
 so a client's ceiling is one core's. Peers are installed into throwaway venvs under /tmp
 (`uv venv` + `uv pip install`), never into the project.
@@ -65,16 +66,18 @@ def lanebench(url: str, concurrency: int, requests: int, tokens: int, workers: i
 
 def timed_row(client: str, got: dict, entries: list[dict], concurrency: int, itl_ms: float) -> dict:
     """Error = the client's interval minus the server's for the same request: TTFT against
-    (first write - the request's last byte reaching the server process), ITL gap by gap against
-    the server's write gaps. `parsed`: TTFT error against the older reference, the server's stamp
-    after its handler woke and parsed the request (it adds the server's own wake-up and parsing).
+    (first write - the kernel's stamp of the request's last byte reaching the server host), ITL
+    gap by gap against the server's write gaps. The older references, for comparison: `read`, the
+    server process's read of those bytes (adds its loop's wake-up, the reference before
+    2026-12-03 11:00), and `parsed`, after its handler woke and parsed the request.
     A gap that touches a coalesced chunk (its read also carried a later event: its stamp is that
     event's arrival, an upper bound for its own) is left out of the ITL error and counted apart."""
-    ttft_err, itl_err, parsed = [], [], []
+    ttft_err, itl_err, parsed, read = [], [], [], []
     chunks = coalesced = 0
 
     def err(ttft: float, e: dict) -> float:
         parsed.append(ttft - (e["writes"][0] - e["recv"]))
+        read.append(ttft - (e["writes"][0] - e.get("recv_read", e["recv"])))
         return ttft - (e["writes"][0] - e.get("recv_bytes", e["recv"]))
 
     if client.startswith("lanebench"):
@@ -97,6 +100,7 @@ def timed_row(client: str, got: dict, entries: list[dict], concurrency: int, itl
     return {"client": client, "C": concurrency, "tok/s scheduled": round(concurrency * 1000 / itl_ms),
             "requests ok": f"{got['ok']}/{got['n']}",
             "TTFT err p50 ms": percentile(ttft_err, 50, nan) * 1e3, "TTFT err p99 ms": percentile(ttft_err, 99, nan) * 1e3,
+            "vs read p50 ms": percentile(read, 50, nan) * 1e3,
             "vs parsed p50 ms": percentile(parsed, 50, nan) * 1e3, "vs parsed p99 ms": percentile(parsed, 99, nan) * 1e3,
             "ITL err p50 ms": percentile(itl_err, 50, nan) * 1e3,
             "ITL |err| p99 ms": percentile(np.abs(itl_err), 99, nan) * 1e3,
@@ -148,6 +152,8 @@ def main() -> int:
                    help="raw part: comma list of lanebench worker-process counts to run (e.g. 1,2,4,8,16)")
     p.add_argument("--client-cpus", type=ints, default=None,
                    help="cores the workers are pinned to, round-robin (default: --client-cpu only)")
+    p.add_argument("--events-per-write", type=int, default=16,
+                   help="raw part: token events the zero-delay server writes at once (1: one a write, as before 2026-12-03 11:00)")
     p.add_argument("--ttft-ms", type=float, default=20.0)
     p.add_argument("--itl-ms", type=float, default=1.0)
     p.add_argument("--server-sleeps", action="store_true",
@@ -156,6 +162,7 @@ def main() -> int:
     levels_timed = [1, 4] if args.smoke else [1, 4, 16]
     levels_raw = [1, 4] if args.smoke else [1, 16] if args.quick else [1, 16, 64, 256]
     per_level = 2 if args.smoke else 8 if args.quick else 32  # requests per concurrency level (x C for C > 8)
+    per_level_raw = per_level * (1 if args.smoke or args.quick else 2)  # long enough at 1M tok/s
     tokens_timed, tokens_raw = (16, 32) if args.smoke else (64, 256) if args.quick else (128, 1024)
     errors: list[str] = []  # any of these: the run exits 1 after printing what it has
     peers = [] if args.peers == "none" else args.peers.split(",")
@@ -164,7 +171,7 @@ def main() -> int:
     load = loadavg()
     print(f"# load generator benchmark: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
           f"{os.cpu_count()} cores, load at start {' '.join(load)}, server cpu {args.server_cpu}, "
-          f"clients cpu {args.client_cpu}\n")
+          f"clients cpu {args.client_cpu}, raw part {args.events_per_write} events a server write\n")
     log = work / "server.jsonl"
 
     timed, raw, layers = [], [], []
@@ -178,18 +185,19 @@ def main() -> int:
                 got = one(client, server, c, n, tokens_timed, work)
                 timed.append(timed_row(client, got, server.entries(), c, args.itl_ms))
                 print(timed[-1], flush=True)
-    with FakeServer(args.port, "--zero-delay", cpus=args.raw_server_cpus or [args.server_cpu], log=log) as server:
+    zero_delay = ["--zero-delay", "--events-per-write", str(args.events_per_write)]
+    with FakeServer(args.port, *zero_delay, cpus=args.raw_server_cpus or [args.server_cpu], log=log) as server:
         cpus = args.client_cpus or [args.client_cpu]
         raw_clients = [(f"lanebench x{w}" if w > 1 else "lanebench", w) for w in args.workers] + [(c, 1) for c in clients[1:]]
         # peers, given --client-cpus, run on all of them (their own worker processes)
         for c in levels_raw:
             for client, w in raw_clients:
-                got = one(client, server, c, per_level * max(1, c // 8), tokens_raw, work, w, cpus)
+                got = one(client, server, c, per_level_raw * max(1, c // 8), tokens_raw, work, w, cpus)
                 entries = server.entries()
                 raw.append(raw_row(client, got, entries, c, len({e["conn"] for e in entries})))
                 print(raw[-1], flush=True)
     if "aiperf" in clients:  # its venv has httpx and aiohttp: the HTTP layer comparison, on one server
-        with FakeServer(args.port, "--zero-delay", cpus=[args.server_cpu], log=log) as server:  # (its /stats counts connections)
+        with FakeServer(args.port, *zero_delay, cpus=[args.server_cpu], log=log) as server:  # (its /stats counts connections)
             interpreter, env = python("aiperf")
             res = subprocess.run([*interpreter, str(REPO / "benchmarks/http_layers.py"),
                                   "--url", server.url, "--levels", ",".join(map(str, levels_raw)),

@@ -12,8 +12,6 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
-from pydantic import ValidationError
-
 from tasks.wire.records import StreamEvent
 from tasks.engines.base import Engine
 
@@ -63,7 +61,7 @@ class Assembler:
             return True
         try:
             ev = self.engine.parse_stream_event(raw)
-        except (ValueError, KeyError, TypeError, AttributeError, ValidationError) as e:
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
             out.error = f"malformed event ({type(e).__name__}: {str(e)[:160]}): {raw[:200]!r}"
             return True
         if ev is None:
