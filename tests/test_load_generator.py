@@ -96,6 +96,32 @@ def test_clocks_match_the_servers_write_times(fake):
     assert abs(statistics.median(itl_err)) < 0.003
 
 
+def test_the_fake_server_stamps_a_request_with_the_kernels_arrival(fake):
+    """The TTFT reference starts at the kernel's receive stamp of the request's last byte, before
+    the server's loop read it, before its handler parsed it: strictly earlier where the kernel
+    stamps (a missing stamp falls back to the read's own time and fails here)."""
+    url, log = fake
+    log.write_text("")
+    result = run_wave(url, VLLM, _wave(2, 3), _prompts("stamps"))
+    assert all(r.ok for r in result.records)
+    entries = [json.loads(line) for line in log.read_text().splitlines()]
+    assert len(entries) == 6
+    for e in entries:
+        assert e["recv_bytes"] < e["recv_read"] <= e["recv"] < e["writes"][0], e
+        assert e["recv_read"] - e["recv_bytes"] < 1.0  # a stamp on the same clock, not a raw wall time
+
+
+def test_events_written_together_arrive_whole(tmp_path):
+    """--events-per-write (the raw ceiling's server): 16 token events a write, the last write
+    short; the client counts every token, and the server's log shows the writes it made."""
+    log = tmp_path / "writes.jsonl"
+    with fake_server(PORT + 1, "--zero-delay", "--events-per-write", "16", "--log", str(log)) as url:
+        result = run_wave(url, VLLM, _wave(2, 2, max_tokens=40), _prompts("batched"))
+    assert [r.output_tokens for r in result.records] == [40] * 4, [r.error for r in result.records]
+    entries = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [len(e["writes"]) for e in entries] == [3 + 1] * 4  # 16 + 16 + 8 token events, then the final one
+
+
 def test_speculative_bursts_show_as_bursts(fake):
     url, _ = fake
     result = run_wave(url, VLLM, _wave(2, 2, max_tokens=32), _prompts("spec #burst=4"))
