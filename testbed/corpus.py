@@ -1,24 +1,10 @@
-"""Deterministic synthetic text for the lanebench testbed models.
+"""Deterministic synthetic text for the lanebench testbed models (classes: README.md, "Files").
 
-Why generate instead of download: the rehearsal lane must rebuild its models offline,
-bit for bit, on a machine that reaches no model or data hub. A seeded ``random.Random``
-drives small grammars and templates for four classes whose predictability differs on
-purpose, so speculative decoding shows different acceptance per class:
-
-* ``prose`` - English-like stories from word lists; many equally likely word choices, so
-  a drafter often disagrees with the target (low acceptance).
-* ``code``  - Python-like functions and classes from templates; mostly forced by
-  structure and earlier identifiers (high acceptance).
-* ``math``  - step-by-step arithmetic ("Step 1: 37 + 45 = 82."); fixed scaffolding with
-  hard digits.
-* ``tool``  - chat-ish turns with JSON tool calls wrapped in ``<tool_call>`` control
-  tokens; arguments are copied from the user's request.
-
-All text is ASCII. Held-out prompts are prefixes of documents drawn from a different seed
-and are checked not to occur in the training text.
-
-Usage: ``python testbed/corpus.py`` writes ``testbed/prompts/<class>.jsonl`` and prints
-corpus statistics.
+Generated, not downloaded: the rehearsal lane rebuilds its models offline, bit for bit. A seeded
+``random.Random`` drives small grammars for four classes whose predictability differs on purpose
+(prose free, code forced by structure, math fixed scaffolding with hard digits, tool calls that
+copy the request), so speculative decoding shows different acceptance per class. All text is
+ASCII. ``python testbed/corpus.py`` writes the held-out ``prompts/<class>.jsonl``.
 """
 
 from __future__ import annotations
@@ -390,15 +376,8 @@ def _math_steps(rng: random.Random, start: int, n_steps: int) -> tuple[list[str]
     lines, cur = [], start
     for i in range(1, n_steps + 1):
         op = rng.choice(["+", "-", "*"] if cur <= 50 else ["+", "-"])
-        if op == "+":
-            x = rng.randint(2, 99)
-            res = cur + x
-        elif op == "-":
-            x = rng.randint(1, max(1, cur - 1))
-            res = cur - x
-        else:
-            x = rng.randint(2, 9)
-            res = cur * x
+        x = rng.randint(2, 99) if op == "+" else rng.randint(1, max(1, cur - 1)) if op == "-" else rng.randint(2, 9)
+        res = cur + x if op == "+" else cur - x if op == "-" else cur * x
         lines.append(f"Step {i}: {cur} {op} {x} = {res}.")
         cur = res
     return lines, cur
