@@ -1,18 +1,9 @@
 """Prefect's server on PostgreSQL against SQLite, side by side in one run (issue 29).
 
-Two `prefect server start` processes are up at once, one on SQLite under its PREFECT_HOME (the
-one-machine default), one on a PostgreSQL cluster of this run's own (tests/pg_fixture.py: initdb
-in a temp folder, a loopback port). Rounds alternate which backend goes first, so both see the
-same machine, and each round yields a PostgreSQL/SQLite ratio; the table gives the median ratio
-beside each backend's own figures, and the 1-minute load and CPU steal around every part.
-
-- API request latency: `--clients` concurrent clients each send `--requests` requests, the
-  writes and reads a flow run makes (create a flow run, set its state Running then Completed,
-  filter flow runs), with no retry: a 503 (SQLite's "database is locked") is counted, not hidden.
-- Overhead per flow run: `--procs` processes each run `--flows` empty flows against the server
-  (Prefect's own client, its default retries on), after one untimed flow run each (the first
-  loads Prefect's run machinery); each flow run timed from call to return (create, states, logs,
-  events), plus their throughput.
+Two `prefect server start` processes at once, one on SQLite, one on a PostgreSQL cluster of the
+run's own (tests/pg_fixture.py); rounds alternate which goes first and give median
+PostgreSQL/SQLite ratios of API latency (the calls a flow run makes, with no retry: a 503 is
+counted, not hidden) and of per-flow-run overhead. docs/benchmarks.md says what each part sends.
 
     uv run python benchmarks/prefect_database.py [--rounds 3] [--clients 8] [--requests 40]
                                                  [--procs 4] [--flows 10]
