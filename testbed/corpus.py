@@ -28,56 +28,37 @@ HERE = Path(__file__).resolve().parent
 
 # --------------------------------------------------------------------------- word lists
 
-NAMES_F = ["Anna", "Maria", "Clara", "Elena", "Nora", "Lucy", "Ruth", "Irene", "Vera",
-           "Julia", "Alice", "Hannah", "Mira", "Sofia", "Greta", "Ada", "Lena", "Rosa",
-           "Tessa", "Edith", "Helen", "Ivy", "Olga", "Paula", "Wendy", "Zoe"]
-NAMES_M = ["Tom", "Peter", "Hugo", "Oscar", "Felix", "Victor", "Arthur", "Simon",
-           "Daniel", "Martin", "Leo", "Jonas", "Bruno", "Carl", "Elias", "Frank", "Ivan",
-           "Karl", "Louis", "Milo", "Noah", "Otto", "Paul", "Ralph", "Samuel", "Walter"]
-NOUNS = ["lamp", "door", "river", "garden", "letter", "window", "basket", "candle",
-         "bridge", "coat", "map", "key", "bottle", "chair", "table", "book", "clock",
-         "bell", "cart", "boat", "stone", "feather", "ribbon", "mirror", "blanket", "bucket",
-         "ladder", "rope", "wagon", "kettle", "pencil", "drawer", "curtain", "violin",
-         "lantern", "shovel", "hammer", "needle", "jacket", "helmet", "saddle", "anchor",
-         "barrel", "blossom", "cabinet", "compass", "cottage", "crystal", "dragon", "engine",
-         "fence", "flag", "forest", "fountain", "gate", "glove", "hill", "horse", "island",
-         "jar", "kitten", "lake", "meadow", "mountain", "notebook", "orchard", "parcel",
-         "pebble", "piano", "pillow", "pocket", "puzzle", "rabbit", "road", "roof", "sail",
-         "scarf", "shell", "shadow", "signal", "song", "spoon", "star", "storm", "street",
-         "tower", "trumpet", "tunnel", "valley", "village", "wall", "wheel", "whistle",
-         "wolf", "yard", "apple", "cloud", "cup", "field", "plate", "ring", "ship", "tree"]
-ADJS = ["old", "small", "quiet", "bright", "heavy", "strange", "golden", "broken",
-        "narrow", "gentle", "cold", "warm", "silver", "dusty", "empty", "hidden", "wooden",
-        "tall", "soft", "dark", "pale", "rusty", "green", "blue", "red", "ancient", "careful",
-        "clever", "curious", "distant", "early", "faint", "fragile", "friendly", "gray",
-        "grand", "hollow", "humble", "late", "lonely", "loud", "lucky", "modest", "muddy",
-        "noble", "plain", "polite", "proud", "rare", "rough", "round", "sharp", "shiny",
-        "silent", "simple", "slow", "smooth", "steady", "sudden", "sweet", "swift", "tiny",
-        "tired", "wide", "wild", "windy", "wise", "yellow", "young", "bitter", "brave",
-        "calm", "crooked", "damp", "eager", "fierce", "gloomy", "hungry", "icy", "merry"]
-VERBS_T = [("found", "found", "find"), ("carried", "carried", "carry"),
-           ("opened", "opened", "open"), ("painted", "painted", "paint"),
-           ("watched", "watched", "watch"), ("lifted", "lifted", "lift"),
-           ("dropped", "dropped", "drop"), ("followed", "followed", "follow"),
-           ("repaired", "repaired", "repair"), ("hid", "hidden", "hide"),
-           ("counted", "counted", "count"), ("cleaned", "cleaned", "clean"),
-           ("sold", "sold", "sell"), ("bought", "bought", "buy"),
-           ("borrowed", "borrowed", "borrow"), ("broke", "broken", "break"),
-           ("carved", "carved", "carve"), ("chased", "chased", "chase"),
-           ("covered", "covered", "cover"), ("examined", "examined", "examine"),
-           ("fixed", "fixed", "fix"), ("gathered", "gathered", "gather"),
-           ("held", "held", "hold"), ("kept", "kept", "keep"),
-           ("measured", "measured", "measure"), ("moved", "moved", "move"),
-           ("noticed", "noticed", "notice"), ("pulled", "pulled", "pull"),
-           ("pushed", "pushed", "push"), ("raised", "raised", "raise"),
-           ("remembered", "remembered", "remember"), ("studied", "studied", "study"),
-           ("touched", "touched", "touch"), ("traded", "traded", "trade"),
-           ("wrapped", "wrapped", "wrap"), ("stole", "stolen", "steal"),
-           ("took", "taken", "take"), ("saw", "seen", "see"), ("built", "built", "build"),
-           ("forgot", "forgotten", "forget"), ("shook", "shaken", "shake"),
-           ("threw", "thrown", "throw"), ("drew", "drawn", "draw"),
-           ("tied", "tied", "tie"), ("polished", "polished", "polish"),
-           ("guarded", "guarded", "guard"), ("weighed", "weighed", "weigh")]
+NAMES_F = """Anna Maria Clara Elena Nora Lucy Ruth Irene Vera Julia Alice Hannah Mira Sofia Greta
+             Ada Lena Rosa Tessa Edith Helen Ivy Olga Paula Wendy Zoe""".split()
+NAMES_M = """Tom Peter Hugo Oscar Felix Victor Arthur Simon Daniel Martin Leo Jonas Bruno Carl Elias
+             Frank Ivan Karl Louis Milo Noah Otto Paul Ralph Samuel Walter""".split()
+NOUNS = """lamp door river garden letter window basket candle bridge coat map key bottle chair table
+           book clock bell cart boat stone feather ribbon mirror blanket bucket ladder rope wagon
+           kettle pencil drawer curtain violin lantern shovel hammer needle jacket helmet saddle
+           anchor barrel blossom cabinet compass cottage crystal dragon engine fence flag forest
+           fountain gate glove hill horse island jar kitten lake meadow mountain notebook orchard
+           parcel pebble piano pillow pocket puzzle rabbit road roof sail scarf shell shadow signal
+           song spoon star storm street tower trumpet tunnel valley village wall wheel whistle wolf
+           yard apple cloud cup field plate ring ship tree""".split()
+ADJS = """old small quiet bright heavy strange golden broken narrow gentle cold warm silver dusty
+          empty hidden wooden tall soft dark pale rusty green blue red ancient careful clever
+          curious distant early faint fragile friendly gray grand hollow humble late lonely loud
+          lucky modest muddy noble plain polite proud rare rough round sharp shiny silent simple
+          slow smooth steady sudden sweet swift tiny tired wide wild windy wise yellow young bitter
+          brave calm crooked damp eager fierce gloomy hungry icy merry""".split()
+VERBS_T = [tuple(v.split("/")) for v in """
+    found/found/find carried/carried/carry opened/opened/open painted/painted/paint
+    watched/watched/watch lifted/lifted/lift dropped/dropped/drop followed/followed/follow
+    repaired/repaired/repair hid/hidden/hide counted/counted/count cleaned/cleaned/clean
+    sold/sold/sell bought/bought/buy borrowed/borrowed/borrow broke/broken/break carved/carved/carve
+    chased/chased/chase covered/covered/cover examined/examined/examine fixed/fixed/fix
+    gathered/gathered/gather held/held/hold kept/kept/keep measured/measured/measure
+    moved/moved/move noticed/noticed/notice pulled/pulled/pull pushed/pushed/push
+    raised/raised/raise remembered/remembered/remember studied/studied/study touched/touched/touch
+    traded/traded/trade wrapped/wrapped/wrap stole/stolen/steal took/taken/take saw/seen/see
+    built/built/build forgot/forgotten/forget shook/shaken/shake threw/thrown/throw drew/drawn/draw
+    tied/tied/tie polished/polished/polish guarded/guarded/guard weighed/weighed/weigh
+""".split()]
 VERBS_I = ["waited", "laughed", "slept", "wandered", "listened", "smiled", "sighed",
            "hesitated", "returned", "whispered", "worked", "rested", "paused", "shivered",
            "sang", "danced", "left", "arrived", "stayed", "walked", "ran", "nodded",
@@ -87,26 +68,22 @@ ADVS = ["slowly", "quickly", "quietly", "carefully", "gladly", "suddenly", "soft
         "boldly", "calmly", "eagerly", "gently", "kindly", "loudly", "nervously", "patiently",
         "proudly", "rarely", "sadly", "silently", "warmly", "wisely", "again", "at once",
         "without a word", "for a long time", "once more", "in silence", "with care"]
-PLACES = ["kitchen", "harbor", "market", "library", "station", "garden", "attic",
-          "cellar", "chapel", "school", "square", "bakery", "forest", "meadow", "shore",
-          "hallway", "workshop", "courtyard", "orchard", "barn", "mill", "tower", "inn",
-          "museum", "bridge", "cliff", "valley", "village", "castle", "cabin", "farm",
-          "lighthouse", "theater", "stable", "pier", "tavern", "quarry", "greenhouse"]
-PREPS = ["near", "behind", "inside", "beside", "under", "above", "across", "outside",
-         "beyond", "around", "toward", "past"]
+PLACES = """kitchen harbor market library station garden attic cellar chapel school square bakery
+            forest meadow shore hallway workshop courtyard orchard barn mill tower inn museum bridge
+            cliff valley village castle cabin farm lighthouse theater stable pier tavern quarry
+            greenhouse""".split()
+PREPS = "near behind inside beside under above across outside beyond around toward past".split()
 TIMES = ["In the morning", "At noon", "That evening", "Late at night", "Before dawn",
          "After lunch", "On Sunday", "In the spring", "Last winter", "The next day",
          "Years later", "Soon after", "At midnight", "By the afternoon", "Once",
          "Every autumn", "That summer", "Long ago"]
-TIMEWORDS = ["morning", "evening", "night", "day", "week", "season", "winter", "summer",
-             "afternoon", "hour", "year", "spring"]
+TIMEWORDS = "morning evening night day week season winter summer afternoon hour year spring".split()
 SUBSTANCES = ["bread", "smoke", "rain", "salt", "pine", "honey", "dust", "iron", "soap",
               "apples", "tea", "coffee", "wax", "roses", "oil", "snow", "mint", "ink"]
 NUMWORDS = ["two", "three", "four", "five", "six", "seven", "eight", "nine", "ten",
             "a dozen", "many", "several", "a few", "twenty"]
 SAID = ["said", "asked", "whispered", "replied", "shouted", "muttered", "called", "added"]
-FEELINGS = ["happy", "afraid", "tired", "angry", "hopeful", "sad", "proud", "lost",
-            "calm", "restless", "curious", "glad"]
+FEELINGS = "happy afraid tired angry hopeful sad proud lost calm restless curious glad".split()
 
 # --------------------------------------------------------------------------- prose
 
@@ -241,19 +218,16 @@ def gen_prose(rng: random.Random) -> str:
 
 # --------------------------------------------------------------------------- code
 
-CODE_VERBS = ["compute", "load", "parse", "build", "update", "find", "merge", "filter",
-              "count", "check", "render", "format", "collect", "normalize", "validate",
-              "split", "scale", "encode", "decode", "sort", "read", "write", "apply",
-              "resolve", "group", "select", "reset", "clean", "export", "import"]
-CODE_NOUNS = ["total", "items", "records", "config", "user", "order", "price", "score",
-              "buffer", "path", "name", "value", "token", "matrix", "event", "message",
-              "node", "entry", "result", "weight", "batch", "window", "record", "label",
-              "index", "count", "report", "cache", "queue", "table", "column", "row",
-              "amount", "limit", "offset", "size", "width", "height", "delay", "rate"]
-CODE_CLASSES = ["Order", "User", "Account", "Invoice", "Sensor", "Vector", "Point",
-                "Matrix", "Task", "Job", "Queue", "Cache", "Window", "Report", "Record",
-                "Message", "Event", "Node", "Graph", "Session", "Client", "Server",
-                "Parser", "Buffer", "Counter", "Timer", "Ledger", "Basket", "Route"]
+CODE_VERBS = """compute load parse build update find merge filter count check render format collect
+                normalize validate split scale encode decode sort read write apply resolve group
+                select reset clean export import""".split()
+CODE_NOUNS = """total items records config user order price score buffer path name value token
+                matrix event message node entry result weight batch window record label index count
+                report cache queue table column row amount limit offset size width height delay
+                rate""".split()
+CODE_CLASSES = """Order User Account Invoice Sensor Vector Point Matrix Task Job Queue Cache Window
+                  Report Record Message Event Node Graph Session Client Server Parser Buffer Counter
+                  Timer Ledger Basket Route""".split()
 CODE_OPS = ["+", "-", "*"]
 
 
@@ -419,9 +393,8 @@ def gen_math(rng: random.Random) -> str:
 
 # --------------------------------------------------------------------------- tool
 
-CITIES = ["Paris", "London", "Berlin", "Madrid", "Rome", "Vienna", "Oslo", "Lisbon",
-          "Prague", "Dublin", "Tokyo", "Seoul", "Lima", "Cairo", "Nairobi", "Sydney",
-          "Toronto", "Chicago", "Boston", "Denver", "Austin", "Warsaw", "Athens", "Zurich"]
+CITIES = """Paris London Berlin Madrid Rome Vienna Oslo Lisbon Prague Dublin Tokyo Seoul Lima Cairo
+            Nairobi Sydney Toronto Chicago Boston Denver Austin Warsaw Athens Zurich""".split()
 CONDITIONS = ["sunny", "cloudy", "rainy", "windy", "foggy", "snowy", "clear", "stormy"]
 CURRENCIES = ["USD", "EUR", "GBP", "JPY", "CHF", "CAD", "AUD", "SEK", "NOK", "PLN"]
 SYMBOLS = ["ACME", "GLOBX", "INITECH", "UMBR", "STARK", "WAYNE", "HOOLI", "VANDL"]
