@@ -48,16 +48,15 @@ def write_llama(path: Path, name: str, description: str, *, n_ctx: int, n_embd: 
     import gguf
 
     w = gguf.GGUFWriter(str(path), "llama")
-    n_vocab = len(vocab["token_list"])
-    chat_template = vocab["chat_template"]
     for key, value in (("name", name), ("description", description), ("context_length", n_ctx),
                        ("embedding_length", n_embd), ("block_count", n_layer), ("feed_forward_length", n_ff),
                        ("head_count", n_head), ("head_count_kv", n_head), ("rope_dimension_count", n_embd // n_head),
-                       ("rope_freq_base", rope_base), ("layer_norm_rms_eps", norm_eps), ("vocab_size", n_vocab),
+                       ("rope_freq_base", rope_base), ("layer_norm_rms_eps", norm_eps),
+                       ("vocab_size", len(vocab["token_list"])),
                        ("file_type", gguf.LlamaFileType.MOSTLY_F16), ("quantization_version", gguf.GGML_QUANT_VERSION),
                        *((k, v) for k, v in vocab.items() if k != "chat_template"),
                        ("add_bos_token", True), ("add_eos_token", False), ("add_space_prefix", False),
-                       ("chat_template", chat_template)):
+                       ("chat_template", vocab["chat_template"])):
         getattr(w, f"add_{key}")(value)
     count = 0
     for tensor_name, array in tensors:

@@ -167,9 +167,8 @@ def check_fidelity(name: str, out: Path) -> str:
                              f"the GGUF vocabulary as {want[:12]}...")
         if tok.decode(want[1:]) != p:
             raise SystemExit(f"to_hf: {name}: tokenizer.json does not decode {p[:40]!r} back")
-    ours = bm.load_gguf(HERE / "models" / MODELS[name])
     # float64 on both sides: what is left is the conversion, not two float32 summation orders.
-    ours = ours.double()
+    ours = bm.load_gguf(HERE / "models" / MODELS[name]).double()
     hf = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float64).eval()
     worst, flips = 0.0, 0
     with torch.no_grad():

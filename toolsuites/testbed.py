@@ -108,9 +108,8 @@ def suite(seed: int, prefix: str, per_category: int = 12) -> list[dict]:
 
 def main() -> None:
     for name, seed in (("testbed-dev", 20261), ("testbed-held-out", 90210)):
-        with open(HERE / f"{name}.jsonl", "w", encoding="ascii") as f:
-            for case in suite(seed, name.replace("-", "_")):
-                f.write(json.dumps(case) + "\n")
+        (HERE / f"{name}.jsonl").write_text("".join(json.dumps(c) + "\n" for c in suite(seed, name.replace("-", "_"))),
+                                            encoding="ascii")
 
 
 if __name__ == "__main__":
