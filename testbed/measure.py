@@ -138,10 +138,7 @@ def loop_period(text: str) -> int | None:
     tail = text[-80:]
     if len(tail) < 80:
         return None
-    for p in range(1, 41):
-        if all(tail[i] == tail[i - p] for i in range(p, len(tail))):
-            return p
-    return None
+    return next((p for p in range(1, 41) if all(tail[i] == tail[i - p] for i in range(p, len(tail)))), None)
 
 
 def greedy_runs(port: int, prompts: dict[str, list[dict[str, str]]], n_predict: int
@@ -172,9 +169,8 @@ def torch_agreement(runs: dict[str, list[dict]], model_path: Path) -> dict[str, 
             with torch.no_grad():
                 logits = model(torch.tensor([seq[:-1]]))[0]
             pred = logits.argmax(-1).tolist()
-            for i in range(len(p) - 1, len(seq) - 1):
-                agree += int(pred[i] == seq[i + 1])
-                total += 1
+            agree += sum(pred[i] == seq[i + 1] for i in range(len(p) - 1, len(seq) - 1))
+            total += len(seq) - len(p)
         out[cls] = agree / max(1, total)
     return out
 
