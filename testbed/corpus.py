@@ -517,12 +517,9 @@ def _cut(rng: random.Random, text: str) -> str | None:
         return None
     for _ in range(50):
         end = rng.randint(PROMPT_MIN_BYTES, hi)
-        p = text[:end]
-        if p.endswith((" ", "\n")):  # end inside a word or right after punctuation
-            continue
-        if any(p.endswith(s[:k]) for s in TEXT_SPECIALS for k in range(1, len(s))):
-            continue
-        return p
+        p = text[:end]  # ends inside a word or right after punctuation, and inside no control token
+        if not p.endswith((" ", "\n")) and not any(p.endswith(s[:k]) for s in TEXT_SPECIALS for k in range(1, len(s))):
+            return p
     return None
 
 
@@ -536,9 +533,8 @@ def held_out_prompts(train: dict[str, list[str]], seed: int = PROMPT_SEED,
         rows: list[dict[str, str]] = []
         while len(rows) < n:
             p = _cut(rng, GENERATORS[cls](rng))
-            if p is None or p in joined or any(r["prompt"] == p for r in rows):
-                continue
-            rows.append({"id": f"{cls}-{len(rows):02d}", "class": cls, "prompt": p})
+            if p is not None and p not in joined and all(r["prompt"] != p for r in rows):
+                rows.append({"id": f"{cls}-{len(rows):02d}", "class": cls, "prompt": p})
         out[cls] = rows
     return out
 
