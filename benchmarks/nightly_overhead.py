@@ -33,6 +33,7 @@ from typing import Any
 from _common import REPO, cpu, run_folder, settle, steal
 
 from tasks.record.manifest import read_manifest
+from tasks.record.markdown import table
 
 MEASURING = {"boot", "boot gates", "warmup", "decode curve", "acceptance probe", "tool gate", "needle ladder",
              "prefill ladder", "accuracy eval"}
@@ -174,13 +175,11 @@ def main() -> int:
     if last["stages"]:
         total = last["wall_s"]
         print("\nStage breakdown of the last run of this checkout (from the manifest's timeline):\n")
-        print("| stage | seconds | share of wall | counts as |")
-        print("|---|---|---|---|")
-        for stage, s in last["stages"].items():
-            print(f"| {stage} | {s:.1f} | {100 * s / total:.0f}% | {'measuring' if stage in MEASURING else 'overhead'} |")
-        inside = sum(last["stages"].values())
-        print(f"| outside the lane (imports, Prefect server, flow set-up, baseline, report, exit) | {total - inside:.1f} "
-              f"| {100 * (total - inside) / total:.0f}% | overhead |")
+        outside = ("outside the lane (imports, Prefect server, flow set-up, baseline, report, exit)",
+                   total - sum(last["stages"].values()))
+        print("\n".join(table(["stage", "seconds", "share of wall", "counts as"], (
+            [stage, f"{s:.1f}", f"{100 * s / total:.0f}%", "measuring" if stage in MEASURING else "overhead"]
+            for stage, s in [*last["stages"].items(), outside]))))
     return 1 if any(r["exit"] for _, r in rows) else 0  # a failed nightly is no measurement
 
 
