@@ -220,12 +220,11 @@ class Data:
 
 @dataclass(frozen=True)
 class Recipe:
-    """How one model is trained; ``teacher`` means distillation on the target's logits."""
+    """How one model is trained (``train``'s teacher, not the recipe, makes it a distillation)."""
 
     steps: int
     batch: int
     lr: float
-    teacher: bool = False
     warmup: int = 100
 
 
@@ -384,8 +383,7 @@ def main() -> None:
         data.rng = np.random.default_rng(args.seed + 100)  # not the target's batches
     else:
         target = train(TARGET, Recipe(steps(1200), 8, 2e-3), data, args.seed + 1)
-    good = train(DRAFTER_GOOD, Recipe(steps(300), 8, 3e-3, teacher=True), data,
-                 args.seed + 2, teacher=target)
+    good = train(DRAFTER_GOOD, Recipe(steps(300), 8, 3e-3), data, args.seed + 2, teacher=target)
     weak = train(DRAFTER_WEAK, Recipe(steps(120), 4, 3e-3, warmup=20), data, args.seed + 3)
 
     for model, fname, desc in (
