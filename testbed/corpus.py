@@ -116,12 +116,8 @@ def _quote(rng: random.Random) -> str:
 
 
 class _Fresh:
-    """Draws words not yet used in the current paragraph.
-
-    Why: greedy decoding of a small model falls into loops ("The barn smelled of salt and
-    soap. The barn smelled of ...") when the data never says repetition is unlikely. Text
-    that never repeats a template or a content word within a paragraph teaches it that.
-    """
+    """Draws words not yet used in the current paragraph: a small model's greedy decoding loops
+    ("The barn smelled of salt and soap. The barn smelled of ...") unless its text never repeats."""
 
     def __init__(self, rng: random.Random) -> None:
         self.rng = rng
@@ -190,10 +186,9 @@ PROSE_NEXT: dict[int, int] = {_order[i]: _order[(i + 1) % N_PROSE_TEMPLATES]
 def _prose_paragraph(rng: random.Random, cast: list[tuple[str, str]], place: str) -> str:
     """3-7 sentences; no template and no content word is used twice.
 
-    Why the template chain: with i.i.d. sentences the greedy continuation is the single
-    most likely sentence, again and again. Here the next sentence usually (75%) uses the
-    successor of the last one's template, a strong signal a small model learns, so greedy
-    output walks the 20-cycle instead of looping on one sentence.
+    With i.i.d. sentences greedy decoding repeats the single most likely one. Here the next
+    sentence usually (75%) uses the successor of the last one's template, a signal a small model
+    learns, so greedy output walks the 20-cycle instead.
     """
     fresh = _Fresh(rng)
     used: list[int] = []
