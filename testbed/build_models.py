@@ -326,14 +326,9 @@ def load_gguf(path: Path) -> Llama:
         norm_eps=float(num("llama.attention.layer_norm_rms_epsilon")))
     model = Llama(cfg)
     sd = {}
-    for t in rd.tensors:
+    for t in rd.tensors:  # GGUF's blk.N.* are the torch model's blocks.N.*
         shape = tuple(int(s) for s in reversed(t.shape.tolist()))
-        arr = np.asarray(t.data, dtype=np.float32).reshape(shape)
-        name = t.name.removesuffix(".weight")
-        if name.startswith("blk."):
-            _, i, n = name.split(".")
-            name = f"blocks.{i}.{n}"
-        sd[name + ".weight"] = torch.from_numpy(arr.copy())
+        sd[re.sub(r"^blk\.", "blocks.", t.name)] = torch.from_numpy(np.asarray(t.data, dtype=np.float32).reshape(shape).copy())
     model.load_state_dict(sd)
     return model.eval()
 
