@@ -537,8 +537,7 @@ def held_out_prompts(train: dict[str, list[str]], seed: int = PROMPT_SEED,
 def write_prompts(prompts: dict[str, list[dict[str, str]]], out_dir: Path) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     for cls, rows in prompts.items():
-        with open(out_dir / f"{cls}.jsonl", "w", encoding="ascii") as fh:
-            fh.writelines(json.dumps(r) + "\n" for r in rows)
+        (out_dir / f"{cls}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="ascii")
 
 
 def main() -> None:
