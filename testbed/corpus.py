@@ -141,13 +141,10 @@ def _prose_templates(rng: random.Random, fresh: _Fresh, cast: list[tuple[str, st
     """Sentence templates; each draws its words lazily from ``fresh``."""
     (a, pa), (b, pb) = rng.sample(cast, 2)
     n, adj, vt = partial(fresh, NOUNS), partial(fresh, ADJS), fresh.verb
-    vi, adv = partial(fresh, VERBS_I), partial(fresh, ADVS)
+    vi, adv, prep = partial(fresh, VERBS_I), partial(fresh, ADVS), partial(rng.choice, PREPS)
 
     def pl() -> str:
         return rng.choice([place, place, fresh(PLACES)])
-
-    def prep() -> str:
-        return rng.choice(PREPS)
 
     return [
         lambda: f"{a} {vt()[0]} the {adj()} {n()} {prep()} the {pl()}.",
