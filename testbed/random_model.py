@@ -31,13 +31,9 @@ N_EMBD, N_CTX = 2048, 4096
 BODIES = {2048: (16, 5632), 4096: (32, 14336)}  # width -> heads, SwiGLU width
 
 
-def per_layer(width: int = N_EMBD) -> int:
-    ff = BODIES[width][1]
-    return 4 * width * width + 3 * width * ff + 2 * width
-
-
 def layers_for(params: float, width: int = N_EMBD) -> int:
-    return max(1, round(params / per_layer(width)))
+    """Layers of about `params` parameters in all: each has four attention, three SwiGLU matrices and two norms."""
+    return max(1, round(params / (4 * width * width + 3 * width * BODIES[width][1] + 2 * width)))
 
 
 def write_llama(path: Path, name: str, description: str, *, n_ctx: int, n_embd: int, n_layer: int, n_ff: int,
