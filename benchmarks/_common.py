@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -68,7 +69,7 @@ def table(rows: list[dict]) -> str:
                            and abs(v) < 100 else f"{v:.0f}" if isinstance(v, float) else str(v)))
 
 
-class FakeServer:
+class FakeServer(AbstractContextManager["FakeServer"]):
     """benchmarks/fake_server.py, one process per core in `cpus` (None: not pinned; several share the
     port: --reuse-port), each with its own log; read together, as one server."""
 
@@ -104,9 +105,6 @@ class FakeServer:
             proc.terminate()
         for proc in self.procs:
             proc.wait(10)
-
-    def __enter__(self) -> FakeServer:
-        return self
 
     def __exit__(self, *exc: object) -> None:
         self.stop()

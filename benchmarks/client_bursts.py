@@ -1,18 +1,15 @@
 """The client against a server that steps like a batching engine: is it still not the bottleneck?
 
-llama-server on a GPU at C=64 writes one event to every stream in the same decode step (~10 ms
-apart at ~6k tok/s) and ends all the streams of a wave in the same step. This runs lanebench's
-own wave client (tasks/client/load.py) against benchmarks/fake_server.py with `--step-ms`, so
-every event of a step leaves at one tick, at each concurrency given, with the records kept in
-a real run folder as a nightly keeps them, and prints per level: tok/s, the event loop's lag
-p99 and max (the client-bound flag's input), the client's CPU, whether the flag fired, and the
-loop's longest turns (what held it: measured around each epoll wait).
+llama-server on a GPU writes one event to every stream in the same decode step (docs/benchmarks.md,
+"Why the flag fired"). This runs the wave client (tasks/client/load.py) against fake_server.py
+`--step-ms`, keeping records in a real run folder as a nightly does, and prints per level: tok/s,
+the loop lag p99 and max (the client-bound flag's input), client CPU, whether the flag fired,
+and the loop's longest turns (measured around each epoll wait).
 
 Run: python benchmarks/client_bursts.py [--step-ms 10.6] [--levels 1,2,4,8,16,32,64] [--workers N] [--out f.json] [--strict]
 `--workers N` spreads each wave over N kept worker processes as a lane's `workers` does (their
-loop turns are then not timed here: only the flag's inputs, which each worker measures itself).
-Exits 1 on any failed request, and with --strict also when the flag fires at any level (on a
-quiet machine a client that cannot keep up must not pass quietly; on a shared one it may).
+loop turns are then not timed here). Exits 1 on any failed request, and with --strict also when
+the flag fires at any level (on a quiet machine a client that cannot keep up must not pass).
 """
 
 from __future__ import annotations

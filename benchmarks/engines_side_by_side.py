@@ -1,12 +1,8 @@
 """vLLM against llama.cpp on the same weights and the same machine, in one sitting.
 
-Runs `lanebench nightly` on the llama.cpp rehearsal lane (hosts.yaml) and on the three vLLM
-rehearsal lanes (hosts.vllm.yaml), one after the other, each after the machine has settled
-(1-minute load under --quiet), and prints one markdown table per measure from the run folders:
-boot time, the decode curve (aggregate tok/s, per-user tok/s, TTFT p50 per level, median of the
-lanes' repeats) and acceptance per prompt class (with the engine's own logged figure for vLLM).
-Every row names its lane and the load when it started; a run that started busy is marked busy
-and is not a result.
+`lanebench nightly` on the llama.cpp rehearsal lane (hosts.yaml), then on the three vLLM lanes
+(hosts.vllm.yaml), each once the 1-minute load is under --quiet; prints markdown tables of boot,
+decode curve and acceptance per class. A run that started busy is marked so and is no result.
 
     uv run python benchmarks/engines_side_by_side.py [--quiet 0.5] [--settle-s 600]
 """

@@ -1,12 +1,10 @@
 """Which HTTP layer the load generator stands on, by measurement: httpx, aiohttp and the lean
 asyncio reader (tasks/client/http.py) each stream the same zero-delay responses from the fake
-server at the same concurrency, doing the same work per read (stamp it, keep it), every body
-read to its end on kept-alive connections. Prints streamed events/s, the client's CPU per
-second and the connections the server accepted.
+server at the same concurrency, the same work per read (docs/benchmarks.md, "Choosing the HTTP
+layer"). Prints streamed events/s, the client's CPU per second and the connections opened.
 
-Runs under any Python that has httpx and aiohttp (the benchmark uses aiperf's throwaway venv,
-which has both; `--layers` picks fewer); the lean reader is imported from the checkout
-(tasks/client/http.py and stamped.py: standard library only):
+Runs under any Python that has httpx and aiohttp (aiperf's throwaway venv has both; `--layers`
+picks fewer); the lean reader is standard library only, imported from the checkout:
   /tmp/lb-peers/aiperf/bin/python benchmarks/http_layers.py --url http://127.0.0.1:18531 --levels 1,16,64
 """
 

@@ -1,26 +1,16 @@
 """Where a rehearsal nightly's wall time goes: measuring, or lanebench's own overhead.
 
 Target (issue 11): at least 80% of `lanebench nightly`'s wall time is spent booting the server
-or with requests in flight. Measured from outside, the same way for any lanebench checkout:
+or with requests in flight. Measured from outside, for any checkout: wall (launch to exit);
+measuring = boot plus the union of every request's in-flight span, from every raw record and
+gate verdict that has one (docs/benchmarks.md: what was counted when). Boot plus in flight
+above the lanes' own span is a counting error, refused. The share of the flow's own span
+beside the share of wall shows what the command pays around the flow; the manifest's timeline
+gives a stage-by-stage breakdown.
 
-- wall: the command, from launch to exit;
-- measuring: the server's boot (`boot_seconds`) plus the union of every request's in-flight
-  span, from every raw record that has one (`measured` below: decode, prefill, tool gate,
-  accuracy, needle rungs and the gates' own requests). Before 2026-12-01 16:30 UTC the tool
-  gate's and accuracy eval's seconds were summed although sent concurrently: shares quoted
-  before then read high (by 2-8 s a nightly); before 18:20 UTC the needle rungs went uncounted;
-- a check: boot plus in-flight time may not exceed the lanes' own span (first to last stage
-  mark); a run where it does is a counting error, reported instead of a share;
-- the same seconds as a share of the flow's own span (manifest started_at to finished_at), beside
-  the share of wall: the difference is what the command pays around the flow (imports, Prefect's
-  API server, the flow run's creation, the report, the exit); and, from the manifest's timeline,
-  a stage-by-stage breakdown.
-
-`--server running` runs every nightly against one Prefect server started before them (what a
-deployed nightly has: `lanebench serve`); the default, `ephemeral`, starts one per command.
-`--baseline REF` also runs the nightly from a git worktree of REF, alternating the two so both
-see the same machine. Run it on an idle machine: it records the 1-minute load and the CPU steal
-around each run and marks a result from a busy machine busy.
+`--server running` runs every nightly against one Prefect server started before them (a deployed
+nightly's case); `ephemeral` starts one per command. `--baseline REF` alternates with a git
+worktree of REF. Each row records the 1-minute load and CPU steal; a busy start is marked busy.
 
     uv run python benchmarks/nightly_overhead.py [--runs 2] [--baseline 7bee0d8]
 """
@@ -43,6 +33,7 @@ from typing import Any
 from _common import REPO, cpu, run_folder, settle, steal
 
 from tasks.record.manifest import read_manifest
+from tasks.record.markdown import table
 
 MEASURING = {"boot", "boot gates", "warmup", "decode curve", "acceptance probe", "tool gate", "needle ladder",
              "prefill ladder", "accuracy eval"}
@@ -74,7 +65,7 @@ def gate_requests(node: object) -> list[tuple[float, float]]:
 def measured(folder: Path) -> dict:
     """Measuring seconds of a run folder, and its stage breakdown where the timeline exists."""
     m = read_manifest(folder).model_dump(mode="json")  # walked as JSON: gate requests wherever they sit
-    out: dict[str, Any] = {"boot_s": 0.0, "in_flight_s": 0.0, "stages": {}, "gx_s": 0.0}
+    out: dict[str, Any] = {"boot_s": 0.0, "in_flight_s": 0.0, "lane_s": 0.0, "stages": {}, "gx_s": 0.0}
     for lane, record in m["lanes"].items():
         out["boot_s"] += record.get("boot_seconds") or 0.0
         # the boot gates' own requests (lanes.<lane>.gates), the agentic ones' (flow.correctness)
@@ -98,7 +89,7 @@ def measured(folder: Path) -> dict:
                 spans += [(a, a + s) for a, s in zip(df.started_at, df.seconds) if a == a and a and s]
         out["in_flight_s"] += union(spans)
         marks = record.get("timeline") or []
-        out["lane_s"] = out.get("lane_s", 0.0) + (marks[-1]["at"] - marks[0]["at"] if marks else 0.0)
+        out["lane_s"] += marks[-1]["at"] - marks[0]["at"] if marks else 0.0
         for a, b in zip(marks, marks[1:]):
             out["stages"][a["stage"]] = out["stages"].get(a["stage"], 0.0) + b["at"] - a["at"]
     out["gx_s"] = sum(a.get("validation_seconds") or 0.0 for a in m["artifacts"])
@@ -126,7 +117,7 @@ def one_run(checkout: Path, artifacts: Path, api_url: str | None = None) -> dict
         raise SystemExit(f"{checkout}: the nightly did not pass ({got['status']}); no share to report:\n"
                          f"{r.stdout[-1500:]}{r.stderr[-2500:]}")
     counted = got["boot_s"] + got["in_flight_s"]
-    if got.get("lane_s") and counted > got["lane_s"] + 0.5:
+    if got["lane_s"] and counted > got["lane_s"] + 0.5:
         raise SystemExit(f"counting error: {counted:.1f} s measuring inside lanes that lasted {got['lane_s']:.1f} s")
     share = counted / wall
     return {"wall_s": wall, "share": share, "flow_share": counted / got["flow_s"], "exit": r.returncode, "load": load,
@@ -144,8 +135,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         api_url = None
         if args.server == "running":
-            sys.path.insert(0, str(REPO))
-            from flows.deployments import server
+            from flows.deployments import server  # the checkout is on sys.path (_common)
 
             with socket.socket() as sock:
                 sock.bind(("127.0.0.1", 0))
@@ -185,13 +175,11 @@ def main() -> int:
     if last["stages"]:
         total = last["wall_s"]
         print("\nStage breakdown of the last run of this checkout (from the manifest's timeline):\n")
-        print("| stage | seconds | share of wall | counts as |")
-        print("|---|---|---|---|")
-        for stage, s in last["stages"].items():
-            print(f"| {stage} | {s:.1f} | {100 * s / total:.0f}% | {'measuring' if stage in MEASURING else 'overhead'} |")
-        inside = sum(last["stages"].values())
-        print(f"| outside the lane (imports, Prefect server, flow set-up, baseline, report, exit) | {total - inside:.1f} "
-              f"| {100 * (total - inside) / total:.0f}% | overhead |")
+        outside = ("outside the lane (imports, Prefect server, flow set-up, baseline, report, exit)",
+                   total - sum(last["stages"].values()))
+        print("\n".join(table(["stage", "seconds", "share of wall", "counts as"], (
+            [stage, f"{s:.1f}", f"{100 * s / total:.0f}%", "measuring" if stage in MEASURING else "overhead"]
+            for stage, s in [*last["stages"].items(), outside]))))
     return 1 if any(r["exit"] for _, r in rows) else 0  # a failed nightly is no measurement
 
 

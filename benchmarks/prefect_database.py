@@ -1,18 +1,9 @@
 """Prefect's server on PostgreSQL against SQLite, side by side in one run (issue 29).
 
-Two `prefect server start` processes are up at once, one on SQLite under its PREFECT_HOME (the
-one-machine default), one on a PostgreSQL cluster of this run's own (tests/pg_fixture.py: initdb
-in a temp folder, a loopback port). Rounds alternate which backend goes first, so both see the
-same machine, and each round yields a PostgreSQL/SQLite ratio; the table gives the median ratio
-beside each backend's own figures, and the 1-minute load and CPU steal around every part.
-
-- API request latency: `--clients` concurrent clients each send `--requests` requests, the
-  writes and reads a flow run makes (create a flow run, set its state Running then Completed,
-  filter flow runs), with no retry: a 503 (SQLite's "database is locked") is counted, not hidden.
-- Overhead per flow run: `--procs` processes each run `--flows` empty flows against the server
-  (Prefect's own client, its default retries on), after one untimed flow run each (the first
-  loads Prefect's run machinery); each flow run timed from call to return (create, states, logs,
-  events), plus their throughput.
+Two `prefect server start` processes at once, one on SQLite, one on a PostgreSQL cluster of the
+run's own (tests/pg_fixture.py); rounds alternate which goes first and give median
+PostgreSQL/SQLite ratios of API latency (the calls a flow run makes, with no retry: a 503 is
+counted, not hidden) and of per-flow-run overhead. docs/benchmarks.md says what each part sends.
 
     uv run python benchmarks/prefect_database.py [--rounds 3] [--clients 8] [--requests 40]
                                                  [--procs 4] [--flows 10]
@@ -30,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -64,19 +56,19 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
-async def _client(api: str, flow_id: str, n: int, at: str, lat: dict[str, list[float]], errors: dict[str, int]) -> None:
+async def _client(api: str, flow_id: str, n: int, at: str, lat: dict[str, list[float]], errors: Counter[str]) -> None:
     """`n` flow runs' worth of API calls; latency of the answered ones, errors counted by status."""
     async with httpx.AsyncClient(base_url=api, timeout=60) as c:
         async def timed(kind: str, method: str, path: str, body: dict) -> dict | None:
-            errors[f"sent {at}"] = errors.get(f"sent {at}", 0) + 1
+            errors[f"sent {at}"] += 1
             t = time.perf_counter()
             try:
                 r = await c.request(method, path, json=body)
             except httpx.TransportError as e:  # the server dropped the connection: counted, not retried
-                errors[f"{type(e).__name__} {at}"] = errors.get(f"{type(e).__name__} {at}", 0) + 1
+                errors[f"{type(e).__name__} {at}"] += 1
                 return None
             if r.status_code >= 400:  # no retry: SQLite's "database is locked" 503 shows here
-                errors[f"{r.status_code} {at}"] = errors.get(f"{r.status_code} {at}", 0) + 1
+                errors[f"{r.status_code} {at}"] += 1
                 return None
             lat.setdefault(f"{kind} {at}", []).append(time.perf_counter() - t)
             return r.json()
@@ -90,11 +82,11 @@ async def _client(api: str, flow_id: str, n: int, at: str, lat: dict[str, list[f
             await timed("filter flow runs", "POST", "/flow_runs/filter", {"limit": 10, "sort": "EXPECTED_START_TIME_DESC"})
 
 
-def api_latency(api: str, clients: int, requests: int) -> tuple[dict[str, list[float]], dict[str, int]]:
+def api_latency(api: str, clients: int, requests: int) -> tuple[dict[str, list[float]], Counter[str]]:
     """One client alone (the request's own cost), then `clients` at once (writers contending)."""
     flow_id = httpx.post(f"{api}/flows/", json={"name": "latency-bench"}, timeout=60).json()["id"]
     lat: dict[str, list[float]] = {}
-    errors: dict[str, int] = {}
+    errors: Counter[str] = Counter()
     for n in (1, clients):
         at = f"@{n} client{'s' if n > 1 else ''}"
 
@@ -147,8 +139,7 @@ def main() -> int:
             for backend, url in (("sqlite", None), ("postgresql", database)):
                 home = root / backend
                 home.mkdir()
-                port = free_port()
-                apis[backend] = (stack.enter_context(server("127.0.0.1", port, home, database=url, extra_env={
+                apis[backend] = (stack.enter_context(server("127.0.0.1", free_port(), home, database=url, extra_env={
                     "PREFECT_UI_ENABLED": "false", "PREFECT_LOGGING_LEVEL": "WARNING"})), home)
             for i in range(args.rounds):
                 for backend in (("sqlite", "postgresql") if i % 2 == 0 else ("postgresql", "sqlite")):
@@ -157,12 +148,9 @@ def main() -> int:
                     lat, errors = api_latency(api, args.clients, args.requests)
                     times, failed, fwall = flow_overhead(api, home / "client", args.procs, args.flows)
                     loads.append(os.getloadavg()[0])
-                    r = results[backend]
-                    r["lat"].append(lat)
-                    r["err"].append(errors)
-                    r["run"].append(times)
-                    r["failed"].append(failed)
-                    r["rate"].append(len(times) / fwall if fwall else 0.0)
+                    for key, value in (("lat", lat), ("err", errors), ("run", times), ("failed", failed),
+                                       ("rate", len(times) / fwall if fwall else 0.0)):
+                        results[backend][key].append(value)
     finally:
         cluster.stop()
         shutil.rmtree(root, ignore_errors=True)
@@ -201,7 +189,7 @@ def report(results: dict, args: argparse.Namespace, loads: list[float], steal_pc
     rates = [statistics.median(results[b]["rate"]) for b in ("sqlite", "postgresql")]
     lines.append(f"| flow runs per second, {args.procs} processes (wall from their start) | {rates[0]:.2f} | {rates[1]:.2f} | "
                  f"{ratio(lambda rnd: rnd['rate'])} |")
-    totals = [_sum(results[b]["err"]) for b in ("sqlite", "postgresql")]
+    totals: list[Counter[str]] = [sum(results[b]["err"], Counter()) for b in ("sqlite", "postgresql")]
     for at in sorted({k.split(" ", 1)[1] for tot in totals for k in tot if k.startswith("sent ")}):
         counts = []
         for tot in totals:
@@ -216,14 +204,6 @@ def report(results: dict, args: argparse.Namespace, loads: list[float], steal_pc
 
 def _rounds(r: dict) -> list[dict]:
     return [{"lat": lat, "run": run, "rate": rate} for lat, run, rate in zip(r["lat"], r["run"], r["rate"])]
-
-
-def _sum(dicts: list[dict]) -> dict:
-    out: dict = {}
-    for d in dicts:
-        for k, v in d.items():
-            out[k] = out.get(k, 0) + v
-    return out
 
 
 if __name__ == "__main__":

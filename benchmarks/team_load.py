@@ -1,19 +1,9 @@
 """Issue 29's load: four matrices and a nightly launched at once, two workers, one Prefect server on
-PostgreSQL, with no 503 retried anywhere.
+PostgreSQL, with no 503 retried anywhere (PREFECT_CLIENT_MAX_RETRIES=0 in every client).
 
-The CI test (tests/test_team.py: a nightly and two matrices, one worker in a lab namespace) keeps
-its size; this is the same set-up at the issue's size, run once on a machine and reported in
-docs/benchmarks.md. Real parts only: a PostgreSQL cluster of the run's own (tests/pg_fixture.py),
-`lanebench serve --database postgresql://...` with its worker on queue `site-a`, a second
-`lanebench worker` (its own PREFECT_HOME) on queue `site-b`, one local artifacts store, and every
-lane of all five runs on this machine's `gpu:localhost`. Every Prefect client of the stack (both
-workers, each flow-run process, the launches) runs with PREFECT_CLIENT_MAX_RETRIES=0: a 503 is a
-failed call, not a hidden retry, and lanebench's own code retries none.
-
-It checks, and exits 1 on any miss: every launched run COMPLETED (none lost), each by a worker
-of its own queue, each with one run folder in the store that `lanebench verify` passes, and no two
-lanes held `gpu:localhost` at once (from the hold spans each manifest recorded). It prints each
-run's queue, wall and host-lock wait, the whole set's wall, and the 1-minute load around it.
+tests/test_team.py's stack at the issue's size (docs/benchmarks.md: what runs where). Exits 1
+unless every run COMPLETED, each by a worker of its own queue, each with one run folder that
+`lanebench verify` passes, and no two lanes held `gpu:localhost` at once.
 
     uv run python benchmarks/team_load.py [--matrices 4]
 """

@@ -6,13 +6,9 @@
     uv run python scripts/engine-flags.py --all          # every release pinned in tasks/engines/releases.py
 
 Downloads the wheel once into ~/.cache/lanebench/wheels (`pip download --no-deps
---only-binary=:all:`, the package registry only), reads the argument definitions with `ast`
-(tasks/engines/release_flags.py says from which files, and how boolean flags get their `--no-`
-forms and vLLM's `--enable-`/`--disable-` inverses: importing the real parsers needs torch and
-CUDA, so the parser's own rules are applied to the declarations instead) and writes
-tasks/engines/flags/<engine>-<version>.json: flag names, the wheel's sha256 and each source
-file's sha256. Commit that file; tests/test_engine_flags.py checks every flag an adapter
-emits against it. Run it again when a pin in tasks/engines/releases.py moves.
+--only-binary=:all:`), reads its argument definitions with `ast` (tasks/engines/release_flags.py:
+from which files, and the parsers' rules for boolean inverses) and writes
+tasks/engines/flags/<engine>-<version>.json. Commit that file; run this again when a pin moves.
 """
 
 from __future__ import annotations

@@ -41,12 +41,9 @@ DROP_DIRS = ("tools/server/tests/", "tools/server/public", "tools/mtmd/tests/")
 
 
 def kept(rel: str) -> bool:
-    if any(rel.startswith(d) for d in DROP_DIRS):
-        return False
-    if rel in KEEP_FILES or any(rel.startswith(d) for d in KEEP_DIRS):
-        return True
-    # ggml/src's own files (not its backend folders)
-    return rel.startswith("ggml/src/") and "/" not in rel[len("ggml/src/"):]
+    """A pinned file, or ggml/src's own (not its backend folders')."""
+    return not rel.startswith(DROP_DIRS) and (rel in KEEP_FILES or rel.startswith(KEEP_DIRS) or (
+        rel.startswith("ggml/src/") and "/" not in rel.removeprefix("ggml/src/")))
 
 
 def _members(sdist: Path):

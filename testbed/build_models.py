@@ -1,33 +1,19 @@
 """Train the lanebench testbed models and write them as llama.cpp GGUF files.
 
-The rehearsal lane runs llama.cpp's ``llama-server`` with speculative decoding for real on
-a 2-core CPU box. That needs a target model and drafters that share one vocabulary, load
-in llama.cpp as the plain ``llama`` architecture, generate fast, and whose drafters agree
-with the target to a different degree per text class. Nothing may be downloaded, so this
-script trains them from the synthetic text of ``corpus.py``:
+The rehearsal lane runs ``llama-server`` with real speculative decoding on a 2-core CPU box
+with nothing downloaded, so this trains, from ``corpus.py``'s synthetic text, a ``llama``
+target and two drafters of its vocabulary that agree with it to a different degree per text
+class: ``models/target-f16.gguf``, ``models/drafter-good-f16.gguf`` (distilled on the target's
+logits) and ``models/drafter-weak-f16.gguf`` (tiny, briefly trained on the text alone). It also
+rewrites ``prompts/*.jsonl``, held out from exactly the training text.
 
-* ``models/target-f16.gguf``        - llama, the model being served.
-* ``models/drafter-good-f16.gguf``  - smaller, distilled on the target's logits.
-* ``models/drafter-weak-f16.gguf``  - tiny and briefly trained on the text alone.
+torch is not a lanebench dependency: README.md's "Rebuild" gives its venv. The build is
+deterministic (seeded data and init, deterministic algorithms, fixed threads and step
+counts): two smoke builds (``--scale 0.02``, a few minutes) give byte-identical files.
 
-Environment (torch is NOT a lanebench dependency; on the project machines pip takes the
-CPU wheel from local disk in seconds)::
-
-    python3 -m venv ~/.cache/lanebench/testbed-venv
-    ~/.cache/lanebench/testbed-venv/bin/pip install torch==2.13.0 gguf numpy
-    ~/.cache/lanebench/testbed-venv/bin/python testbed/build_models.py
-
-The build is deterministic (seeded data and init, ``torch.use_deterministic_algorithms``,
-a fixed thread count, fixed step counts rather than wall-clock budgets): two smoke builds
-give byte-identical files. It also rewrites ``prompts/*.jsonl``, held out from exactly
-the training text. About 15-17 minutes on 2 idle cores (45 when other jobs share them);
-``--scale 0.02`` makes a smoke build of a few minutes.
-
-Vocabulary: SentencePiece-style (``tokenizer.ggml.model = "llama"``) with one BYTE token
-per byte ``<0x00>``..``<0xFF>``. llama.cpp's SPM tokenizer always rewrites " " as U+2581
-before lookup, so the vocab also holds the piece "\u2581" and a space is that one token;
-every other byte is its byte token, so one byte of ASCII text is always one token.
-``add_space_prefix`` is false. Control tokens follow (see ``SPECIALS``).
+Vocabulary (README.md's "Tokenizer"): SentencePiece-style with one BYTE token per byte.
+llama.cpp's SPM tokenizer always rewrites " " as U+2581 before lookup, so the vocab holds
+"\u2581" and a space is that one token: one byte of ASCII text is always one token.
 """
 
 from __future__ import annotations
@@ -69,15 +55,9 @@ CHAT_TEMPLATE = (
 
 def vocab_tokens() -> tuple[list[str], list[int]]:
     """Token texts and llama.cpp token types (1 normal, 2 unknown, 3 control, 6 byte)."""
-    toks = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + ["\u2581"]
-    types = [2, 3, 3] + [6] * 256 + [1]
-    toks += list(SPECIALS)
-    types += [3] * len(SPECIALS)
-    for i in range(N_VOCAB - len(toks)):
-        toks.append(f"<|reserved_{i}|>")
-        types.append(3)
-    assert len(toks) == N_VOCAB
-    return toks, types
+    toks = ["<unk>", "<s>", "</s>", *(f"<0x{b:02X}>" for b in range(256)), "\u2581", *SPECIALS]
+    toks += [f"<|reserved_{i}|>" for i in range(N_VOCAB - len(toks))]
+    return toks, [2, 3, 3] + [6] * 256 + [1] + [3] * (N_VOCAB - SPACE - 1)
 
 
 _BYTE_IDS = np.arange(BYTE0, BYTE0 + 256, dtype=np.int64)
@@ -95,20 +75,6 @@ def encode(text: str) -> list[int]:
         pos = m.end()
     out += _BYTE_IDS[np.frombuffer(text[pos:].encode(), np.uint8)].tolist()
     return out
-
-
-def decode(ids: list[int]) -> str:
-    """Inverse of ``encode`` (control tokens rendered as their text)."""
-    toks, _ = vocab_tokens()
-    buf = bytearray()
-    for i in ids:
-        if BYTE0 <= i < BYTE0 + 256:
-            buf.append(i - BYTE0)
-        elif i == SPACE:
-            buf += b" "
-        else:
-            buf += toks[i].encode()
-    return buf.decode("utf-8", errors="replace")
 
 
 # --------------------------------------------------------------------------- model
@@ -231,9 +197,7 @@ class Data:
         starts: list[int] = []
         for i in order:
             starts.append(len(ids))
-            ids.append(BOS)
-            ids += encode(flat[i])
-            ids.append(EOS)
+            ids += [BOS, *encode(flat[i]), EOS]
         self.tokens = torch.tensor(ids, dtype=torch.long)
         self.starts = np.asarray(starts, dtype=np.int64)
         self.rng = rng
@@ -256,12 +220,11 @@ class Data:
 
 @dataclass(frozen=True)
 class Recipe:
-    """How one model is trained; ``teacher`` means distillation on the target's logits."""
+    """How one model is trained (``train``'s teacher, not the recipe, makes it a distillation)."""
 
     steps: int
     batch: int
     lr: float
-    teacher: bool = False
     warmup: int = 100
 
 
@@ -363,14 +326,9 @@ def load_gguf(path: Path) -> Llama:
         norm_eps=float(num("llama.attention.layer_norm_rms_epsilon")))
     model = Llama(cfg)
     sd = {}
-    for t in rd.tensors:
+    for t in rd.tensors:  # GGUF's blk.N.* are the torch model's blocks.N.*
         shape = tuple(int(s) for s in reversed(t.shape.tolist()))
-        arr = np.asarray(t.data, dtype=np.float32).reshape(shape)
-        name = t.name.removesuffix(".weight")
-        if name.startswith("blk."):
-            _, i, n = name.split(".")
-            name = f"blocks.{i}.{n}"
-        sd[name + ".weight"] = torch.from_numpy(arr.copy())
+        sd[re.sub(r"^blk\.", "blocks.", t.name)] = torch.from_numpy(np.asarray(t.data, dtype=np.float32).reshape(shape).copy())
     model.load_state_dict(sd)
     return model.eval()
 
@@ -420,8 +378,7 @@ def main() -> None:
         data.rng = np.random.default_rng(args.seed + 100)  # not the target's batches
     else:
         target = train(TARGET, Recipe(steps(1200), 8, 2e-3), data, args.seed + 1)
-    good = train(DRAFTER_GOOD, Recipe(steps(300), 8, 3e-3, teacher=True), data,
-                 args.seed + 2, teacher=target)
+    good = train(DRAFTER_GOOD, Recipe(steps(300), 8, 3e-3), data, args.seed + 2, teacher=target)
     weak = train(DRAFTER_WEAK, Recipe(steps(120), 4, 3e-3, warmup=20), data, args.seed + 3)
 
     for model, fname, desc in (

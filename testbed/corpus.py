@@ -1,24 +1,10 @@
-"""Deterministic synthetic text for the lanebench testbed models.
+"""Deterministic synthetic text for the lanebench testbed models (classes: README.md, "Files").
 
-Why generate instead of download: the rehearsal lane must rebuild its models offline,
-bit for bit, on a machine that reaches no model or data hub. A seeded ``random.Random``
-drives small grammars and templates for four classes whose predictability differs on
-purpose, so speculative decoding shows different acceptance per class:
-
-* ``prose`` - English-like stories from word lists; many equally likely word choices, so
-  a drafter often disagrees with the target (low acceptance).
-* ``code``  - Python-like functions and classes from templates; mostly forced by
-  structure and earlier identifiers (high acceptance).
-* ``math``  - step-by-step arithmetic ("Step 1: 37 + 45 = 82."); fixed scaffolding with
-  hard digits.
-* ``tool``  - chat-ish turns with JSON tool calls wrapped in ``<tool_call>`` control
-  tokens; arguments are copied from the user's request.
-
-All text is ASCII. Held-out prompts are prefixes of documents drawn from a different seed
-and are checked not to occur in the training text.
-
-Usage: ``python testbed/corpus.py`` writes ``testbed/prompts/<class>.jsonl`` and prints
-corpus statistics.
+Generated, not downloaded: the rehearsal lane rebuilds its models offline, bit for bit. A seeded
+``random.Random`` drives small grammars for four classes whose predictability differs on purpose
+(prose free, code forced by structure, math fixed scaffolding with hard digits, tool calls that
+copy the request), so speculative decoding shows different acceptance per class. All text is
+ASCII. ``python testbed/corpus.py`` writes the held-out ``prompts/<class>.jsonl``.
 """
 
 from __future__ import annotations
@@ -42,56 +28,37 @@ HERE = Path(__file__).resolve().parent
 
 # --------------------------------------------------------------------------- word lists
 
-NAMES_F = ["Anna", "Maria", "Clara", "Elena", "Nora", "Lucy", "Ruth", "Irene", "Vera",
-           "Julia", "Alice", "Hannah", "Mira", "Sofia", "Greta", "Ada", "Lena", "Rosa",
-           "Tessa", "Edith", "Helen", "Ivy", "Olga", "Paula", "Wendy", "Zoe"]
-NAMES_M = ["Tom", "Peter", "Hugo", "Oscar", "Felix", "Victor", "Arthur", "Simon",
-           "Daniel", "Martin", "Leo", "Jonas", "Bruno", "Carl", "Elias", "Frank", "Ivan",
-           "Karl", "Louis", "Milo", "Noah", "Otto", "Paul", "Ralph", "Samuel", "Walter"]
-NOUNS = ["lamp", "door", "river", "garden", "letter", "window", "basket", "candle",
-         "bridge", "coat", "map", "key", "bottle", "chair", "table", "book", "clock",
-         "bell", "cart", "boat", "stone", "feather", "ribbon", "mirror", "blanket", "bucket",
-         "ladder", "rope", "wagon", "kettle", "pencil", "drawer", "curtain", "violin",
-         "lantern", "shovel", "hammer", "needle", "jacket", "helmet", "saddle", "anchor",
-         "barrel", "blossom", "cabinet", "compass", "cottage", "crystal", "dragon", "engine",
-         "fence", "flag", "forest", "fountain", "gate", "glove", "hill", "horse", "island",
-         "jar", "kitten", "lake", "meadow", "mountain", "notebook", "orchard", "parcel",
-         "pebble", "piano", "pillow", "pocket", "puzzle", "rabbit", "road", "roof", "sail",
-         "scarf", "shell", "shadow", "signal", "song", "spoon", "star", "storm", "street",
-         "tower", "trumpet", "tunnel", "valley", "village", "wall", "wheel", "whistle",
-         "wolf", "yard", "apple", "cloud", "cup", "field", "plate", "ring", "ship", "tree"]
-ADJS = ["old", "small", "quiet", "bright", "heavy", "strange", "golden", "broken",
-        "narrow", "gentle", "cold", "warm", "silver", "dusty", "empty", "hidden", "wooden",
-        "tall", "soft", "dark", "pale", "rusty", "green", "blue", "red", "ancient", "careful",
-        "clever", "curious", "distant", "early", "faint", "fragile", "friendly", "gray",
-        "grand", "hollow", "humble", "late", "lonely", "loud", "lucky", "modest", "muddy",
-        "noble", "plain", "polite", "proud", "rare", "rough", "round", "sharp", "shiny",
-        "silent", "simple", "slow", "smooth", "steady", "sudden", "sweet", "swift", "tiny",
-        "tired", "wide", "wild", "windy", "wise", "yellow", "young", "bitter", "brave",
-        "calm", "crooked", "damp", "eager", "fierce", "gloomy", "hungry", "icy", "merry"]
-VERBS_T = [("found", "found", "find"), ("carried", "carried", "carry"),
-           ("opened", "opened", "open"), ("painted", "painted", "paint"),
-           ("watched", "watched", "watch"), ("lifted", "lifted", "lift"),
-           ("dropped", "dropped", "drop"), ("followed", "followed", "follow"),
-           ("repaired", "repaired", "repair"), ("hid", "hidden", "hide"),
-           ("counted", "counted", "count"), ("cleaned", "cleaned", "clean"),
-           ("sold", "sold", "sell"), ("bought", "bought", "buy"),
-           ("borrowed", "borrowed", "borrow"), ("broke", "broken", "break"),
-           ("carved", "carved", "carve"), ("chased", "chased", "chase"),
-           ("covered", "covered", "cover"), ("examined", "examined", "examine"),
-           ("fixed", "fixed", "fix"), ("gathered", "gathered", "gather"),
-           ("held", "held", "hold"), ("kept", "kept", "keep"),
-           ("measured", "measured", "measure"), ("moved", "moved", "move"),
-           ("noticed", "noticed", "notice"), ("pulled", "pulled", "pull"),
-           ("pushed", "pushed", "push"), ("raised", "raised", "raise"),
-           ("remembered", "remembered", "remember"), ("studied", "studied", "study"),
-           ("touched", "touched", "touch"), ("traded", "traded", "trade"),
-           ("wrapped", "wrapped", "wrap"), ("stole", "stolen", "steal"),
-           ("took", "taken", "take"), ("saw", "seen", "see"), ("built", "built", "build"),
-           ("forgot", "forgotten", "forget"), ("shook", "shaken", "shake"),
-           ("threw", "thrown", "throw"), ("drew", "drawn", "draw"),
-           ("tied", "tied", "tie"), ("polished", "polished", "polish"),
-           ("guarded", "guarded", "guard"), ("weighed", "weighed", "weigh")]
+NAMES_F = """Anna Maria Clara Elena Nora Lucy Ruth Irene Vera Julia Alice Hannah Mira Sofia Greta
+             Ada Lena Rosa Tessa Edith Helen Ivy Olga Paula Wendy Zoe""".split()
+NAMES_M = """Tom Peter Hugo Oscar Felix Victor Arthur Simon Daniel Martin Leo Jonas Bruno Carl Elias
+             Frank Ivan Karl Louis Milo Noah Otto Paul Ralph Samuel Walter""".split()
+NOUNS = """lamp door river garden letter window basket candle bridge coat map key bottle chair table
+           book clock bell cart boat stone feather ribbon mirror blanket bucket ladder rope wagon
+           kettle pencil drawer curtain violin lantern shovel hammer needle jacket helmet saddle
+           anchor barrel blossom cabinet compass cottage crystal dragon engine fence flag forest
+           fountain gate glove hill horse island jar kitten lake meadow mountain notebook orchard
+           parcel pebble piano pillow pocket puzzle rabbit road roof sail scarf shell shadow signal
+           song spoon star storm street tower trumpet tunnel valley village wall wheel whistle wolf
+           yard apple cloud cup field plate ring ship tree""".split()
+ADJS = """old small quiet bright heavy strange golden broken narrow gentle cold warm silver dusty
+          empty hidden wooden tall soft dark pale rusty green blue red ancient careful clever
+          curious distant early faint fragile friendly gray grand hollow humble late lonely loud
+          lucky modest muddy noble plain polite proud rare rough round sharp shiny silent simple
+          slow smooth steady sudden sweet swift tiny tired wide wild windy wise yellow young bitter
+          brave calm crooked damp eager fierce gloomy hungry icy merry""".split()
+VERBS_T = [tuple(v.split("/")) for v in """
+    found/found/find carried/carried/carry opened/opened/open painted/painted/paint
+    watched/watched/watch lifted/lifted/lift dropped/dropped/drop followed/followed/follow
+    repaired/repaired/repair hid/hidden/hide counted/counted/count cleaned/cleaned/clean
+    sold/sold/sell bought/bought/buy borrowed/borrowed/borrow broke/broken/break carved/carved/carve
+    chased/chased/chase covered/covered/cover examined/examined/examine fixed/fixed/fix
+    gathered/gathered/gather held/held/hold kept/kept/keep measured/measured/measure
+    moved/moved/move noticed/noticed/notice pulled/pulled/pull pushed/pushed/push
+    raised/raised/raise remembered/remembered/remember studied/studied/study touched/touched/touch
+    traded/traded/trade wrapped/wrapped/wrap stole/stolen/steal took/taken/take saw/seen/see
+    built/built/build forgot/forgotten/forget shook/shaken/shake threw/thrown/throw drew/drawn/draw
+    tied/tied/tie polished/polished/polish guarded/guarded/guard weighed/weighed/weigh
+""".split()]
 VERBS_I = ["waited", "laughed", "slept", "wandered", "listened", "smiled", "sighed",
            "hesitated", "returned", "whispered", "worked", "rested", "paused", "shivered",
            "sang", "danced", "left", "arrived", "stayed", "walked", "ran", "nodded",
@@ -101,26 +68,22 @@ ADVS = ["slowly", "quickly", "quietly", "carefully", "gladly", "suddenly", "soft
         "boldly", "calmly", "eagerly", "gently", "kindly", "loudly", "nervously", "patiently",
         "proudly", "rarely", "sadly", "silently", "warmly", "wisely", "again", "at once",
         "without a word", "for a long time", "once more", "in silence", "with care"]
-PLACES = ["kitchen", "harbor", "market", "library", "station", "garden", "attic",
-          "cellar", "chapel", "school", "square", "bakery", "forest", "meadow", "shore",
-          "hallway", "workshop", "courtyard", "orchard", "barn", "mill", "tower", "inn",
-          "museum", "bridge", "cliff", "valley", "village", "castle", "cabin", "farm",
-          "lighthouse", "theater", "stable", "pier", "tavern", "quarry", "greenhouse"]
-PREPS = ["near", "behind", "inside", "beside", "under", "above", "across", "outside",
-         "beyond", "around", "toward", "past"]
+PLACES = """kitchen harbor market library station garden attic cellar chapel school square bakery
+            forest meadow shore hallway workshop courtyard orchard barn mill tower inn museum bridge
+            cliff valley village castle cabin farm lighthouse theater stable pier tavern quarry
+            greenhouse""".split()
+PREPS = "near behind inside beside under above across outside beyond around toward past".split()
 TIMES = ["In the morning", "At noon", "That evening", "Late at night", "Before dawn",
          "After lunch", "On Sunday", "In the spring", "Last winter", "The next day",
          "Years later", "Soon after", "At midnight", "By the afternoon", "Once",
          "Every autumn", "That summer", "Long ago"]
-TIMEWORDS = ["morning", "evening", "night", "day", "week", "season", "winter", "summer",
-             "afternoon", "hour", "year", "spring"]
+TIMEWORDS = "morning evening night day week season winter summer afternoon hour year spring".split()
 SUBSTANCES = ["bread", "smoke", "rain", "salt", "pine", "honey", "dust", "iron", "soap",
               "apples", "tea", "coffee", "wax", "roses", "oil", "snow", "mint", "ink"]
 NUMWORDS = ["two", "three", "four", "five", "six", "seven", "eight", "nine", "ten",
             "a dozen", "many", "several", "a few", "twenty"]
 SAID = ["said", "asked", "whispered", "replied", "shouted", "muttered", "called", "added"]
-FEELINGS = ["happy", "afraid", "tired", "angry", "hopeful", "sad", "proud", "lost",
-            "calm", "restless", "curious", "glad"]
+FEELINGS = "happy afraid tired angry hopeful sad proud lost calm restless curious glad".split()
 
 # --------------------------------------------------------------------------- prose
 
@@ -153,12 +116,8 @@ def _quote(rng: random.Random) -> str:
 
 
 class _Fresh:
-    """Draws words not yet used in the current paragraph.
-
-    Why: greedy decoding of a small model falls into loops ("The barn smelled of salt and
-    soap. The barn smelled of ...") when the data never says repetition is unlikely. Text
-    that never repeats a template or a content word within a paragraph teaches it that.
-    """
+    """Draws words not yet used in the current paragraph: a small model's greedy decoding loops
+    ("The barn smelled of salt and soap. The barn smelled of ...") unless its text never repeats."""
 
     def __init__(self, rng: random.Random) -> None:
         self.rng = rng
@@ -182,13 +141,10 @@ def _prose_templates(rng: random.Random, fresh: _Fresh, cast: list[tuple[str, st
     """Sentence templates; each draws its words lazily from ``fresh``."""
     (a, pa), (b, pb) = rng.sample(cast, 2)
     n, adj, vt = partial(fresh, NOUNS), partial(fresh, ADJS), fresh.verb
-    vi, adv = partial(fresh, VERBS_I), partial(fresh, ADVS)
+    vi, adv, prep = partial(fresh, VERBS_I), partial(fresh, ADVS), partial(rng.choice, PREPS)
 
     def pl() -> str:
         return rng.choice([place, place, fresh(PLACES)])
-
-    def prep() -> str:
-        return rng.choice(PREPS)
 
     return [
         lambda: f"{a} {vt()[0]} the {adj()} {n()} {prep()} the {pl()}.",
@@ -227,10 +183,9 @@ PROSE_NEXT: dict[int, int] = {_order[i]: _order[(i + 1) % N_PROSE_TEMPLATES]
 def _prose_paragraph(rng: random.Random, cast: list[tuple[str, str]], place: str) -> str:
     """3-7 sentences; no template and no content word is used twice.
 
-    Why the template chain: with i.i.d. sentences the greedy continuation is the single
-    most likely sentence, again and again. Here the next sentence usually (75%) uses the
-    successor of the last one's template, a strong signal a small model learns, so greedy
-    output walks the 20-cycle instead of looping on one sentence.
+    With i.i.d. sentences greedy decoding repeats the single most likely one. Here the next
+    sentence usually (75%) uses the successor of the last one's template, a signal a small model
+    learns, so greedy output walks the 20-cycle instead.
     """
     fresh = _Fresh(rng)
     used: list[int] = []
@@ -255,19 +210,16 @@ def gen_prose(rng: random.Random) -> str:
 
 # --------------------------------------------------------------------------- code
 
-CODE_VERBS = ["compute", "load", "parse", "build", "update", "find", "merge", "filter",
-              "count", "check", "render", "format", "collect", "normalize", "validate",
-              "split", "scale", "encode", "decode", "sort", "read", "write", "apply",
-              "resolve", "group", "select", "reset", "clean", "export", "import"]
-CODE_NOUNS = ["total", "items", "records", "config", "user", "order", "price", "score",
-              "buffer", "path", "name", "value", "token", "matrix", "event", "message",
-              "node", "entry", "result", "weight", "batch", "window", "record", "label",
-              "index", "count", "report", "cache", "queue", "table", "column", "row",
-              "amount", "limit", "offset", "size", "width", "height", "delay", "rate"]
-CODE_CLASSES = ["Order", "User", "Account", "Invoice", "Sensor", "Vector", "Point",
-                "Matrix", "Task", "Job", "Queue", "Cache", "Window", "Report", "Record",
-                "Message", "Event", "Node", "Graph", "Session", "Client", "Server",
-                "Parser", "Buffer", "Counter", "Timer", "Ledger", "Basket", "Route"]
+CODE_VERBS = """compute load parse build update find merge filter count check render format collect
+                normalize validate split scale encode decode sort read write apply resolve group
+                select reset clean export import""".split()
+CODE_NOUNS = """total items records config user order price score buffer path name value token
+                matrix event message node entry result weight batch window record label index count
+                report cache queue table column row amount limit offset size width height delay
+                rate""".split()
+CODE_CLASSES = """Order User Account Invoice Sensor Vector Point Matrix Task Job Queue Cache Window
+                  Report Record Message Event Node Graph Session Client Server Parser Buffer Counter
+                  Timer Ledger Basket Route""".split()
 CODE_OPS = ["+", "-", "*"]
 
 
@@ -390,15 +342,8 @@ def _math_steps(rng: random.Random, start: int, n_steps: int) -> tuple[list[str]
     lines, cur = [], start
     for i in range(1, n_steps + 1):
         op = rng.choice(["+", "-", "*"] if cur <= 50 else ["+", "-"])
-        if op == "+":
-            x = rng.randint(2, 99)
-            res = cur + x
-        elif op == "-":
-            x = rng.randint(1, max(1, cur - 1))
-            res = cur - x
-        else:
-            x = rng.randint(2, 9)
-            res = cur * x
+        x = rng.randint(2, 99) if op == "+" else rng.randint(1, max(1, cur - 1)) if op == "-" else rng.randint(2, 9)
+        res = cur + x if op == "+" else cur - x if op == "-" else cur * x
         lines.append(f"Step {i}: {cur} {op} {x} = {res}.")
         cur = res
     return lines, cur
@@ -440,9 +385,8 @@ def gen_math(rng: random.Random) -> str:
 
 # --------------------------------------------------------------------------- tool
 
-CITIES = ["Paris", "London", "Berlin", "Madrid", "Rome", "Vienna", "Oslo", "Lisbon",
-          "Prague", "Dublin", "Tokyo", "Seoul", "Lima", "Cairo", "Nairobi", "Sydney",
-          "Toronto", "Chicago", "Boston", "Denver", "Austin", "Warsaw", "Athens", "Zurich"]
+CITIES = """Paris London Berlin Madrid Rome Vienna Oslo Lisbon Prague Dublin Tokyo Seoul Lima Cairo
+            Nairobi Sydney Toronto Chicago Boston Denver Austin Warsaw Athens Zurich""".split()
 CONDITIONS = ["sunny", "cloudy", "rainy", "windy", "foggy", "snowy", "clear", "stormy"]
 CURRENCIES = ["USD", "EUR", "GBP", "JPY", "CHF", "CAD", "AUD", "SEK", "NOK", "PLN"]
 SYMBOLS = ["ACME", "GLOBX", "INITECH", "UMBR", "STARK", "WAYNE", "HOOLI", "VANDL"]
@@ -565,12 +509,9 @@ def _cut(rng: random.Random, text: str) -> str | None:
         return None
     for _ in range(50):
         end = rng.randint(PROMPT_MIN_BYTES, hi)
-        p = text[:end]
-        if p.endswith((" ", "\n")):  # end inside a word or right after punctuation
-            continue
-        if any(p.endswith(s[:k]) for s in TEXT_SPECIALS for k in range(1, len(s))):
-            continue
-        return p
+        p = text[:end]  # ends inside a word or right after punctuation, and inside no control token
+        if not p.endswith((" ", "\n")) and not any(p.endswith(s[:k]) for s in TEXT_SPECIALS for k in range(1, len(s))):
+            return p
     return None
 
 
@@ -584,9 +525,8 @@ def held_out_prompts(train: dict[str, list[str]], seed: int = PROMPT_SEED,
         rows: list[dict[str, str]] = []
         while len(rows) < n:
             p = _cut(rng, GENERATORS[cls](rng))
-            if p is None or p in joined or any(r["prompt"] == p for r in rows):
-                continue
-            rows.append({"id": f"{cls}-{len(rows):02d}", "class": cls, "prompt": p})
+            if p is not None and p not in joined and all(r["prompt"] != p for r in rows):
+                rows.append({"id": f"{cls}-{len(rows):02d}", "class": cls, "prompt": p})
         out[cls] = rows
     return out
 
@@ -594,8 +534,7 @@ def held_out_prompts(train: dict[str, list[str]], seed: int = PROMPT_SEED,
 def write_prompts(prompts: dict[str, list[dict[str, str]]], out_dir: Path) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     for cls, rows in prompts.items():
-        with open(out_dir / f"{cls}.jsonl", "w", encoding="ascii") as fh:
-            fh.writelines(json.dumps(r) + "\n" for r in rows)
+        (out_dir / f"{cls}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="ascii")
 
 
 def main() -> None:

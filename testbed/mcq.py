@@ -1,17 +1,10 @@
 """Write the testbed's multiple-choice eval: `testbed/evals/mcq.jsonl` (GPQA-Diamond's record shape).
 
-The testbed target learnt, from its own training text (testbed/corpus.py, class "tool"), to turn
-a request into a call whose arguments copy the request:
-
-    User: What's the weather in Paris in celsius?
-    Assistant: <tool_call>{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}</tool_call>
-
-So each question here is such a request in the phrasing the model learnt, with fresh values, and
-the choices are values of one argument: the right one and others from the same word list. The
-model answers by making the call; the eval reads the one choice its reply names. A request
-never says which argument is asked: the set measures whether the model copies the right value
-into its call, which it does often but not always. Deterministic: `python testbed/mcq.py`
-rewrites the file byte for byte.
+The testbed target learnt from its training text (corpus.py, class "tool") to turn a request into
+a call whose arguments copy it. Each question is such a request with fresh values; the choices are
+values of one argument (the unit, or the tool's name), and the reply's call names one. A request
+never says which argument is asked: the set measures whether the model copies the right value,
+which it does often but not always. Deterministic: `python testbed/mcq.py` rewrites the file.
 """
 
 from __future__ import annotations

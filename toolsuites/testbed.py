@@ -1,16 +1,10 @@
 """Write the testbed's tool suites: `testbed-dev.jsonl` and `testbed-held-out.jsonl`.
 
-The testbed target (testbed/corpus.py, class "tool") learnt eight tools from text like
-
-    Tools: get_weather, get_time
-
-    User: What's the weather in Paris in celsius?
-    Assistant: <tool_call>{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}</tool_call>
-
-These suites ask the same kinds of questions with fresh values, in BFCL's format (simple: one
-function offered; multiple: the right one among several), so the rehearsal lane runs the tool
-gate for real. The model is tiny: its score is low, and that is fine; the plumbing is what is
-proven. Deterministic: `python toolsuites/testbed.py` rewrites both files byte for byte.
+The testbed target learnt eight tools from text like testbed/corpus.py's "tool" class. These
+suites ask the same kinds of questions with fresh values, in BFCL's format (simple: one function
+offered; multiple: the right one among several), so the rehearsal lane runs the tool gate for
+real. The model is tiny and its score low: the plumbing is what is proven. Deterministic:
+`python toolsuites/testbed.py` rewrites both files byte for byte.
 """
 
 from __future__ import annotations
@@ -108,9 +102,8 @@ def suite(seed: int, prefix: str, per_category: int = 12) -> list[dict]:
 
 def main() -> None:
     for name, seed in (("testbed-dev", 20261), ("testbed-held-out", 90210)):
-        with open(HERE / f"{name}.jsonl", "w", encoding="ascii") as f:
-            for case in suite(seed, name.replace("-", "_")):
-                f.write(json.dumps(case) + "\n")
+        (HERE / f"{name}.jsonl").write_text("".join(json.dumps(c) + "\n" for c in suite(seed, name.replace("-", "_"))),
+                                            encoding="ascii")
 
 
 if __name__ == "__main__":
