@@ -1,22 +1,11 @@
 """Failure notification: a Prefect on-failure hook that sends through a Prefect notification block.
 
-Nobody reads a nightly that passed; someone must hear about one that failed, most of all a
-regression, before they start the day on the old numbers. A hook (rather than a Prefect
-automation) because it needs nothing configured on the server: it works the same on the
-ephemeral server, on `lanebench serve` and on a shared one, and it can read the run folder for
-the regression list.
-
-Where it goes, both settings (environment, or the deployment's `job_variables.env`, so no secret
-sits in prefect.yaml):
-- `LANEBENCH_NOTIFY_BLOCK`: the name of a saved Prefect notification block, `<block-type>/<name>`
-  (Slack, Microsoft Teams, PagerDuty, Discord, a custom webhook: any `NotificationBlock`); it
-  gets the `text` lines as body and the flow and state as subject.
-- `LANEBENCH_NOTIFY_URL`: a webhook that takes JSON; Prefect's `CustomWebhookNotificationBlock`
-  POSTs the whole payload below (Slack-compatible receivers read its `text` field).
-
-The payload is built from the run folder (the source of truth), not from the flow's memory,
-and a notification that cannot be delivered is logged, never raised: the run's own state is
-what matters.
+A hook rather than an automation: it needs nothing configured on the server (ephemeral, `serve` or
+shared) and can read the run folder for the regression list. Where it goes (environment, or the
+deployment's `job_variables.env`, so no secret sits in prefect.yaml): `LANEBENCH_NOTIFY_BLOCK`, a
+saved notification block `<block-type>/<name>` (Slack, Teams, PagerDuty, ...), gets the `text` as
+body; `LANEBENCH_NOTIFY_URL`, a JSON webhook, gets the whole payload (Slack reads its `text`).
+The payload comes from the run folder; a notification that fails is logged, never raised.
 """
 
 from __future__ import annotations

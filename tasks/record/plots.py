@@ -1,10 +1,8 @@
-"""PNG plots for report.md: the concurrency curve, per-position acceptance, and each headline
-metric's trend over history with the baseline band the night was judged against.
+"""PNG plots for report.md: the decode curve, per-position acceptance, prefill, accuracy, capacity,
+and each headline metric's trend with the band the night was judged against.
 
-A table says what a number is; a plot says whether it looks like last week. Plots are drawn
-from the same Parquet tables and history index as the tables, never from anything else, with
-matplotlib's Agg backend (no display on a bench host). Small figures at a low dpi: a run
-folder is kept for months.
+Drawn from the same Parquet tables and history index as the tables, with matplotlib's Agg backend
+(no display on a bench host); small figures at a low dpi, as a run folder is kept for months.
 """
 
 from __future__ import annotations

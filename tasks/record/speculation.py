@@ -1,14 +1,10 @@
 """Speculation always judged: a speculative lane against the plain lane of the same target.
 
-In the seeds' nightly a speculative lane at 381/497 tok/s and the plain lane of the same target
-at 1418/1127 tok/s were both "passed" with no word that speculation loses: only the matrix
-compared with no speculation. Any run holding both now says, at each concurrency the two share,
-which is faster. Same target means the same model sha256, not the same file name, and the pair
-may differ in nothing but speculation (fingerprints, tasks/record/fingerprint.py): a plain lane
-launched with another context is named NOT COMPARABLE, never judged against. A nightly with
-only a speculative lane is judged against its last plain baseline from history: the newest
-earlier run of the same flow where a plain lane passed whose fingerprint equals the speculative
-lane's but for speculation; with none, the report says no plain baseline exists.
+The seeds' nightly passed a speculative lane at 381/497 tok/s beside the plain lane of its target
+at 1418/1127 with no word that speculation loses. Any run holding both now says which is faster at
+each shared concurrency. Same target means the same model sha256, and the pair may differ in
+nothing but speculation (fingerprints): otherwise NOT COMPARABLE. A run with only a speculative
+lane is judged against its last plain baseline in history, or says none exists.
 """
 
 from __future__ import annotations
@@ -82,9 +78,8 @@ def last_plain_baseline(run: RunFolder, lane: str) -> tuple[str, str, dict[int, 
 
 
 def speculation_verdicts(run: RunFolder) -> list[str]:
-    """One line per speculative lane, plain lane of the same target and shared concurrency:
-    `SPECULATION LOSES at C=2: ...` or `speculation wins at C=1: ...` (aggregate tok/s);
-    `NOT COMPARABLE: ...` for a plain lane of the same target that differs beyond speculation."""
+    """`SPECULATION LOSES at C=2: ...` or `speculation wins ...` per speculative lane, plain lane of its
+    target and shared concurrency (aggregate tok/s); `NOT COMPARABLE: ...` for a pair that differs beyond speculation."""
     passed = {n: r for n, r in run.manifest.lanes.items() if r.status == "passed"}
     spec = [n for n, r in passed.items() if _speculative(r)]
     plain = [n for n, r in passed.items() if not _speculative(r)]
@@ -112,6 +107,3 @@ def speculation_verdicts(run: RunFolder) -> list[str]:
         earlier, name, theirs = found
         out += _judge(s, mine, theirs, f"{name} in {earlier} (last plain baseline)")
     return out
-
-
-__all__ = ["last_plain_baseline", "speculation_verdicts"]
