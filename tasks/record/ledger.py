@@ -81,7 +81,6 @@ def record(folder: Path) -> None:
     entry = {"run": folder.name, "manifest_sha256": manifest_digest(folder), "at": datetime.now(UTC).isoformat(),
              "prev": hashlib.sha256(lines[-1].encode()).hexdigest() if lines else ""}
     entry["sig"] = key.sign(_body(entry)).hex()
-    ledger_path().parent.mkdir(parents=True, exist_ok=True)
     with ledger_path().open("a") as f:
         f.write(json.dumps(entry, sort_keys=True) + "\n")
 

@@ -38,10 +38,6 @@ def _cell(v: Any) -> str:
     return str(v)
 
 
-def _md(df: pd.DataFrame) -> str:
-    return frame(df, _cell)
-
-
 def decode_table(df: pd.DataFrame) -> pd.DataFrame:
     out = df[list(_DECODE_COLS)].rename(columns=_DECODE_COLS).copy()
     out["ITL p50 ms"] = out["ITL p50 ms"] * 1000
@@ -289,7 +285,7 @@ def render(run: RunFolder) -> str:
                 out += bench_report.quarantined(entry, title)
                 continue
             df = pd.read_parquet(run.path / entry.path)
-            out += ["", f"### {title}", "", _md(build(df))]
+            out += ["", f"### {title}", "", frame(build(df), _cell)]
             if entry.kind == "decode":
                 out += ["", f"Median of {int(df.repeats.iloc[0])} measured repeats per level, [min, max] in brackets; "
                         "spread = (max - min) / median."]
@@ -298,7 +294,7 @@ def render(run: RunFolder) -> str:
         # Capacity plan, prefill ladder, queueing levels, accuracy eval (tasks/report/bench_report.py).
         out += bench_report.section(run, name)
         for entry in [a for a in m.artifacts if a.lane == name and a.kind == "regression" and a.validation == "passed"]:
-            out += ["", "### Against the baseline", "", _md(regression_table(pd.read_parquet(run.path / entry.path)))]
+            out += ["", "### Against the baseline", "", frame(regression_table(pd.read_parquet(run.path / entry.path)), _cell)]
         for entry in [a for a in m.artifacts if a.lane == name and a.kind == "plot"]:
             out += ["", f"![{_PLOT_TITLES.get(Path(entry.path).name, Path(entry.path).stem)}]({entry.path})"]
         if v := next((a for a in m.artifacts if a.lane == name and a.kind == "requests"), None):
