@@ -25,12 +25,11 @@ BLOCK_ENV = "LANEBENCH_NOTIFY_BLOCK"
 def run_folder(artifacts_root: str | None, flow_name: str, flow_run_id: str) -> Path | None:
     if not artifacts_root:
         return None
-    from tasks.record.store import Store, is_url, run_folder_name
+    from tasks.record.store import Store, run_folder_name
 
-    if is_url(artifacts_root):  # the run folder was written in the store's local mirror
-        artifacts_root = str(Store(artifacts_root).local_root)
-    name = run_folder_name(artifacts_root, flow_name, flow_run_id)
-    return Path(artifacts_root) / name if name else None
+    root = Store(artifacts_root).local_root  # a store's run folder was written in its local mirror
+    name = run_folder_name(str(root), flow_name, flow_run_id)
+    return root / name if name else None
 
 
 class Regression(BaseModel):
