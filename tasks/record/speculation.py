@@ -54,8 +54,7 @@ def last_plain_baseline(run: RunFolder, lane: str) -> tuple[str, str, dict[int, 
     from tasks.record.regression import _fingerprint_of
 
     record = run.manifest.lanes[lane]
-    con = open_index(run.path.parent)
-    try:
+    with open_index(run.path.parent) as con:
         candidates = con.execute(
             """SELECT l.run, l.lane, l.config FROM lanes l JOIN runs r ON r.run = l.run
                WHERE r.flow = ? AND l.run <> ? AND r.started_at < (SELECT started_at FROM runs WHERE run = ?)
@@ -64,17 +63,14 @@ def last_plain_baseline(run: RunFolder, lane: str) -> tuple[str, str, dict[int, 
             [run.manifest.flow.name, run.path.name, run.path.name, _target(record)]).fetchall()
         prints: dict[str, dict[str, str]] = {}
         for earlier, name, config in candidates:
-            if json.loads(config or "{}").get("speculative"):
-                continue
-            if beyond_speculation(record.fingerprint, _fingerprint_of(con, earlier, name, prints)):
+            if json.loads(config or "{}").get("speculative") or \
+                    beyond_speculation(record.fingerprint, _fingerprint_of(con, earlier, name, prints)):
                 continue
             rows = con.execute("SELECT concurrency, aggregate_tok_s FROM decode WHERE run = ? AND lane = ?",
                                [earlier, name]).fetchall()
             if rows:
                 return earlier, name, {int(c): float(t) for c, t in rows}
         return None
-    finally:
-        con.close()
 
 
 def speculation_verdicts(run: RunFolder) -> list[str]:
