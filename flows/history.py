@@ -1,17 +1,9 @@
 """`lanebench history` (questions to the run history), `verify` (a run folder against its manifest),
 and a team's commands: `serve` (deployments on a real server), `worker`, `launch`.
 
-    lanebench history                          the last runs, newest last
-    lanebench history metric LANE METRIC       a metric over the lane's last N runs, with what produced each number
-    lanebench history metrics [--lane L]       the metric names there are
-    lanebench history matrix [RUN]             the arms of a matrix run (the latest by default), side by side
-    lanebench history provenance RUN [--lane]  lanebench SHA, image digest, model/drafter sha256, engine binary
-    lanebench history sql "SELECT ..."         anything else, on the index's tables (tasks/history.py)
-    lanebench history reindex                  write the index to artifacts/.history.duckdb for other tools
-
-Every query rebuilds the index from the run folders first (they are the source of truth). A rich
-table by default; `--csv` for machines (full hashes, every column). Cheap to import: DuckDB,
-pandas and Prefect are imported when a command runs.
+Every history query rebuilds the index from the run folders first (they are the source of truth):
+a rich table by default, `--csv` for machines. Cheap to import: DuckDB, pandas and Prefect are
+imported when a command runs.
 """
 
 from __future__ import annotations
@@ -34,20 +26,19 @@ def _print(df: Any, csv: bool, title: str) -> None:
         return
     import pandas as pd
     from rich.console import Console
-    from rich.table import Table
+    from rich.table import Column, Table
 
-    table = Table(title=title, title_justify="left")
     shown = df.copy()
     for col in shown.columns:
-        if col in _SHORT or col == "image":
-            shown[col] = [v[-12:] if col == "image" and isinstance(v, str) else v[:12] if isinstance(v, str) else v
-                          for v in shown[col]]
-        if col in ("engine_source", "launch_command", "reason", "config"):
+        if col in _SHORT:
+            shown[col] = [v[:12] if isinstance(v, str) else v for v in shown[col]]
+        elif col == "image":
+            shown[col] = [v[-12:] if isinstance(v, str) else v for v in shown[col]]
+        elif col in ("engine_source", "launch_command", "reason", "config"):
             shown[col] = [v if not isinstance(v, str) or len(v) <= 48 else v[:45] + "..." for v in shown[col]]
         if pd.api.types.is_datetime64_any_dtype(shown[col]):
             shown[col] = shown[col].dt.strftime("%Y-%m-%d %H:%M:%S")
-    for col in shown.columns:
-        table.add_column(str(col), overflow="fold")
+    table = Table(*[Column(str(c), overflow="fold") for c in shown.columns], title=title, title_justify="left")
     for row in shown.itertuples(index=False):
         table.add_row(*["" if v is None or (isinstance(v, float) and v != v) else
                         f"{v:.4g}" if isinstance(v, float) else str(v) for v in row])
@@ -111,17 +102,12 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if not (run / "manifest.json").is_file():
         return _bad_input(f"{run}: no manifest.json there. Fix: pass a run folder, e.g. artifacts/<time>_nightly_<id>")
     result = audit(run)
-    _print_audit(result, result.problems)
-    print(f"{'ok' if result.ok else 'FAILED'}: {_audit_counts(result)}"
-          + (f", {len(result.problems)} problems" if result.problems else ""))
-    if result.ledger:  # after the verdict line, which a good folder's output starts with
-        print(f"ledger: {result.ledger}")
-    return 0 if result.ok else 1
+    return _print_audit(result, result.problems, f", {len(result.problems)} problems" if result.problems else "")
 
 
 def _verify_in_store(address: str) -> int:
-    """`verify sftp://host/root/RUN`: the run folder as the store holds it, downloaded as it is
-    (no check on the way) and audited against its manifest like a local one."""
+    """`verify sftp://host/root/RUN`: the run folder as the store holds it, downloaded unchecked
+    and audited against its manifest like a local one."""
     import tempfile
 
     from flows.cli import _bad_input
@@ -137,22 +123,21 @@ def _verify_in_store(address: str) -> int:
             result = audit(store.download(name, Path(tmp)))
     except StoreError as e:
         return _bad_input(str(e))
-    _print_audit(result, [])
-    print(f"{'ok' if result.ok else 'FAILED'}: {_audit_counts(result)} ({address})")
-    return 0 if result.ok else 1
+    return _print_audit(result, [], f" ({address})", ledger=False)
 
 
-def _print_audit(result: Any, problems: list[str]) -> None:
+def _print_audit(result: Any, problems: list[str], tail: str, ledger: bool = True) -> int:
+    """The audit's findings, then its verdict line; returns the exit code."""
     for kind in ("missing", "changed", "extra"):
         for rel in getattr(result, kind):
             print(f"{kind}: {rel}")
     for line in problems:
         print(f"problem: {line}")
-
-
-def _audit_counts(result: Any) -> str:
-    return (f"{result.checked} files listed in the manifest, {len(result.missing)} missing, "
-            f"{len(result.changed)} changed, {len(result.extra)} extra")
+    print(f"{'ok' if result.ok else 'FAILED'}: {result.checked} files listed in the manifest, {len(result.missing)} "
+          f"missing, {len(result.changed)} changed, {len(result.extra)} extra{tail}")
+    if ledger and result.ledger:  # after the verdict line, which a good folder's output starts with
+        print(f"ledger: {result.ledger}")
+    return 0 if result.ok else 1
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -174,8 +159,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    """A worker on another machine: the pool and its queues made if missing, then Prefect's own
-    `prefect worker start` in this process's place (its signals, its logs)."""
+    """The pool and its queues made if missing, then `prefect worker start` in this process's place."""
     from flows.cli import _bad_input, _quiet_prefect
 
     api = args.api_url or os.environ.get("PREFECT_API_URL")
@@ -209,10 +193,8 @@ def _params(pairs: list[str]) -> dict[str, Any] | str:
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
-    """One run of a deployment on a running server (PREFECT_API_URL), sent to a site's queue:
-    `prefect deployment run` cannot name a work queue, and a team routes runs by queue (one per
-    site or host group: docs/nightly.md, "A team's set-up"). Prefect's own create-flow-run call
-    with `work_queue_name`."""
+    """One run of a deployment on the server PREFECT_API_URL names, sent to a site's work queue, which
+    `prefect deployment run` cannot name (docs/nightly.md, "A team's set-up")."""
     from flows.cli import _bad_input
 
     api = os.environ.get("PREFECT_API_URL")
@@ -276,10 +258,9 @@ def register_cli(subparsers: Any) -> None:
     q.add_argument("query")
     sub.add_parser("reindex", help="write the index to <artifacts>/.history.duckdb")
     for q in sub.choices.values():  # the shared options also after the subcommand
-        q.add_argument("--artifacts", default=argparse.SUPPRESS)
-        q.add_argument("--csv", action="store_true", default=argparse.SUPPRESS)
-        q.add_argument("--last", type=int, default=argparse.SUPPRESS)
-        q.add_argument("--flow", default=argparse.SUPPRESS)
+        for flag, kw in (("--artifacts", {}), ("--csv", {"action": "store_true"}), ("--last", {"type": int}),
+                         ("--flow", {})):
+            q.add_argument(flag, default=argparse.SUPPRESS, **kw)
 
     p = subparsers.add_parser("serve", help="run the prefect.yaml deployments on a real Prefect server with a worker")
     p.add_argument("--host", default="127.0.0.1", help="server address (default 127.0.0.1)")

@@ -1,9 +1,8 @@
 """Audit a run folder against its manifest: every file's sha256, nothing missing, nothing extra.
 
-Never raises on what it finds: a truncated manifest, one without `artifacts`, a listed path that
-leaves the folder or is a symlink, a raw record changed after its run died (named by the reclaim,
-tasks/record/interrupted.py), a manifest whose digest differs from the signed history index
-(tasks/record/ledger.py): each is one line in `problems`, and the audit fails.
+Never raises on what it finds: a bad manifest, a listed path that leaves the folder or is a
+symlink, a raw record changed after its run died, a manifest that differs from its signed ledger
+entry: each is one line in `problems`, and the audit fails.
 """
 
 from __future__ import annotations
@@ -16,8 +15,7 @@ from pydantic import BaseModel
 from tasks.hosts.files import file_sha256
 from tasks.record.manifest import ManifestError, Outside, confined, read_manifest
 
-# Files the manifest cannot list by hash: itself; the reserve (freed space for a last manifest,
-# tasks/record/run_folder.py); the seals of a run that died (per-append digests, checked by reclaim).
+# Files the manifest cannot list by hash: itself, the reserve, a dead run's seals (reclaim checks them).
 _UNLISTED = {"manifest.json", ".reserve"}
 _UNLISTED_DIRS = (".seals/",)
 

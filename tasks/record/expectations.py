@@ -1,12 +1,9 @@
 """Great Expectations gate: every result artifact is validated before it counts.
 
-One GX suite per artifact kind lives in `expectations/<kind>.json` (GX 1.x suite JSON; each
-expectation's `meta.why` says which mistake it catches). Pandas datasources cannot run
-row-level SQL (`UnexpectedRowsExpectation` is SQL/Spark only), so the few invariants GX
-cannot state natively are computed first by `derive` and checked as plain columns.
-
-GX takes seconds to import, so it is imported lazily, and one ephemeral context (with its
-loaded suites) is reused for the whole process.
+One GX suite per kind in `expectations/<kind>.json` (each expectation's `meta.why` names the
+mistake it catches). Pandas datasources cannot run row-level SQL (`UnexpectedRowsExpectation`), so
+invariants GX cannot state are computed first by `derive` and checked as plain columns. GX takes
+seconds to import: it is imported lazily, and one ephemeral context serves the whole process.
 """
 
 from __future__ import annotations
@@ -69,14 +66,12 @@ def _curve(value: Any) -> list[float] | None:
 
 
 def derive(kind: str, df: pd.DataFrame) -> pd.DataFrame:
-    """Add the columns a suite checks but GX cannot compute on pandas; returns a new frame.
+    """A new frame with the columns a suite checks but GX cannot compute on pandas (missing sources
+    skipped: the column-set expectation names them; index reset for the failure lines).
 
-    acceptance: `k_plus_1` (ceiling of acceptance_length: k drafts plus the bonus token),
-    `per_position_len` (must equal k), `per_position_min`/`per_position_max` (must lie in
-    [0, 1]) and `per_position_nonincreasing` (False also when the curve is not a list).
-    prefill: `rung_fill` (prompt tokens the server counted / the rung's declared size).
-    Other kinds need nothing. Missing source columns are skipped: the suite's column-set
-    expectation reports them. The index is reset so failure lines can point at rows.
+    acceptance: `k_plus_1` (k drafts plus the bonus token bound acceptance_length),
+    `per_position_len` (= k), `per_position_min`/`_max` (in [0, 1]), `per_position_nonincreasing`
+    (False when no list); prefill: `rung_fill` (prompt tokens counted / the rung's size).
     """
     out = df.reset_index(drop=True)
     if kind == "acceptance":
@@ -89,9 +84,7 @@ def derive(kind: str, df: pd.DataFrame) -> pd.DataFrame:
             out["per_position_min"] = pd.Series([min(c) if c else nan for c in curves], dtype="float64")
             out["per_position_max"] = pd.Series([max(c) if c else nan for c in curves], dtype="float64")
             out["per_position_nonincreasing"] = pd.Series(
-                [c is not None and all(b <= a + _MONOTONE_TOL for a, b in zip(c, c[1:])) for c in curves],
-                dtype="bool",
-            )
+                [c is not None and all(b <= a + _MONOTONE_TOL for a, b in zip(c, c[1:])) for c in curves], dtype="bool")
     if kind == "prefill" and {"rung", "prompt_tokens"} <= set(out.columns):
         out["rung_fill"] = pd.to_numeric(out["prompt_tokens"], errors="coerce") / pd.to_numeric(out["rung"], errors="coerce")
     return out
@@ -125,8 +118,7 @@ class _Engine:
             suite = self.context.suites.add(suite)
             batch = self.source.add_dataframe_asset(name).add_batch_definition_whole_dataframe("whole")
             self.definitions[key] = self.context.validation_definitions.add(
-                self.gx.ValidationDefinition(name=name, data=batch, suite=suite)
-            )
+                self.gx.ValidationDefinition(name=name, data=batch, suite=suite))
         return self.definitions[key]
 
 
@@ -144,15 +136,10 @@ def _get_engine() -> _Engine:
 
 def warm_up(kinds: list[str] | None = None, suites_dir: Path = SUITES_DIR,
             and_then: Callable[[], object] | None = None) -> threading.Thread:
-    """Import GX and load the suites in a background thread, started before the server boots.
-
-    GX's first check costs seconds (import, context, suite loading); paid inside the warmup
-    window it was a stall with no request in flight. Loaded while the server boots, the first
-    table is validated at the speed of the others. `validate` waits for it through the lock.
-    `and_then` runs next in the same thread (the report's plotting library, imported now
-    rather than after the last request, where it was a second of the run's tail). Measuring
-    waits for it (`warmed_up`): beside the client it slowed the warmup's steady requests.
-    """
+    """Import GX and load the suites in a background thread while the server boots: GX's first check
+    costs seconds, a stall with no request in flight when paid in the warmup window. `and_then`
+    runs next (the plotting library: a second of the run's tail when imported after the last
+    request); measuring waits for both (`warmed_up`)."""
     global _warming
     if _warming is not None:  # started already (the CLI starts it while Prefect's API server boots)
         return _warming
@@ -177,9 +164,8 @@ _warming: threading.Thread | None = None
 
 
 def warmed_up(timeout_s: float = 120.0) -> None:
-    """Wait for `warm_up`'s loading to end before the first measured request: an import beside
-    the client takes the GIL and a core from it (seen: the warmup's steady TTFT read 32 ms against
-    a first hit of 14 ms, flagged as host noise on an idle box)."""
+    """Wait for `warm_up` before the first measured request: an import beside the client took the GIL
+    (the warmup's steady TTFT read 32 ms against a first hit of 14 ms, flagged as host noise)."""
     if _warming is not None:
         _warming.join(timeout_s)
 
@@ -194,13 +180,8 @@ def validate(kind: str, df: pd.DataFrame, suites_dir: Path = SUITES_DIR) -> Vali
         run = definition.run(batch_parameters={"dataframe": frame}, result_format=_RESULT_FORMAT)
     result = run.to_json_dict()
     failed = [_failure_line(r, frame, keys) for r in result["results"] if not r["success"]]
-    return Validation(
-        kind=kind,
-        success=bool(result["success"]),
-        evaluated=int(result["statistics"]["evaluated_expectations"]),
-        failed=failed,
-        result=result,
-    )
+    return Validation(kind=kind, success=bool(result["success"]), failed=failed, result=result,
+                      evaluated=int(result["statistics"]["evaluated_expectations"]))
 
 
 def _condition_text(condition: Any) -> str:

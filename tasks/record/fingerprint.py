@@ -1,14 +1,9 @@
-"""A lane's fingerprint: everything recorded that can move one of its numbers.
+"""A lane's fingerprint: everything recorded that can move one of its numbers, flat (field -> value).
 
-A comparison is only as good as what was held equal. The seeds' nightly judged a -50.8 %
-change "no change" after the model file at the same path was replaced, and kept an earlier
-engine build's nights as the baseline after an in-place upgrade. The fingerprint is a flat
-mapping (field -> value) of what the lane served and how it was measured: model and drafter
-bytes (sha256), the engine's identity (binary sha256 or image digest, version), the launch
-argv (files by content, the port left out: it never moves a number), the settings the server
-resolved (its boot facts, timings left out), the bench plan (prompt sets by content sha256,
-max_tokens, repeats, concurrency) and the host's hardware. `differences` names each field
-that differs with both values, for the comparison that must refuse or flag it.
+The seeds' nightly judged a -50.8 % change "no change" after the model file at the same path was
+replaced, and kept an earlier engine build's nights as baseline after an in-place upgrade. Held:
+model and drafter sha256, engine identity, launch argv (files by content, no port), the settings
+the server resolved (no timings), the bench plan (prompt sets by content) and the host's hardware.
 """
 
 from __future__ import annotations
@@ -27,11 +22,12 @@ _BOOT_NOISE = {"sources", "disagreements", "cap_source", "extra"}
 _PORT = re.compile(r"^--?(port|master-port)$")
 
 
-def _flat(d: Any, prefix: str) -> dict[str, str]:
+def flat(d: Any, prefix: str = "") -> dict[str, str]:
+    """Nested dicts as `a.b.c` -> repr(value)."""
     if isinstance(d, dict):
         out: dict[str, str] = {}
         for k, v in sorted(d.items()):
-            out |= _flat(v, f"{prefix}.{k}")
+            out |= flat(v, f"{prefix}.{k}" if prefix else str(k))
         return out
     return {prefix: repr(d)}
 
@@ -63,17 +59,8 @@ def _argv(command: str, known: dict[str, str], base_dir: Path | None) -> str:
         words = shlex.split(command)
     except ValueError:
         return command
-    out: list[str] = []
-    skip = False
-    for word in words:
-        if skip:
-            skip = False
-            continue
-        if _PORT.match(word):
-            skip = True
-            continue
-        out.append(str(_by_content(word, base_dir, known)) if word.startswith(("/", ".")) or "/" in word else word)
-    return " ".join(out)
+    return " ".join(str(_by_content(word, base_dir, known)) if word.startswith(("/", ".")) or "/" in word else word
+                    for before, word in zip(["", *words], words) if not (_PORT.match(word) or _PORT.match(before)))
 
 
 def fingerprint(record: LaneRecord, host: HostFacts, base_dir: Path | None = None) -> dict[str, str]:
@@ -92,10 +79,10 @@ def fingerprint(record: LaneRecord, host: HostFacts, base_dir: Path | None = Non
     out["launch"] = _argv(record.launch_command, known, base_dir)
     facts = record.boot_facts
     extra = facts.get("extra")
-    out |= _flat({k: v for k, v in facts.items() if k not in _BOOT_NOISE}, "server")
-    out |= _flat(_by_content({k: v for k, v in (extra if isinstance(extra, dict) else {}).items()
+    out |= flat({k: v for k, v in facts.items() if k not in _BOOT_NOISE}, "server")
+    out |= flat(_by_content({k: v for k, v in (extra if isinstance(extra, dict) else {}).items()
                               if not re.search(r"(_s|_ms|_seconds)$", k)}, base_dir, known), "server")
-    out |= _flat(_by_content(record.config.get("bench") or {}, base_dir, known), "bench")
+    out |= flat(_by_content(record.config.get("bench") or {}, base_dir, known), "bench")
     for k in ("machine", "cpu", "cores", "memory_gib"):
         out[f"host.{k}"] = str(getattr(host, k))
     return out
@@ -107,9 +94,8 @@ def differences(current: dict[str, str], other: dict[str, str]) -> list[tuple[st
     return [(k, other.get(k), current.get(k)) for k in keys if current.get(k) != other.get(k)]
 
 
-# What speculation itself changes between an arm and the same target without a drafter. The
-# launch is compared too, with speculation's own flags (and their values) taken out: an arm
-# launched with `-ctk q8_0` or another `--ctx-size` differs beyond speculation.
+# What speculation itself changes; the launch is compared without speculation's own flags, so
+# `-ctk q8_0` or another `--ctx-size` differs beyond speculation.
 _SPECULATION_FIELDS = re.compile(r"^(drafter\.|bench\.acceptance|server\.(speculative_type|draft_model|num_spec_tokens|"
                                  r"speculative|kv_max_concurrency|kv_cache_tokens))")
 _SPEC_FLAG = re.compile(r"^(--spec|--draft|--model-draft$|-md$|--threads-draft|--threads-batch-draft|--n-gpu-layers-draft"
@@ -163,6 +149,3 @@ def describe_differences(diffs: list[tuple[str, str | None, str | None]], limit:
     text = "; ".join(f"{k}: {_launch_change(a, b)}" if k == "launch" and a and b else f"{k}: {cut(a)} -> {cut(b)}"
                      for k, a, b in diffs[:limit])
     return text + (f" (and {len(diffs) - limit} more)" if len(diffs) > limit else "")
-
-
-__all__ = ["beyond_speculation", "describe_differences", "differences", "fingerprint", "without_speculation"]

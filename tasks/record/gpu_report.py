@@ -1,10 +1,6 @@
-"""report.md's GPU lines for one lane, from the manifest's `lanes.<lane>.gpu` (nvidia-smi before
-boot, right after boot and after teardown, tasks/stages/serve.py) and the boot facts; and the
-line under the decode curve that says what its bandwidth share counts.
-
-A GPU number read only from parquet or the manifest is a number nobody reads: the report shows
-which GPU ran the lane, what the server held on it (the offload that happened, whatever the
-flags asked), the clocks and power it ran at, and a CPU-declared lane that held GPU memory.
+"""report.md's GPU lines for one lane (the manifest's `gpu` section: nvidia-smi before boot, once
+booted and after teardown) and the line under the decode curve on its bandwidth share: which GPU,
+what the server held on it, clocks and power, and a CPU-declared lane that held GPU memory.
 """
 
 from __future__ import annotations
@@ -12,12 +8,8 @@ from __future__ import annotations
 from tasks.record.manifest import Bandwidth, GpuSection, JsonObject
 
 
-def _mib(v: float | None) -> str:
-    return "?" if v is None else f"{v:.0f}"
-
-
-def _one(v: float | None, unit: str) -> str:
-    return "?" if v is None else f"{v:.0f} {unit}"
+def _one(v: float | None, unit: str = "") -> str:
+    return "?" if v is None else f"{v:.0f} {unit}".rstrip()
 
 
 def gpu_lines(gpu: GpuSection, boot_facts: JsonObject) -> list[str]:
@@ -28,21 +20,19 @@ def gpu_lines(gpu: GpuSection, boot_facts: JsonObject) -> list[str]:
     if not before.ok:
         return [f"- GPU: nvidia-smi gave nothing ({before.reason or 'no reason given'})"]
     out = []
-    phases = [(p, facts.gpus if facts else []) for p, facts in (("before", before), ("booted", gpu.booted),
-                                                                   ("after", gpu.after))]
     for g in before.gpus:
-        i = g.index
         cuda = f", CUDA {before.cuda_version}" if before.cuda_version else ""
-        out.append(f"- GPU {i}: **{g.name}**, {_mib(g.memory_total_mib)} MiB, driver {g.driver_version}{cuda}")
-        used = [f"{phase} {_mib(same[0].memory_used_mib)}" for phase, gs in phases if (same := [x for x in gs if x.index == i])]
-        out.append(f"  - memory in use, MiB: {', '.join(used)}")
-        if booted := next((x for x in (gpu.booted.gpus if gpu.booted else []) if x.index == i), None):
+        out.append(f"- GPU {g.index}: **{g.name}**, {_one(g.memory_total_mib)} MiB, driver {g.driver_version}{cuda}")
+        same = {phase: x for phase, facts in (("before", before), ("booted", gpu.booted), ("after", gpu.after))
+                if (x := next((x for x in (facts.gpus if facts else []) if x.index == g.index), None))}
+        out.append(f"  - memory in use, MiB: {', '.join(f'{p} {_one(x.memory_used_mib)}' for p, x in same.items())}")
+        if booted := same.get("booted"):
             out.append(f"  - booted: SM {_one(booted.clock_sm_mhz, 'MHz')} (max {_one(booted.clock_max_sm_mhz, 'MHz')}), "
                        f"memory {_one(booted.clock_mem_mhz, 'MHz')} (max {_one(booted.clock_max_mem_mhz, 'MHz')}), "
                        f"power {_one(booted.power_draw_w, 'W')} of {_one(booted.power_limit_w, 'W')}, "
                        f"utilization {_one(booted.utilization_pct, '%')}, {_one(booted.temperature_c, 'C')}, "
                        f"{booted.pstate or '?'}")
-        if after := next((x for x in (gpu.after.gpus if gpu.after else []) if x.index == i), None):
+        if after := same.get("after"):
             out.append(f"  - after teardown: SM {_one(after.clock_sm_mhz, 'MHz')}, "
                        f"power {_one(after.power_draw_w, 'W')}, utilization {_one(after.utilization_pct, '%')}")
     if gpu.booted is not None:  # the server's memory is read whenever the booted server was

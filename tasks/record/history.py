@@ -1,19 +1,12 @@
 """Run history: one DuckDB index over every run folder under an artifacts root.
 
-The run folders stay the source of truth: the index is rebuilt from their manifests and the
-Parquet tables those manifests list as validated, every time it is opened (in memory), or on
-demand into `artifacts/.history.duckdb` for other tools. Nothing is ever written back into a
-run folder, so `lanebench verify` keeps holding, and deleting the index loses nothing.
-
-Only tables that passed their expectations count: a quarantined table never reaches history
-(as it never reaches a report).
-
-Tables: `runs` (one per folder: flow, times, lanebench SHA), `lanes` (status and identity of
-what ran: image digest, model/drafter sha256, engine binary), `artifacts`, `decode`,
-`acceptance`, `kl_summary`, `regression`, `prefill`, `accuracy`, and the long view `metrics` (run, lane, metric,
-value, [lo, hi], passed, regressed, and the identity columns) that history queries, trends
-and the regression check all read. Metric names: `tok_s@c4`, `ttft_p95_s@c4`,
-`acceptance_length@code`, `kl_mean_abs_dlogprob`, ...
+The folders stay the source of truth: the index is rebuilt from their manifests and the validated
+Parquet tables they list (a quarantined table never counts) each time it is opened, or on demand
+into `artifacts/.history.duckdb`. Nothing is written back into a run folder. Tables: `runs`,
+`lanes` (status and identity: image digest, model/drafter sha256, engine binary), `artifacts`, one
+per history kind, and the long view `metrics` (run, lane, metric, value, [lo, hi], passed,
+regressed, identity) that queries, trends and the regression check read; metric names like
+`tok_s@c4`, `acceptance_length@code`, `kl_mean_abs_dlogprob`.
 """
 
 from __future__ import annotations
@@ -113,8 +106,7 @@ def _metrics_view(con: Any) -> None:
     selects = []
     for d in METRICS:
         passed = "COALESCE(l.status = 'passed', FALSE)" if d.table != "kl_summary" else "t.status = 'complete'"
-        # A row marked unstable (its repeats spread beyond the lane's bound: host noise) is no
-        # baseline for later nights (tasks/hosts/noise.py); tables from before the column have none.
+        # An unstable row (host noise, tasks/hosts/noise.py) is no baseline; older tables lack the column.
         if "unstable" in con.execute(f"SELECT * FROM {d.table} LIMIT 0").df().columns:
             passed += " AND NOT COALESCE(t.unstable, FALSE)"
         selects.append(f"""
@@ -135,15 +127,14 @@ def _metrics_view(con: Any) -> None:
 
 
 def refuse_tampered(artifacts: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Tables whose bytes no longer match their manifest's sha256 are refused (never served), and
-    said so: (kept artifacts, refused rows with run, path and reason)."""
-    refused = []
-    keep = []
+    """(kept artifacts, refused ones with run, path and reason): a table whose bytes no longer match
+    its manifest's sha256 is never served."""
+    refused, keep, indexed = [], [], {k.name for k in history_kinds()}
     for i, a in artifacts.iterrows():
         if isinstance(a.outside, str) and a.outside:  # never opened
             refused.append({"run": a.run, "path": a.rel, "reason": a.outside})
             continue
-        if a.kind in {k.name for k in history_kinds()} and a.validation == "passed":
+        if a.kind in indexed and a.validation == "passed":
             try:
                 ok = file_sha256(a.path) == a.sha256
                 why = "its sha256 differs from the manifest (changed after the run)"
@@ -157,8 +148,7 @@ def refuse_tampered(artifacts: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame
 
 
 def open_index(root: str | Path, database: str = ":memory:") -> Any:
-    """A DuckDB connection holding the index of every run folder under `root`, freshly built.
-    A table whose hash does not match its manifest is left out and listed in `refused`."""
+    """A DuckDB connection holding the index of every run folder under `root`, freshly built."""
     import duckdb
 
     runs, lanes, artifacts = scan(Path(root))
@@ -207,9 +197,8 @@ def metric_history(con: Any, lane: str, metric: str, last: int = 20, flow: str |
 
 
 def _check(path: str | None, value: float, others: pd.Series) -> str:
-    """A value served from history, judged: its manifest against the signed ledger
-    (tasks/record/ledger.py), then against the lane's own recorded range (issue 27: a forged
-    1154 tok/s was served beside 533-814 without remark)."""
+    """A value's manifest against the signed ledger, then the value against the lane's recorded range
+    (issue 27: a forged 1154 tok/s was served beside 533-814 without remark)."""
     from tasks.record import ledger
 
     state, _ = ledger.check(Path(path)) if path else ("absent", "")

@@ -1,10 +1,8 @@
 """Runs that did not finish: marked interrupted, by themselves on a signal or by the next run.
 
-A run folder names its owner (host, boot id, pid and the pid's start time): a later run on the
-same host whose owner process is gone marks the folder `interrupted`, lists the raw records and
-logs it left (hashes refreshed, so `lanebench verify` passes), removes a half-written
-`manifest.json.tmp` and the disk reserve, and says so in one line. `history` and the regression
-baseline count only passed lanes, so an interrupted lane never becomes a baseline.
+A run folder names its owner (host, boot id, pid and its start time): a later run on the same
+host whose owner is gone marks it `interrupted`, lists the raw records and logs it left, removes a
+half-written `manifest.json.tmp` and the reserve. Only passed lanes become baselines.
 """
 
 from __future__ import annotations
@@ -31,10 +29,8 @@ class Stopped(KeyboardInterrupt):
 
 
 def stop_requested() -> str | None:
-    """The first stop signal this process received ('SIGINT', 'SIGTERM'), else None.
-
-    A flag as well as an exception: Prefect's engine may turn the KeyboardInterrupt it catches
-    while starting a task into another error, so stages ask the flag, not the exception type."""
+    """The first stop signal received ('SIGINT', 'SIGTERM'), else None: a flag, as Prefect's engine
+    may turn the KeyboardInterrupt it catches while starting a task into another error."""
     return _STOPS[0] if _STOPS else None
 
 
@@ -58,11 +54,9 @@ def install_stop_handlers() -> None:
         return
 
     class Terminated(TerminationSignal, KeyboardInterrupt):
-        """Prefect's SIGTERM exception, which asyncio lets through. A signal handler raises in
-        whatever code runs when the signal lands; inside an event-loop callback (a wave reading
-        its sockets) asyncio logged a plain TerminationSignal and dropped it, and the lane
-        measured on (test_matrix's SIGTERM case, 2026-12-01). asyncio re-raises a
-        KeyboardInterrupt; Prefect's engine still catches it as the TerminationSignal it is."""
+        """Prefect's SIGTERM exception as a KeyboardInterrupt, which asyncio re-raises: raised inside an
+        event-loop callback, a plain TerminationSignal was logged and dropped, and the lane measured
+        on (test_matrix's SIGTERM case, 2026-12-01)."""
 
     def bridged(sig_num: int, *args: object):
         _STOPS.append(signal.Signals(sig_num).name)
@@ -80,8 +74,8 @@ def interrupts() -> tuple[type[BaseException], ...]:
 
 
 def signal_name(e: BaseException | None = None) -> str:
-    if stop_requested():
-        return stop_requested() or ""
+    if stopped := stop_requested():
+        return stopped
     sig = getattr(e, "signal", None)
     if isinstance(sig, int):
         return signal.Signals(sig).name
@@ -100,10 +94,8 @@ def mark_lanes(lanes: dict[str, LaneRecord], why: str) -> list[str]:
 
 
 def record_stop(run: RunFolder, flow: str, e: BaseException | None, names: Iterable[str] = ()) -> str:
-    """A run stopped by a signal records itself: the run folder `interrupted` (by which signal),
-    every running lane `interrupted` at its stage, every lane of `names` never started said so.
-    The caller still finishes the folder (`run.finish()` keeps this status). Returns the closing
-    message, `<flow> interrupted by SIGINT`, which every flow command prints and maps to 130."""
+    """A run stopped by a signal records itself: the folder, every running lane at its stage and each
+    of `names` never started `interrupted`; the caller still finishes it. Returns the closing line."""
     why = signal_name(e)
     with run.edit() as m:
         m.flow.status, m.flow.interrupted_by = "interrupted", why
@@ -115,10 +107,9 @@ def record_stop(run: RunFolder, flow: str, e: BaseException | None, names: Itera
 
 
 def raise_if_stopped() -> None:
-    """Between lanes, arms or candidates: a stop the lane's own error handling swallowed (Prefect
-    may turn the KeyboardInterrupt into another error) still ends the run here."""
-    if stop_requested():
-        raise KeyboardInterrupt(stop_requested())
+    """Between lanes, arms or candidates: a stop the lane's error handling swallowed ends the run."""
+    if stopped := stop_requested():
+        raise KeyboardInterrupt(stopped)
 
 
 def _last_seal(folder: Path, rel: str) -> tuple[int, str] | None:
@@ -148,11 +139,10 @@ def _seal_problem(path: Path, size: int, digest: str) -> str | None:
 
 
 def _relist(run: RunFolder) -> list[str]:
-    """List and hash what a dead run left. Logs (its server wrote on) are hashed as found; a raw
-    record file only as its seal says lanebench wrote it: one that differs keeps the sealed digest
-    (so `verify` fails on it) and is named in `flow.reclaim.changed_after_crash`: those lines."""
+    """List and hash what a dead run left: logs as found, raw records as their seals say lanebench
+    wrote them (one that differs keeps the sealed digest and is named: the lines returned)."""
     folder, m = run.path, run.manifest
-    listed = {a.path for a in m.artifacts}
+    listed: dict[str, str | None] = {a.path: a.sha256 for a in m.artifacts}
     changed = dict(item.split(": ", 1) for item in (m.flow.reclaim.changed_after_crash if m.flow.reclaim else []))
     for pattern in LIVE_GLOBS:  # what it wrote after its last save
         for path in sorted(folder.glob(pattern)):
@@ -167,9 +157,7 @@ def _relist(run: RunFolder) -> list[str]:
             if rel.endswith(".jsonl") and seal is None:
                 if rel not in listed:  # nothing says lanebench wrote it: left unlisted, verify names it
                     changed[rel] = "no seal: not written by lanebench"
-                    run.pin(rel, None)
-                else:  # listed without a seal: its listed digest stands
-                    run.pin(rel, next(a.sha256 for a in m.artifacts if a.path == rel))
+                run.pin(rel, listed.get(rel))  # listed without a seal: its listed digest stands
             elif seal is not None:
                 run.pin(rel, seal[1])
                 if problem := _seal_problem(path, *seal):
@@ -179,8 +167,7 @@ def _relist(run: RunFolder) -> list[str]:
 
 
 def refresh_marked(root: Path, by: str) -> None:
-    """Hash again the logs of the folders `by` marked: the dead run's server wrote on until the
-    lane that reclaimed it stopped it."""
+    """Re-hash the folders `by` marked: the dead run's server wrote on until the reclaiming lane stopped it."""
     for folder, m in scan_manifests(root):
         if m.flow.interrupted_by == by and m.flow.reclaim:
             run, marked_at = RunFolder.reopen(folder), m.flow.reclaim.marked_at

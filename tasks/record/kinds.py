@@ -1,10 +1,9 @@
 """The artifact kinds: one registry that expectations, history, the report and the UI iterate.
 
-Each kind names its row model (a dotted path, imported on use so this module stays at the
-bottom of the import graph), its GX suite (`expectations/<name>.json`), the columns that
-identify a row in a failure line, whether history indexes it and whether it is published as a
-Prefect table artifact. The headline metrics (`METRICS`) say which columns of which kinds the
-regression check judges night to night. Adding a kind is one entry here plus its suite.
+Each kind names its row model ("module:Class", imported on use: this module stays at the bottom
+of the import graph), its suite (`expectations/<name>.json`), the columns naming a row in a
+failure line, and whether history indexes it and Prefect publishes it. `METRICS` names the
+columns the regression check judges. A new kind is one entry here plus its suite.
 """
 
 from __future__ import annotations
@@ -33,20 +32,17 @@ KINDS: dict[str, ArtifactKind] = {k.name: k for k in (
     ArtifactKind("requests", "tasks.wire.records:RequestRecord", ("lane", "stage", "repeat", "concurrency", "prompt_id")),
     ArtifactKind("warmup", "tasks.record.rows:WarmupRow", ("lane", "concurrency", "size_class")),
     ArtifactKind("decode", "tasks.record.rows:DecodeRow", ("lane", "concurrency"), history=True, published=True),
-    ArtifactKind("acceptance", "tasks.record.rows:AcceptanceRow", ("lane", "prompt_class", "k"), history=True,
-                 published=True),
+    ArtifactKind("acceptance", "tasks.record.rows:AcceptanceRow", ("lane", "prompt_class", "k"), history=True, published=True),
     ArtifactKind("kl_positions", "tasks.wire.kl_probes:KlPositionRow", ("lane", "prompt_id", "position")),
     ArtifactKind("kl_summary", "tasks.wire.kl_probes:KlSummaryRow", ("lane",), history=True),
     ArtifactKind("kl_pairs", "tasks.wire.kl_probes:KlPairRow", ("lane_a", "lane_b")),
-    ArtifactKind("regression", "tasks.record.table_rows:RegressionRow", ("lane", "metric"), history=True,
-                 published=True),
+    ArtifactKind("regression", "tasks.record.table_rows:RegressionRow", ("lane", "metric"), history=True, published=True),
     ArtifactKind("matrix_arms", "tasks.record.table_rows:ArmClassRow", ("arm", "prompt_class")),
     ArtifactKind("matrix_verdict", "tasks.record.table_rows:VerdictRow", ("bar_index", "arm")),
     ArtifactKind("tools", "tasks.record.table_rows:ToolGateRow", ("lane", "suite")),
     ArtifactKind("needles", "tasks.record.table_rows:NeedleRow", ("lane",)),
     ArtifactKind("prefill", "tasks.record.table_rows:PrefillRow", ("lane", "rung", "status"), history=True, published=True),
-    ArtifactKind("accuracy", "tasks.record.table_rows:AccuracyRow", ("lane", "measure"), history=True,
-                 published=True),
+    ArtifactKind("accuracy", "tasks.record.table_rows:AccuracyRow", ("lane", "measure"), history=True, published=True),
     ArtifactKind("capacity", "tasks.record.table_rows:CapacityRow", ("lane", "users"), published=True),
     ArtifactKind("queueing", "tasks.record.table_rows:QueueRow", ("lane", "concurrency"), published=True),
 )}
@@ -80,21 +76,15 @@ class MetricDef:
     lo: str = "NULL"
     hi: str = "NULL"
     where: str = "TRUE"  # rows that count (queueing levels never feed a speed verdict)
-    # A tail percentile needs enough requests under it: the p95 of four requests is their
-    # maximum, one sample's noise. Rows with fewer than `min_samples` (SQL `samples`) are kept
-    # for history but never judged, nor used as a baseline.
+    # The p95 of four requests is their maximum: rows with fewer than `min_samples` (SQL `samples`)
+    # are kept for history, never judged nor a baseline.
     samples: str = "NULL"
     min_samples: int = 0
 
     @property
     def name_sql(self) -> str:
-        if self.key == "concurrency":
-            return f"'{self.prefix}@c' || t.concurrency"
-        if self.key == "prompt_class":
-            return f"'{self.prefix}@' || t.prompt_class"
-        if self.key == "rung":
-            return f"'{self.prefix}@r' || t.rung"
-        return f"'{self.prefix}'"
+        mark = {"concurrency": "c", "prompt_class": "", "rung": "r"}
+        return f"'{self.prefix}@{mark[self.key]}' || t.{self.key}" if self.key else f"'{self.prefix}'"
 
 
 _MEASURED = "COALESCE(t.regime, 'measured') = 'measured'"  # decode levels past the cap are a queue, not a speed
@@ -113,18 +103,15 @@ METRICS: tuple[MetricDef, ...] = (
     MetricDef("kl_summary", "mean_abs_dlogprob", "kl_mean_abs_dlogprob", "", "kl", "lower", True),
     MetricDef("kl_summary", "p95_abs_dlogprob", "kl_p95_abs_dlogprob", "", "kl", "lower", True),
     MetricDef("kl_summary", "argmax_flip_share", "kl_argmax_flip_share", "", "kl", "lower", True),
-    # Prefill ladder: cold prefill per rung (the warm hit is the cache's number, kept for queries).
-    # Kept for history, not judged night to night: one cold hit per rung has no repeats to give
-    # it a spread, and a short rung's speed is mostly request overhead (on the 2-core rehearsal
-    # box, r32 moved 36 % between two idle nights).
+    # Prefill ladder, for history only: one cold hit per rung has no spread, and a short rung's speed
+    # is mostly request overhead (on the 2-core rehearsal box, r32 moved 36 % between idle nights).
     MetricDef("prefill", "prefill_tok_s", "prefill_tok_s", "rung", "throughput", "higher", False,
               where="t.status = 'measured'"),
     MetricDef("prefill", "cold_ttft_s", "prefill_ttft_s", "rung", "latency", "lower", False,
               where="t.status = 'measured'"),
     MetricDef("prefill", "warm_ttft_s", "prefill_warm_ttft_s", "rung", "latency", "lower", False,
               where="t.status = 'measured'"),
-    # Accuracy eval: the floor at the re-ask cap and the share cut off at the first cap are judged;
-    # the raw score never stands alone (it is kept for queries beside its truncated share).
+    # Accuracy: the floor and the share cut off are judged; the raw score never stands alone.
     MetricDef("accuracy", "value", "accuracy_floor", "", "accuracy", "higher", True, "t.ci_low", "t.ci_high",
               where="t.measure = 'floor'"),
     MetricDef("accuracy", "value", "accuracy_truncated_share", "", "accuracy", "lower", True, "t.ci_low",

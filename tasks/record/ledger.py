@@ -1,13 +1,10 @@
 """A history that can prove itself: each run's manifest digest, signed, outside the run folder.
 
-A run folder is data: a manifest forged with its table and its hash rewritten together passed
-`verify` and `history` served its 1154 tok/s beside the lane's 533-814 (issue 27). So when a run
-finishes (or is reclaimed), the sha256 of its manifest is appended to an append-only ledger
-signed with an ed25519 key the user holds, both outside any run folder: by default
-`~/.config/lanebench/ledger.key` (created on first use, mode 0600) and `ledger.jsonl` beside it
-(LANEBENCH_LEDGER_DIR moves both). Each entry names the previous entry's digest, so an entry
-cannot be dropped from the middle unseen. `verify` checks a folder's manifest against its latest
-entry; `history` marks a run without a valid entry as unverified.
+A forged manifest with its table and hash rewritten together passed `verify`, and `history` served
+its 1154 tok/s beside the lane's 533-814 (issue 27). So a finished (or reclaimed) run's manifest
+sha256 is appended to an append-only ledger signed with the user's ed25519 key, both outside any
+run folder (`~/.config/lanebench/ledger.key`, mode 0600, and `ledger.jsonl`; LANEBENCH_LEDGER_DIR
+moves them). Each entry names the previous entry's digest, so none can be dropped unseen.
 """
 
 from __future__ import annotations
@@ -84,7 +81,6 @@ def record(folder: Path) -> None:
     entry = {"run": folder.name, "manifest_sha256": manifest_digest(folder), "at": datetime.now(UTC).isoformat(),
              "prev": hashlib.sha256(lines[-1].encode()).hexdigest() if lines else ""}
     entry["sig"] = key.sign(_body(entry)).hex()
-    ledger_path().parent.mkdir(parents=True, exist_ok=True)
     with ledger_path().open("a") as f:
         f.write(json.dumps(entry, sort_keys=True) + "\n")
 

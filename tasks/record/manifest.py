@@ -1,19 +1,14 @@
 """The manifest of a run folder, typed, and the one way to read it.
 
-Every section is a model: what ran (`flow`), each lane's record (`lanes`), every file with its
-sha256 (`artifacts`). A section another module builds from its own model (a lane's config, the
-engine's boot facts, the matrix registration) is kept as that model dumped it, a `JsonObject`:
-the record lies below those modules and does not import them.
+Every section is a model. A section another module builds from its own model (a lane's config,
+the boot facts, the matrix registration) is kept as dumped, a `JsonObject`: the record lies
+below those modules. `schema_version` says the shape; v0 folders (up to faf9901, no version;
+tests/fixtures/run-folders-v0) are read through `_from_v0`. `read_manifest` is the only parser,
+`RunFolder` (tasks/record/run_folder.py) the only writer.
 
-`schema_version` says which shape a manifest.json has. Folders written before it existed (v0,
-lanebench up to faf9901) are read through `_from_v0`; tests/fixtures/run-folders-v0 holds such
-folders. `read_manifest` is the only place a manifest.json is parsed; `RunFolder`
-(tasks/record/run_folder.py) is the only writer.
-
-Paths a run folder names stay inside the artifacts folder (`confined`): no symlink followed, no
-`..`. A folder is data anyone with write access can shape: a symlinked run folder or lane folder
-led reclaim to rewrite a manifest outside the artifacts folder (issue 27), and a manifest can name
-`../x`. Reclaim, history and verify check every such path first and refuse it with one line.
+Paths a run folder names stay inside the artifacts folder (`confined`): a folder is data anyone
+with write access can shape, and a symlinked run folder led reclaim to rewrite a manifest
+outside it (issue 27). Reclaim, history and verify refuse such a path with one line.
 """
 
 from __future__ import annotations
@@ -119,9 +114,8 @@ class LaneRecord(_Section):
     boot_facts: JsonObject = {}  # the engine's facts from its boot log and API (tasks/engines)
     gates: list[GateResult] = []
     warnings: list[str] = []
-    # Safe by default (tasks/stages/safety.py): declared against effective values and values too
-    # good to be true (check, declared, effective, severity, message), and the implied gates the
-    # lane turned off, each with its reason.
+    # Safe by default (tasks/stages/safety.py): flags (check, declared, effective, severity, message)
+    # and the implied gates the lane turned off, with their reasons.
     flags: list[JsonObject] = []
     waivers: list[JsonObject] = []
     started_at: str | None = None  # when the lane got its hosts (UTC ISO); lanes of two hosts overlap
@@ -294,8 +288,8 @@ class Outside(ValueError):
 
 
 def confined(root: Path, rel: str | Path) -> Path:
-    """`root / rel`, when `rel` is relative, has no `..`, and neither it nor any folder on the way
-    from `root` is a symlink (`root` itself may be one: the user chose it). Raises Outside."""
+    """`root / rel` when `rel` is relative, has no `..` and no symlink on the way from `root` (which
+    the user chose, so may be one). Raises Outside."""
     parts = PurePosixPath(str(rel)).parts
     if not parts or PurePosixPath(str(rel)).is_absolute() or ".." in parts:
         raise Outside(f"{rel}: leaves {root} (absolute or '..'): not followed")
@@ -321,8 +315,7 @@ class ManifestError(ValueError):
 
 
 def _from_v0(data: dict[str, JsonValue]) -> dict[str, JsonValue]:
-    """v0 (no `schema_version`): empty dicts stood for absent sections, the KL headline and flags
-    sat beside the KL section, the reclaim's facts loose in the flow record."""
+    """v0: empty dicts for absent sections, the KL headline and flags and the reclaim's facts loose in `flow`."""
     flow = data.get("flow")
     if isinstance(flow, dict):
         kl = flow.get("kl")
@@ -365,8 +358,7 @@ def parse_manifest(text: str, where: str = "manifest.json") -> Manifest:
 
 
 def read_manifest(path: Path) -> Manifest:
-    """A run folder's manifest (`path` is the folder or its manifest.json), migrated to this
-    schema. Raises ManifestError (one line) for one that is not a manifest, OSError when unreadable."""
+    """A run folder's manifest (the folder or its manifest.json), migrated. Raises ManifestError, OSError."""
     path = Path(path)
     if path.is_dir():
         path = path / "manifest.json"
@@ -374,8 +366,7 @@ def read_manifest(path: Path) -> Manifest:
 
 
 def scan_manifests(root: Path, pattern: str = "*") -> Iterator[tuple[Path, Manifest]]:
-    """(folder, manifest) of every run folder under `root` matching `pattern` that reads as one,
-    oldest name first; a symlinked folder is never read (`confined`)."""
+    """(folder, manifest) of each readable run folder under `root`, oldest first; no symlink followed."""
     for manifest_path in sorted(Path(root).glob(f"{pattern}/manifest.json")):
         try:
             inside(Path(root), manifest_path)

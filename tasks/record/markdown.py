@@ -20,6 +20,3 @@ def table(header: list[str], rows: Iterable[Iterable[Any]], cell: Callable[[Any]
 def frame(df: pd.DataFrame, cell: Callable[[Any], str] = str) -> str:
     """A DataFrame (its columns as the header, no index) as one table."""
     return "\n".join(table([str(c) for c in df.columns], df.itertuples(index=False), cell))
-
-
-__all__ = ["frame", "table"]

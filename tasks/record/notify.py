@@ -1,22 +1,11 @@
 """Failure notification: a Prefect on-failure hook that sends through a Prefect notification block.
 
-Nobody reads a nightly that passed; someone must hear about one that failed, most of all a
-regression, before they start the day on the old numbers. A hook (rather than a Prefect
-automation) because it needs nothing configured on the server: it works the same on the
-ephemeral server, on `lanebench serve` and on a shared one, and it can read the run folder for
-the regression list.
-
-Where it goes, both settings (environment, or the deployment's `job_variables.env`, so no secret
-sits in prefect.yaml):
-- `LANEBENCH_NOTIFY_BLOCK`: the name of a saved Prefect notification block, `<block-type>/<name>`
-  (Slack, Microsoft Teams, PagerDuty, Discord, a custom webhook: any `NotificationBlock`); it
-  gets the `text` lines as body and the flow and state as subject.
-- `LANEBENCH_NOTIFY_URL`: a webhook that takes JSON; Prefect's `CustomWebhookNotificationBlock`
-  POSTs the whole payload below (Slack-compatible receivers read its `text` field).
-
-The payload is built from the run folder (the source of truth), not from the flow's memory,
-and a notification that cannot be delivered is logged, never raised: the run's own state is
-what matters.
+A hook rather than an automation: it needs nothing configured on the server (ephemeral, `serve` or
+shared) and can read the run folder for the regression list. Where it goes (environment, or the
+deployment's `job_variables.env`, so no secret sits in prefect.yaml): `LANEBENCH_NOTIFY_BLOCK`, a
+saved notification block `<block-type>/<name>` (Slack, Teams, PagerDuty, ...), gets the `text` as
+body; `LANEBENCH_NOTIFY_URL`, a JSON webhook, gets the whole payload (Slack reads its `text`).
+The payload comes from the run folder; a notification that fails is logged, never raised.
 """
 
 from __future__ import annotations
@@ -36,12 +25,11 @@ BLOCK_ENV = "LANEBENCH_NOTIFY_BLOCK"
 def run_folder(artifacts_root: str | None, flow_name: str, flow_run_id: str) -> Path | None:
     if not artifacts_root:
         return None
-    from tasks.record.store import Store, is_url, run_folder_name
+    from tasks.record.store import Store, run_folder_name
 
-    if is_url(artifacts_root):  # the run folder was written in the store's local mirror
-        artifacts_root = str(Store(artifacts_root).local_root)
-    name = run_folder_name(artifacts_root, flow_name, flow_run_id)
-    return Path(artifacts_root) / name if name else None
+    root = Store(artifacts_root).local_root  # a store's run folder was written in its local mirror
+    name = run_folder_name(str(root), flow_name, flow_run_id)
+    return root / name if name else None
 
 
 class Regression(BaseModel):

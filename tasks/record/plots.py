@@ -1,10 +1,8 @@
-"""PNG plots for report.md: the concurrency curve, per-position acceptance, and each headline
-metric's trend over history with the baseline band the night was judged against.
+"""PNG plots for report.md: the decode curve, per-position acceptance, prefill, accuracy, capacity,
+and each headline metric's trend with the band the night was judged against.
 
-A table says what a number is; a plot says whether it looks like last week. Plots are drawn
-from the same Parquet tables and history index as the tables, never from anything else, with
-matplotlib's Agg backend (no display on a bench host). Small figures at a low dpi: a run
-folder is kept for months.
+Drawn from the same Parquet tables and history index as the tables, with matplotlib's Agg backend
+(no display on a bench host); small figures at a low dpi, as a run folder is kept for months.
 """
 
 from __future__ import annotations
@@ -60,14 +58,14 @@ def concurrency_curve(decode: pd.DataFrame, out: Path, title: str) -> Path:
     err = [df.aggregate_tok_s - df.aggregate_tok_s_min, df.aggregate_tok_s_max - df.aggregate_tok_s]
     ax.errorbar(df.concurrency, df.aggregate_tok_s, yerr=err, marker="o", capsize=3, label="aggregate (min-max)")
     ax.plot(df.concurrency, df.per_user_tok_s, marker="s", linestyle="--", label="per user")
-    ax.set(xscale="log", xlabel="concurrency", ylabel="tok/s", title=f"{title}: decode curve")
-    ax.set_xticks(list(df.concurrency), [str(c) for c in df.concurrency])
-    ax.legend(fontsize=8)
+    ax.set(ylabel="tok/s", title=f"{title}: decode curve")
     ax2.plot(df.concurrency, df.ttft_p50_s, marker="o", label="TTFT p50")
     ax2.plot(df.concurrency, df.ttft_p95_s, marker="^", label="TTFT p95")
-    ax2.set(xscale="log", xlabel="concurrency", ylabel="seconds", title="time to first token")
-    ax2.set_xticks(list(df.concurrency), [str(c) for c in df.concurrency])
-    ax2.legend(fontsize=8)
+    ax2.set(ylabel="seconds", title="time to first token")
+    for axis in (ax, ax2):
+        axis.set(xscale="log", xlabel="concurrency")
+        axis.set_xticks(list(df.concurrency), [str(c) for c in df.concurrency])
+        axis.legend(fontsize=8)
     if "regime" in df and (df.regime == "queueing").any():  # past the cap: a queue, labelled on both panels
         queued = df[df.regime == "queueing"]
         for axis in (ax, ax2):
@@ -154,13 +152,13 @@ def prefill_ladder(prefill: pd.DataFrame, out: Path, title: str) -> Path | None:
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(9, 3.4))
     ax.plot(df.prompt_tokens, df.prefill_tok_s, marker="o", label="cold (nonce-led)")
     ax.plot(df.prompt_tokens, df.warm_tok_s, marker="s", linestyle="--", label="warm hit (cache)")
-    ax.set(xscale="log", xlabel="prompt tokens", ylabel="prefill tok/s", title=f"{title}: prefill ladder")
-    ax.legend(fontsize=8)
+    ax.set(ylabel="prefill tok/s", title=f"{title}: prefill ladder")
     ax2.plot(df.prompt_tokens, df.cold_ttft_s, marker="o", label="cold TTFT")
     ax2.plot(df.prompt_tokens, df.warm_ttft_s, marker="s", linestyle="--", label="warm TTFT")
-    ax2.set(xscale="log", xlabel="prompt tokens", ylabel="seconds", title="time to first token")
-    ax2.legend(fontsize=8)
+    ax2.set(ylabel="seconds", title="time to first token")
     for axis in (ax, ax2):
+        axis.set(xscale="log", xlabel="prompt tokens")
+        axis.legend(fontsize=8)
         axis.minorticks_off()
         axis.set_xticks(list(df.prompt_tokens), [f"{t:.0f}" for t in df.prompt_tokens])
     skipped = prefill[prefill.status == "skipped"]

@@ -1,20 +1,11 @@
 """Nothing this process hands to Prefect carries a known secret value.
 
-Why at Prefect's edges and not at each call site: Prefect writes text lanebench never sees
-first. A task's or flow's failure message is `format_exception` of whatever was raised (a
-server's error that echoes its `--api-key`, an SSH error quoting a command), the traceback
-logged with it goes through the log handlers to the API, and flow-run parameters are whatever
-a flow was called with. Three edges carry all of it to Prefect's database and the terminal:
-
-- the log handlers: `SecretFilter`, a `logging.Filter` on every handler of the `prefect`
-  loggers and the root (the API log handler included), scrubs the message, its arguments and
-  its traceback before any handler formats it;
-- the API's HTTP clients (flow runs and their parameters, flow-run states and their messages,
-  logs, artifacts): each request body is scrubbed before it is sent;
-- the events client (Prefect 3 reports task-run states, messages included, as events).
-
-Values are those `tasks/inventory/secrets.py` knows (every lane of every inventory read, and
-every lane kept or revealed); they are replaced in their raw and JSON-escaped forms.
+At Prefect's edges, not at each call site: Prefect writes text lanebench never sees (a failure
+message is `format_exception` of whatever was raised, e.g. a server error echoing its `--api-key`;
+parameters are whatever a flow got). Three edges carry all of it: the log handlers (`SecretFilter`
+on every `prefect*` and root handler, the API log handler included), the API's HTTP clients
+(request bodies scrubbed before sending) and the events client (Prefect 3 reports task-run
+states as events). Values are those tasks/inventory/secrets.py knows, raw and JSON-escaped.
 """
 
 from __future__ import annotations

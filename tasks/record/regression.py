@@ -1,33 +1,9 @@
 """Regression check: each headline metric of a lane against a baseline window of earlier good runs.
 
-Baseline: the last `window` earlier runs of the same flow (nightly against nightlies) where the
-same inventory lane passed and was not itself flagged as a regression, optionally only runs
-started at or after `since` (to accept a deliberate change). With fewer than `min_runs` such
-runs a metric gets the verdict "no baseline" and never fails anything.
-
-Noise-aware test (docs/nightly.md says why this one): a band from the baseline's own spread,
-as a t interval on the change. On the log scale (speeds, latencies and acceptance lengths are
-positive and vary by ratios) the change is d = log(tonight) - mean(log(baseline)), and its
-interval is
-
-    d -/+ t(confidence, n - 1) * s * sqrt(1 + 1/n)
-
-with s the standard deviation of the n baseline runs' log values: the two-sample t interval
-when one sample is a single run (which cannot estimate its own spread). Each run's value
-already carries all its noise (request to request, boot to boot, the box's load that night),
-so the baseline's run-to-run spread is the noise a new run must be judged against, and the t
-quantile keeps a window of three runs honest (t = 4.3 at 95 % with two degrees of freedom;
-a percentile bootstrap over three runs would claim far more certainty than three runs hold).
-A metric regresses when its whole interval lies on the worse side of zero AND the change is
-at least the family's minimum effect (a change too small to matter is not worth a red
-morning, however sure). Metrics that can be zero (KL figures) use the linear scale instead.
-
-A lane is judged on several metrics at once, and each 95 % interval alone misses one night in
-twenty on pure noise: six metrics would fail a quiet night about one time in four. The
-confidence is therefore held for the lane as a whole (Bonferroni: each of m judged metrics at
-1 - (1 - confidence) / m), so an ordinary night fails on noise at most one time in twenty. A
-tail percentile resting on too few requests (the p95 of four requests is their maximum) gets
-the verdict "too few samples" and is no baseline for later nights either.
+Baseline: the last `window` earlier runs of the same flow where the same lane passed and did not
+regress (and were fingerprint-equal, started at or after `since`). The test is a t interval on
+the change from the baseline runs' own spread, on the log scale where values are positive, held
+for the lane as a whole (Bonferroni over its judged metrics); docs/nightly.md says why this test.
 """
 
 from __future__ import annotations
@@ -38,7 +14,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from pydantic import BaseModel, Field, JsonValue
+from pydantic import BaseModel, Field
 
 from tasks.record.kinds import metric_def
 from tasks.record.table_rows import RegressionRow, Verdict
@@ -60,8 +36,7 @@ class LaneComparison(BaseModel):
     lane: str
     rows: list[RegressionRow]
     config_changes: list[str] = []  # this run's lane config against the newest baseline run's
-    # Fingerprint fields that differ from the newest earlier good run (tasks/record/fingerprint.py),
-    # when too few fingerprint-equal runs are left to judge by: the comparison is refused.
+    # Why the comparison is refused (too few fingerprint-equal runs): the fields that differ.
     refused: str = ""
 
     @property
@@ -121,28 +96,19 @@ def verdict(better: str, change: float, lo: float, hi: float, min_effect: float)
     return "no change"
 
 
-def _flatten(d: JsonValue, prefix: str = "") -> dict[str, JsonValue]:
-    if isinstance(d, dict):
-        out: dict[str, JsonValue] = {}
-        for k, v in d.items():
-            out |= _flatten(v, f"{prefix}{k}.")
-        return out
-    return {prefix.rstrip("."): d}
-
-
 _NOT_MEASURED = {"port", "boot_timeout_s"}  # config fields that cannot move a number
 
 
 def config_changes(current: str, previous: str) -> list[str]:
     """Lane config fields that differ (`threads: 2 -> 1`): a regression with a cause written next to it."""
-    a, b = _flatten(json.loads(previous or "{}")), _flatten(json.loads(current or "{}"))
-    keys = sorted(k for k in set(a) | set(b) if k not in _NOT_MEASURED and a.get(k) != b.get(k))
-    return [f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in keys]
+    from tasks.record.fingerprint import differences, flat
+
+    diffs = differences(flat(json.loads(current or "{}")), flat(json.loads(previous or "{}")))
+    return [f"{k}: {a} -> {b}" for k, a, b in diffs if k not in _NOT_MEASURED]
 
 
 def _fingerprint_of(con: Any, run: str, lane: str, cache: dict[str, dict[str, str]]) -> dict[str, str]:
-    """The lane's recorded fingerprint in `run` (computed from its record for runs made before
-    fingerprints were recorded)."""
+    """The lane's fingerprint in `run` (computed from its record for runs made before fingerprints)."""
     if run not in cache:
         from pathlib import Path
 
@@ -161,11 +127,9 @@ def _fingerprint_of(con: Any, run: str, lane: str, cache: dict[str, dict[str, st
 
 
 def compare_lane(con: Any, run: str, lane: str, policy: RegressionPolicy) -> LaneComparison:
-    """Every headline metric of `lane` in `run` against its baseline window (history index `con`).
-
-    Baselines are drawn only from runs whose fingerprint equals tonight's: a replaced model file,
-    an upgraded engine or an edited prompt set is not noise. When fewer than `min_runs` such runs
-    are left but earlier good runs exist, the comparison is refused naming the fields that differ."""
+    """Every headline metric of `lane` in `run` against its baseline window of fingerprint-equal runs
+    (a replaced model file or upgraded engine is not noise); with too few of those but enough
+    earlier good runs, the comparison is refused naming the fields that differ."""
     (flow, started, config), = con.execute(
         """SELECT r.flow, r.started_at, l.config FROM runs r LEFT JOIN lanes l ON l.run = r.run AND l.lane = ?
            WHERE r.run = ?""", [lane, run]).fetchall()
@@ -203,31 +167,25 @@ def compare_lane(con: Any, run: str, lane: str, policy: RegressionPolicy) -> Lan
         d = metric_def(metric)
         assert d is not None
         base = bases[metric]
-        if base:
-            newest_baseline = newest_baseline or base[-1][0]
+        newest_baseline = newest_baseline or (base[-1][0] if base else None)
         values = [float(v) for _, v in base]
-        judged = None
-        if metric in enough and len(base) >= policy.min_runs:
-            judged = change_interval(float(value), values, confidence)
+        j = change_interval(float(value), values, confidence) if metric in enough and len(base) >= policy.min_runs else None
         min_effect = policy.min_effect_pct.get(d.family, 5.0)
         common = dict(lane=lane, metric=metric, family=d.family, better=d.better, current=float(value),
                       min_effect_pct=min_effect, baseline_runs=len(base), baseline_from=",".join(b[0] for b in base),
                       baseline_min=min(values) if values else None, baseline_max=max(values) if values else None)
-        if judged is None:
+        if j is None:
             not_comparable = refused_against is not None and len(base) < policy.min_runs
             rows.append(RegressionRow(**common, verdict="too few samples" if metric not in enough else
                                       "not comparable" if not_comparable else "no baseline"))
-            continue
-        j = judged
-        rows.append(RegressionRow(**common, baseline=j.centre, baseline_spread_pct=j.spread_pct, band_low=j.band_low,
-                                  band_high=j.band_high, change_pct=j.change_pct, ci_low_pct=j.low_pct,
-                                  ci_high_pct=j.high_pct, verdict=verdict(d.better, j.change_pct, j.low_pct, j.high_pct,
-                                                                          min_effect)))
-    changes: list[str] = []
+        else:
+            rows.append(RegressionRow(**common, baseline=j.centre, baseline_spread_pct=j.spread_pct, band_low=j.band_low,
+                                      band_high=j.band_high, change_pct=j.change_pct, ci_low_pct=j.low_pct,
+                                      ci_high_pct=j.high_pct,
+                                      verdict=verdict(d.better, j.change_pct, j.low_pct, j.high_pct, min_effect)))
     prev = con.execute("SELECT config FROM lanes WHERE run = ? AND lane = ?",
                        [newest_baseline or refused_against, lane]).fetchone()  # refused: what changed, too
-    if prev and config:
-        changes = config_changes(config, prev[0])
+    changes = config_changes(config, prev[0]) if prev and config else []
     refused = ""
     if refused_against is not None:
         from tasks.record.fingerprint import describe_differences, differences
@@ -241,11 +199,8 @@ def compare_lane(con: Any, run: str, lane: str, policy: RegressionPolicy) -> Lan
 
 
 def compare_run(con: Any, run: str, policy: RegressionPolicy | None = None) -> dict[str, LaneComparison]:
-    """Every lane of `run` that has headline metrics and passed, each against its own baseline window.
-
-    For flows other than the nightly: the KL gate's candidates appear as lanes whose
-    `kl_summary` row is complete, so a KL run can be judged against earlier KL runs the same way.
-    """
+    """Every passed lane of `run` with headline metrics against its baseline window (a KL run's
+    candidates are lanes whose `kl_summary` is complete)."""
     policy = policy or RegressionPolicy()
     lanes = [r[0] for r in con.execute(
         "SELECT DISTINCT lane FROM metrics WHERE run = ? AND headline AND passed ORDER BY lane", [run]).fetchall()]

@@ -16,8 +16,7 @@ class GateResult(Record):
     op: str
     threshold: float | None
     detail: str
-    # The gate's own requests: time with requests in flight, which the overhead benchmark
-    # (benchmarks/nightly_overhead.py) counts as measuring like every other request's.
+    # Time with requests in flight: measuring, for benchmarks/nightly_overhead.py.
     requests: list[InFlight] = []
 
 
@@ -53,16 +52,14 @@ class DecodeRow(Record):
     steal_pct: float | None = None  # highest over the repeats' waves
     unstable: bool = False  # spread above the lane's bench.unstable_spread_pct: noise, not a number
     context_truncated_share: float = 0.0  # measured requests cut or shifted by the context
-    # Median TTFT / end-to-end latency of the level's requests: above one half the row measures
-    # prefill and queueing, not decode (the seeds' max_tokens: 4 published 604 tok/s per user).
+    # Median TTFT / e2e latency: above one half the row measures prefill and queueing, not decode
+    # (the seeds' max_tokens: 4 published 604 tok/s per user).
     ttft_share_p50: float | None = None
-    # Concurrency 1 on a host with `memory_gbps`: model bytes read per second over the memory
-    # bandwidth (tasks/stages/limits.py); None elsewhere.
+    # C=1 on a host with `memory_gbps`: model bytes read per second / memory bandwidth (tasks/stages/limits.py).
     bandwidth_share: float | None = None
     # "queueing": a level the lane declared beyond_cap and ran above the server's cap; never judged for speed
     regime: Literal["measured", "queueing"] = "measured"
-    # The load generator's fuller picture (docs/metrics.md has every formula). Defaults keep
-    # rows written before these columns readable.
+    # The load generator's fuller picture (docs/metrics.md); defaults keep older rows readable.
     load_shape: str = ""  # e.g. "closed c=8, stagger 0.01 s" or "open poisson 4 req/s, ceiling 8"
     request_rate: float | None = None  # open loop: requests/s sent; None for closed loop
     ttft_p90_s: float | None = None
@@ -90,17 +87,14 @@ class DecodeRow(Record):
     client_loop_lag_p99_s: float | None = None  # worst wave's event-loop lag p99
     client_cpu: float | None = None  # worst wave's client CPU, in cores
     client_saturated: bool = False  # the client, not the server, may have set these numbers
-    # Chunks whose read also carried a later event (their stamp is an upper bound; their gaps are
-    # left out of the ITL columns): the share of all chunks at this level (docs/metrics.md).
+    # Share of chunks whose read also carried a later event (stamp an upper bound, gaps left out of ITL).
     coalesced_share: float | None = None
-    # The engine's own clock beside the client's (llama.cpp's per-request `timings`): the tokens
-    # its timings put in the same steady window over the window (median over repeats), and how far
-    # the client's aggregate is from it, in % of it (tasks/client/metrics.py server_window_tokens).
+    # The engine's own clock (llama.cpp's `timings`) over the same steady window, and the client's
+    # aggregate's gap from it in % (tasks/client/metrics.py server_window_tokens).
     server_tok_s: float | None = None
     server_gap_pct: float | None = None
-    # Open loop: requests/s the waves really sent (median over repeats: (sent - 1) / first-to-last
-    # send), and how late each request left after its scheduled time, queueing under the ceiling
-    # apart (send - scheduled - queued: the load generator's own lateness).
+    # Open loop: requests/s really sent ((sent - 1) / first-to-last send), and the load generator's
+    # own lateness (send - scheduled - queued under the ceiling).
     realized_rate: float | None = None
     send_late_p50_s: float | None = None
     send_late_p99_s: float | None = None
@@ -118,13 +112,11 @@ class AcceptanceRow(Record):
     accepted: float
     per_position: list[float]
     source: str
-    # "chain", or the tree the engine drafts ("tree, topk 4", SGLang NGRAM's "tree, BFS breadth up
-    # to 10"): in a tree, per_position[i] is the share of steps whose accepted path is at least
-    # i+1 long, not the acceptance of chain position i (tasks/engines/facts.py DraftPlan).
+    # "chain", or the tree drafted ("tree, topk 4"): there per_position[i] is the share of steps whose
+    # accepted path is at least i+1 long (tasks/engines/facts.py DraftPlan).
     draft_shape: str = "chain"
-    # What users think acceptance means (tasks/stages/acceptance.py): tokens per target forward
-    # pass over every decode step, acceptance length without draft steps cut by the token
-    # budget, a bootstrap interval over prompts, and whether the probe set is big enough.
+    # What users think acceptance means (tasks/stages/acceptance.py): tokens per target pass, AL
+    # without budget-cut draft steps, a bootstrap interval over prompts, enough prompts or not.
     tokens_per_pass: float | None = None
     drafted_share: float | None = None  # decode steps that carried a draft / all decode steps
     acceptance_length_full_steps: float | None = None
@@ -134,19 +126,11 @@ class AcceptanceRow(Record):
     ci_high: float | None = None
     enough_prompts: bool = True
     truncated_share: float = 0.0  # probe requests that ran into the context
-    # The server's own acceptance lines over the same window (vLLM's `SpecDecoding metrics`),
-    # beside the counters: the pooled acceptance length 1 + accepted / verify_steps against the
-    # logged one, and their gap (the acceptance suite allows at most 0.02).
+    # vLLM's logged `SpecDecoding metrics` over the same window against the pooled 1 + accepted /
+    # verify_steps, and their gap (the suite allows at most 0.02).
     acceptance_length_pooled: float | None = None
     draft_tokens: float | None = None  # draft tokens proposed over the windows (counters), where the engine counts them
     engine_logged_acceptance_length: float | None = None
     engine_logged_accepted: int | None = None
     engine_logged_drafted: int | None = None
     engine_log_gap: float | None = None
-
-
-class LaneStatus(Record):
-    lane: str
-    status: Literal["passed", "failed", "skipped"]
-    reason: str = ""
-    stage: str = ""

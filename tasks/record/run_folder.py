@@ -1,25 +1,15 @@
-"""The run folder: the auditable record of one run.
+"""The run folder, the auditable record of one run, and its one writer (`RunFolder`).
 
-The one writer of a run folder: appends and their seals, tables, validation, the finish, the
-signed ledger and the reclaim of a dead run (`reopen`) all change the manifest under its lock.
+`artifacts/<UTC time>_<flow>_<short id>/` holds the manifest, each lane's raw JSONL and boot log,
+tables as Parquet (under `quarantine/` when they fail their expectations: never a result), GX
+validation results and report.md. Raw records and logs enter the manifest as soon as they exist,
+so an interrupted run keeps what it measured and `lanebench verify` passes on it.
 
-`artifacts/<UTC time>_<flow>_<short id>/` holds the manifest, each lane's raw JSONL and
-boot log, tables as Parquet, GX validation results and report.md. Raw records are appended
-as they arrive, so an interrupted run keeps everything measured up to that point. A table
-that fails its expectations is written under `quarantine/` and never counts as a result.
-
-Consistent at every moment: raw records (`<lane>/*.jsonl`) and logs (`<lane>/*.log`) enter the
-manifest as soon as they exist and their hashes are refreshed on every save, so `lanebench
-verify` passes on a failed or interrupted run.
-
-Sealed as written: a raw record file is hashed incrementally as lanebench appends to it, and
-the manifest lists that running digest, never the bytes on disk, so nothing it did not write is
-blessed. Each append also adds `bytes digest` to the file's seal (`.seals/<lane>/<name>.seal`),
-so a run that dies is reclaimed against what it wrote: a record edited after the crash is named,
-not re-hashed (tasks/record/interrupted.py; issue 27: an `output_tokens` 64 -> 71 was laundered). A write that
-fails (disk full) frees a reserve kept beside the manifest, so the manifest can still be
-written once more, consistent with what is on disk; the lane ends with one line
-(`RunFolderWriteError`) and no `manifest.json.tmp` is left.
+A raw record file is listed with the running digest of what lanebench appended, never the bytes
+on disk, and each append adds `bytes digest` to its seal (`.seals/<lane>/<name>.seal`): a dead
+run is reclaimed against what it wrote, and a record edited after the crash is named, not
+re-hashed (issue 27: an `output_tokens` 64 -> 71 was laundered). A failed write (disk full) frees
+a reserve so the manifest can be written once more, consistent with the disk.
 """
 
 from __future__ import annotations
@@ -64,8 +54,7 @@ class RunFolderWriteError(OSError):
 
 
 def git_identity() -> GitIdentity:
-    """The lanebench commit; a copy without .git (the GPU bundle, scripts/gpu-run.sh) carries the
-    one it was made from in `.lanebench-git.json`."""
+    """The lanebench commit; a copy without .git (scripts/gpu-run.sh) names it in `.lanebench-git.json`."""
     def git(*args: str) -> str:
         r = subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True)
         return r.stdout.strip() if r.returncode == 0 else ""
@@ -89,11 +78,8 @@ def host_facts() -> HostFacts:
 
 
 class RunFolder:
-    """Owns one run folder and its manifest; every write goes through here.
-
-    Flows receive the folder's path (a plain parameter Prefect can record) and look the
-    open RunFolder up with `RunFolder.opened(path)`.
-    """
+    """Owns one run folder and its manifest. Flows pass the folder's path (a parameter Prefect
+    can record) and look the open RunFolder up with `RunFolder.opened(path)`."""
 
     _open: dict[str, RunFolder] = {}
 
@@ -125,16 +111,14 @@ class RunFolder:
 
     @classmethod
     def reopen(cls, path: Path) -> RunFolder:
-        """The folder of a run that is gone (its writer died), for the run that reclaims it
-        (tasks/record/interrupted.py): every change still goes through here, under the lock."""
+        """The folder of a dead run, for the run that reclaims it (tasks/record/interrupted.py)."""
         run = cls.__new__(cls)
         run._attach(Path(path), read_manifest(path))
         return run
 
     @contextmanager
     def edit(self) -> Iterator[Manifest]:
-        """Change the manifest under the lock, then save it: lanes of different hosts run in
-        threads, and a save must never meet a record mid-change."""
+        """Change the manifest under the lock, then save it (lanes of different hosts are threads)."""
         with self._lock:
             yield self.manifest
             self.save_manifest()
@@ -149,8 +133,7 @@ class RunFolder:
             return self.manifest.flow.correctness.setdefault(lane, CorrectnessEntry())
 
     def stage(self, lane: str, name: str) -> None:
-        """The lane enters a stage: recorded with its time (the overhead benchmark reads the
-        timeline), saved, and shown on the terminal."""
+        """The lane enters a stage: timed on its timeline, saved, and shown on the terminal."""
         from tasks.record.progress import progress
 
         with self.edit():
@@ -160,8 +143,7 @@ class RunFolder:
         progress(lane, name)
 
     def mark(self, lane: str, name: str) -> None:
-        """A moment on the lane's timeline that is no stage of its own (teardown, done): the
-        lane's `stage` keeps naming where it ended or failed."""
+        """A moment on the timeline that is no stage (teardown, done): `stage` keeps where it ended."""
         with self.edit():
             self.lane(lane).timeline.append(StageMark(stage=name, at=time.time()))
 
@@ -171,26 +153,17 @@ class RunFolder:
         return d
 
     def append_jsonl(self, lane: str, name: str, record: BaseModel) -> None:
-        """Append one raw record; a new file is listed in the manifest at once. On a failed write
-        the file is cut back to its last whole line (every earlier record kept) and
-        RunFolderWriteError raised.
-
-        The file's hash is refreshed by the next manifest save (every stage mark and table
-        writes one; a run that dies is re-hashed by the run that reclaims it), not per record:
-        this is called inside a wave's event loop, and hashing every live file and writing the
-        manifest for each record held the loop for milliseconds between requests."""
+        """Append one raw record (a new file is listed at once); a failed write cuts the file back to
+        its last whole line and raises RunFolderWriteError. The hash is refreshed by the next save,
+        not per record: inside a wave's event loop, a save per record held it for milliseconds."""
         rel = f"{lane}/{name}"
         path = self.lane_dir(lane) / name
         line = record.model_dump_json() + "\n"
         with self._lock:
             size = path.stat().st_size if path.exists() else 0
             data = line.encode()
-            seal = self._seals.get(rel)
-            if seal is None:
-                seal = hashlib.sha256()
-                if size:  # a file this process did not start (never, in a run): sealed as found
-                    seal.update(path.read_bytes())
-            sealed = seal.copy()
+            # A file this process did not start (never, in a run) is sealed as found.
+            sealed = (self._seals.get(rel) or hashlib.sha256(path.read_bytes() if size else b"")).copy()
             sealed.update(data)
             try:
                 with path.open("ab") as f:
@@ -222,21 +195,17 @@ class RunFolder:
         self.manifest.artifacts.append(ArtifactEntry(path=rel, kind=kind, lane=rel.split("/", 1)[0], sha256=digest))
 
     def _digest(self, rel: str) -> str:
-        """A raw record file's digest is what this process appended (or, reopened, what its seal
-        says was appended); anything else as on disk."""
-        seal = self._seals.get(rel)
-        if seal is not None:
+        """A raw record file's digest is what was appended (its seal, reopened); anything else as on disk."""
+        if (seal := self._seals.get(rel)) is not None:
             return seal.hexdigest()
         return self._pinned.get(rel) or file_sha256(self.path / rel)
 
     def pin(self, rel: str, digest: str | None) -> None:
-        """List `rel` with this digest whatever is on disk, or never list it (None): a reclaimed
-        run's raw records as their seals say lanebench wrote them."""
+        """List `rel` with this digest whatever is on disk, or never (None): a reclaimed run's records."""
         self._pinned[rel] = digest
 
     def _write_manifest(self) -> None:
-        """Called under the lock: sections are added through `lane`, `correctness` and `edit`,
-        which hold it too, so the dump never meets a dict mid-change."""
+        """Called under the lock, which `lane`, `correctness` and `edit` hold too."""
         text = self.manifest.model_dump_json(indent=2)
         tmp = self.path / "manifest.json.tmp"
         try:
@@ -247,8 +216,7 @@ class RunFolder:
             raise
 
     def _failed_write(self, what: str, e: OSError, *partial: Path) -> None:
-        """A write failed: drop its partial file, free the reserve, write the manifest consistent
-        with what is on disk, and end the caller with one line."""
+        """Drop the partial files, free the reserve, save a manifest true to the disk, raise one line."""
         for path in partial:
             path.unlink(missing_ok=True)
         (self.path / RESERVE).unlink(missing_ok=True)
@@ -262,8 +230,8 @@ class RunFolder:
         raise RunFolderWriteError(e.errno or errno.EIO, line) from None
 
     def save_manifest(self, quiet: bool = False) -> None:
-        """Write the manifest atomically, every live file's hash refreshed. Never leaves the .tmp
-        behind; when the disk is full the reserve is freed for it (`quiet`: never raise)."""
+        """Write the manifest atomically, live files re-hashed; on a full disk the reserve is freed
+        for it (`quiet`: never raise)."""
         with self._lock:
             for pattern in LIVE_GLOBS:
                 for path in sorted(self.path.glob(pattern)):
@@ -303,8 +271,7 @@ class RunFolder:
         return self._validated(lane, kind, pd.read_json(path, lines=True, convert_dates=False), raw=name)
 
     def _validated(self, lane: str, kind: str, df: pd.DataFrame, table: bool = False, raw: str = "") -> ArtifactEntry:
-        """Run the kind's GX suite on `df`; write its result (and the table, quarantined when it
-        failed), list both, and mark the entry with the outcome."""
+        """Run the kind's GX suite on `df`; write and list its result and the table (quarantined on failure)."""
         t0 = time.perf_counter()
         outcome = validate(kind, df)
         seconds = time.perf_counter() - t0
@@ -328,8 +295,7 @@ class RunFolder:
         return entry
 
     def free_space_problem(self) -> str | None:
-        """Preflight for the run folder: a lane writes records, logs and tables (a few MiB for the
-        rehearsal lane); below LANEBENCH_MIN_FREE_MB (default 64) free, the lane is skipped."""
+        """A lane writes a few MiB: below LANEBENCH_MIN_FREE_MB (default 64) free, it is skipped."""
         need = int(float(os.environ.get("LANEBENCH_MIN_FREE_MB", "64")) * (1 << 20))
         free = shutil.disk_usage(self.path).free
         if free < need:
@@ -346,8 +312,7 @@ class RunFolder:
         shutil.rmtree(self.path / SEALS, ignore_errors=True)  # the manifest holds every final digest
 
     def _sign(self) -> None:
-        """A finished run's manifest, as saved, enters the signed ledger outside the folder
-        (tasks/record/ledger.py); a save after the finish (the report registered) signs again."""
+        """A finished run's manifest enters the signed ledger (tasks/record/ledger.py), again on each later save."""
         from tasks.record import ledger
 
         try:

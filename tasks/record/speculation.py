@@ -1,14 +1,10 @@
 """Speculation always judged: a speculative lane against the plain lane of the same target.
 
-In the seeds' nightly a speculative lane at 381/497 tok/s and the plain lane of the same target
-at 1418/1127 tok/s were both "passed" with no word that speculation loses: only the matrix
-compared with no speculation. Any run holding both now says, at each concurrency the two share,
-which is faster. Same target means the same model sha256, not the same file name, and the pair
-may differ in nothing but speculation (fingerprints, tasks/record/fingerprint.py): a plain lane
-launched with another context is named NOT COMPARABLE, never judged against. A nightly with
-only a speculative lane is judged against its last plain baseline from history: the newest
-earlier run of the same flow where a plain lane passed whose fingerprint equals the speculative
-lane's but for speculation; with none, the report says no plain baseline exists.
+The seeds' nightly passed a speculative lane at 381/497 tok/s beside the plain lane of its target
+at 1418/1127 with no word that speculation loses. Any run holding both now says which is faster at
+each shared concurrency. Same target means the same model sha256, and the pair may differ in
+nothing but speculation (fingerprints): otherwise NOT COMPARABLE. A run with only a speculative
+lane is judged against its last plain baseline in history, or says none exists.
 """
 
 from __future__ import annotations
@@ -58,8 +54,7 @@ def last_plain_baseline(run: RunFolder, lane: str) -> tuple[str, str, dict[int, 
     from tasks.record.regression import _fingerprint_of
 
     record = run.manifest.lanes[lane]
-    con = open_index(run.path.parent)
-    try:
+    with open_index(run.path.parent) as con:
         candidates = con.execute(
             """SELECT l.run, l.lane, l.config FROM lanes l JOIN runs r ON r.run = l.run
                WHERE r.flow = ? AND l.run <> ? AND r.started_at < (SELECT started_at FROM runs WHERE run = ?)
@@ -68,23 +63,19 @@ def last_plain_baseline(run: RunFolder, lane: str) -> tuple[str, str, dict[int, 
             [run.manifest.flow.name, run.path.name, run.path.name, _target(record)]).fetchall()
         prints: dict[str, dict[str, str]] = {}
         for earlier, name, config in candidates:
-            if json.loads(config or "{}").get("speculative"):
-                continue
-            if beyond_speculation(record.fingerprint, _fingerprint_of(con, earlier, name, prints)):
+            if json.loads(config or "{}").get("speculative") or \
+                    beyond_speculation(record.fingerprint, _fingerprint_of(con, earlier, name, prints)):
                 continue
             rows = con.execute("SELECT concurrency, aggregate_tok_s FROM decode WHERE run = ? AND lane = ?",
                                [earlier, name]).fetchall()
             if rows:
                 return earlier, name, {int(c): float(t) for c, t in rows}
         return None
-    finally:
-        con.close()
 
 
 def speculation_verdicts(run: RunFolder) -> list[str]:
-    """One line per speculative lane, plain lane of the same target and shared concurrency:
-    `SPECULATION LOSES at C=2: ...` or `speculation wins at C=1: ...` (aggregate tok/s);
-    `NOT COMPARABLE: ...` for a plain lane of the same target that differs beyond speculation."""
+    """`SPECULATION LOSES at C=2: ...` or `speculation wins ...` per speculative lane, plain lane of its
+    target and shared concurrency (aggregate tok/s); `NOT COMPARABLE: ...` for a pair that differs beyond speculation."""
     passed = {n: r for n, r in run.manifest.lanes.items() if r.status == "passed"}
     spec = [n for n, r in passed.items() if _speculative(r)]
     plain = [n for n, r in passed.items() if not _speculative(r)]
@@ -112,6 +103,3 @@ def speculation_verdicts(run: RunFolder) -> list[str]:
         earlier, name, theirs = found
         out += _judge(s, mine, theirs, f"{name} in {earlier} (last plain baseline)")
     return out
-
-
-__all__ = ["last_plain_baseline", "speculation_verdicts"]

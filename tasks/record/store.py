@@ -1,17 +1,14 @@
 """The artifacts root as a URL: one run history for every worker of a team.
 
-A worker writes its run folder on its own disk as always (staging), then publishes it to the
-store: copied under `<root>/.incoming/`, every file read back and checked against the sha256 the
-manifest lists, and only then renamed to `<root>/<run folder>` (one rename: a reader sees the
-whole folder or none of it). Readers (`lanebench history`, `verify`, a nightly's regression
-baselines) work on a local mirror of the store's published folders, each file checked against
-its manifest as it arrives; the run folders stay the source of truth, the mirror is a cache.
+A worker writes its run folder locally, then publishes it: copied under `<root>/.incoming/`, every
+file checked against the manifest's sha256 there, then renamed into place (a reader sees all of it
+or none). Readers (`history`, `verify`, regression baselines) work on a local mirror of the
+published folders, each file checked as it arrives: the folders stay the truth, the mirror a cache.
 
-Roots: a local path (or `file://`), exactly today's behaviour with nothing copied; `sftp://
-[user@]host[:port]/abs/path` over paramiko with the same host-key policy as the lanes' hosts
-(tasks/hosts/ssh.py: known_hosts checked, an unknown or changed key refused), key and
-known_hosts from LANEBENCH_STORE_IDENTITY / LANEBENCH_STORE_KNOWN_HOSTS (default ~/.ssh/...);
-mirrors under LANEBENCH_STORE_MIRRORS (default ~/.cache/lanebench/stores/<hash of the URL>).
+Roots: a local path (or `file://`), nothing copied; `sftp://[user@]host[:port]/abs/path` over
+paramiko with the lanes' host-key policy (tasks/hosts/ssh.py: an unknown or changed key refused),
+key and known_hosts from LANEBENCH_STORE_IDENTITY / LANEBENCH_STORE_KNOWN_HOSTS; mirrors under
+LANEBENCH_STORE_MIRRORS (default ~/.cache/lanebench/stores/<hash of the URL>).
 """
 
 from __future__ import annotations
@@ -93,15 +90,10 @@ class Store:
         self.path = parts.path.rstrip("/")
 
     @functools.cached_property
-    def fs(self) -> AbstractFileSystem | None:
-        """The store's filesystem, connected at first use (None for a local root: plain paths)."""
-        return _VerifiedSFTP(*self._where) if self.remote else None
-
-    @property
-    def remote_fs(self) -> AbstractFileSystem:
-        """The filesystem of a remote store (publish, list and fetch use it only there)."""
-        assert self.fs is not None, f"{self.url} is a local root: no filesystem to ask"
-        return self.fs
+    def fs(self) -> AbstractFileSystem:
+        """A remote store's filesystem, connected at first use (a local root uses plain paths)."""
+        assert self.remote, f"{self.url} is a local root: no filesystem to ask"
+        return _VerifiedSFTP(*self._where)
 
     @property
     def local_root(self) -> Path:
@@ -111,59 +103,56 @@ class Store:
         key = hashlib.sha256(self.url.encode()).hexdigest()[:16]
         return Path(os.path.expanduser(os.environ.get(MIRRORS_ENV, "~/.cache/lanebench/stores"))) / key
 
-    # -- publish ---------------------------------------------------------------------------------
     def publish(self, folder: Path) -> str:
-        """Copy `folder` into the store, verify every listed file's sha256 there, then rename it
-        into place; returns its address in the store. A local root needs nothing: it is there."""
+        """Copy `folder` into the store, check every listed file's sha256 there, rename it into place;
+        returns its address (a local root: the folder, already there)."""
         folder = Path(folder)
         if not self.remote:
             return str(folder)
         listed = {a.path: a.sha256 for a in read_manifest(folder).artifacts}
         final = f"{self.path}/{folder.name}"
-        if self.remote_fs.exists(final):
+        if self.fs.exists(final):
             raise StoreError(f"{self.url}: {folder.name} is already published; a run folder is written once")
         staging = f"{self.path}/{INCOMING}/{folder.name}.{uuid.uuid4().hex[:8]}"
         try:
             for path in sorted(p for p in folder.rglob("*") if p.is_file()):
                 rel = path.relative_to(folder).as_posix()
-                self.remote_fs.put_file(str(path), f"{staging}/{rel}")
+                self.fs.put_file(str(path), f"{staging}/{rel}")
             for rel, digest in listed.items():
-                if not self.remote_fs.exists(f"{staging}/{rel}"):
+                if not self.fs.exists(f"{staging}/{rel}"):
                     raise StoreError(f"{self.url}/{INCOMING}: {folder.name}/{rel} missing after the copy")
                 if (got := _sha256(self.fs, f"{staging}/{rel}")) != digest:
                     raise StoreError(f"{self.url}/{INCOMING}: {folder.name}/{rel} sha256 {got[:12]} after the copy, "
                                      f"manifest says {digest[:12]}")
             if _sha256(self.fs, f"{staging}/manifest.json") != file_sha256(folder / "manifest.json"):
                 raise StoreError(f"{self.url}/{INCOMING}: {folder.name}/manifest.json changed in the copy")
-            self.remote_fs.mv(staging, final)  # one rename: the folder appears whole
+            self.fs.mv(staging, final)  # one rename: the folder appears whole
         except BaseException:
             with contextlib.suppress(Exception):
-                self.remote_fs.rm(staging, recursive=True)
+                self.fs.rm(staging, recursive=True)
             raise
         return f"{self.url.rstrip('/')}/{folder.name}"
 
-    # -- read ------------------------------------------------------------------------------------
     def published(self) -> list[str]:
         """Names of the run folders in the store (those with a manifest), oldest first."""
         if not self.remote:
             return sorted(p.parent.name for p in Path(self.path).glob("*/manifest.json"))
-        if not self.remote_fs.exists(self.path):
+        if not self.fs.exists(self.path):
             return []
-        names = [Path(p).name for p in self.remote_fs.ls(self.path, detail=False)]
-        return sorted(n for n in names if not n.startswith(".") and self.remote_fs.exists(f"{self.path}/{n}/manifest.json"))
+        names = [Path(p).name for p in self.fs.ls(self.path, detail=False)]
+        return sorted(n for n in names if not n.startswith(".") and self.fs.exists(f"{self.path}/{n}/manifest.json"))
 
     def download(self, name: str, into: Path) -> Path:
         """One run folder as the store holds it, into `into/<name>`, unchecked (for `verify`)."""
         target = Path(into) / name
-        if not self.remote:
-            shutil.copytree(Path(self.path) / name, target)
+        if self.remote:
+            self.fs.get(f"{self.path}/{name}/", str(target), recursive=True)
         else:
-            self.remote_fs.get(f"{self.path}/{name}/", str(target), recursive=True)
+            shutil.copytree(Path(self.path) / name, target)
         return target
 
     def fetch(self, name: str, into: Path) -> Path:
-        """Download one run folder to `into/<name>`, every listed file checked against its sha256;
-        it appears in `into` only once complete (a rename), so a mirror is never half-written either."""
+        """One run folder into `into/<name>`, every listed file's sha256 checked; renamed in once complete."""
         if not self.remote:
             return Path(self.path) / name
         target = Path(into) / name
@@ -171,7 +160,7 @@ class Store:
             return target
         tmp = Path(into) / f".{name}.{uuid.uuid4().hex[:8]}.partial"
         try:
-            self.remote_fs.get(f"{self.path}/{name}/", str(tmp), recursive=True)
+            self.fs.get(f"{self.path}/{name}/", str(tmp), recursive=True)
             try:
                 manifest = read_manifest(tmp)
             except ManifestError as e:
@@ -187,9 +176,8 @@ class Store:
         return target
 
     def sync(self, on_refused=None) -> Path:
-        """Bring every published run folder into the local mirror; returns the mirror's folder.
-        A folder whose files do not match its manifest stays out (`on_refused` gets the line):
-        its numbers are not served, the others are."""
+        """Every published run folder into the local mirror (returned); one whose files do not match
+        its manifest stays out, and `on_refused` gets the line."""
         root = self.local_root
         root.mkdir(parents=True, exist_ok=True)
         if self.remote:
@@ -209,12 +197,9 @@ def run_folder_name(root: str, flow: str, flow_run_id: str) -> str | None:
 
 
 def in_store(artifacts_root: str, flow: str, flow_run_id: str, body):
-    """Run a flow's body against a local root and publish its run folder when the root is a URL.
-
-    The body gets the local folder (the store's mirror: earlier runs are there for baselines and
-    earlier-run checks). Its run folder is published whatever the body's outcome (a failed night
-    is a record too); a publish that fails fails the flow run, naming the file.
-    """
+    """Run a flow's body on a local root (a store's mirror, earlier runs there for baselines), then
+    publish its run folder whatever the outcome (a failed night is a record too); a failed publish
+    fails the flow run."""
     store = Store(artifacts_root)
     if not store.remote:
         return body(artifacts_root)

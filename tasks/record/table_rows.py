@@ -1,7 +1,5 @@
-"""The rows of the tables that benches, correctness gates and the drafter matrix write (prefill,
-capacity, queueing, tool gate, needles, accuracy, matrix arms and verdict, regression). They live here, below
-the stages that fill them and apart from the code that judges them, so the artifact-kind
-registry (kinds.py) names only models beneath it and none that imports it back."""
+"""The rows of the bench, correctness-gate, drafter-matrix and regression tables: below the stages
+that fill them, so the kind registry (kinds.py) names only models beneath it."""
 
 from __future__ import annotations
 
@@ -91,10 +89,8 @@ class ToolGateRow(BaseModel):
     dollars_per_hour: float | None
     cost_per_1000_solved: float | None
     run_number: int  # dev: 1; held_out: how many times these suite bytes have been run, this one included
-    # Truncation counted (the seeds' GPQA "truncation score"): cases cut at max_tokens are asked
-    # again at REASK_FACTOR x the cap and merged by case id. raw = solved_pct above (first pass);
-    # floor = solved after the re-ask, anything still cut counted wrong; finished-and-right =
-    # solved among the cases that finished within the higher cap.
+    # Truncation counted (the seeds' GPQA "truncation score"): cut cases re-asked at REASK_FACTOR x
+    # the cap. floor: solved after it, still cut = wrong; finished-and-right: among those that finished.
     truncated_share: float = 0.0
     reask_max_tokens: int | None = None
     floor_pct: float | None = None

@@ -1,19 +1,13 @@
-"""The night's verdict, from the lanes' end states: one closing line and one exit code that never lie.
-
-A night in which nothing was measured did not pass: every lane skipped by a precondition (a
-model file missing, a port taken, a link down) is its own outcome, so a cron job that checks
-the exit code sees it. Exit codes, for every flow command:
+"""The night's verdict from the lanes' end states: one closing line and one exit code, for every flow.
 
     0  passed            every lane that ran passed (lanes skipped by a precondition are named)
     1  failed            a gate, a bar, an expectation or a regression failed
     2  bad input         (the CLI, before anything runs)
-    3  nothing measured  no lane was measured: every lane was skipped by a precondition
-    130 interrupted      Ctrl-C or SIGTERM stopped the run (128 + SIGINT, the shell's convention)
+    3  nothing measured  every lane was skipped by a precondition: the boxes were not ready
+    130 interrupted      Ctrl-C or SIGTERM (128 + SIGINT, the shell's convention)
 
-Why 3 for nothing measured: it is neither a bad measurement (1: someone must look at a
-number) nor bad input (2: someone must fix a file); it says the boxes were not ready, and a
-script can page for it separately. A failed lane outranks an interrupted one, which outranks
-nothing measured.
+Nothing measured is no pass, no bad number (1) and no bad file (2): a script can page for it
+apart. A failed lane outranks an interrupted one, which outranks nothing measured.
 """
 
 from __future__ import annotations

@@ -96,19 +96,21 @@ _SECTIONS: dict[str, tuple[str, Callable[..., list[str]]]] = {
 }
 
 
+def quarantined(entry: ArtifactEntry, title: str) -> list[str]:
+    """A table that failed its suite: what it failed, never its numbers."""
+    return ["", f"### {title}: QUARANTINED", "", "Failed expectations:", "", *(f"- {f}" for f in entry.failed_expectations)]
+
+
 def section(run: RunFolder, lane: str) -> list[str]:
     """The four sections that have a table for `lane`, in recipe order."""
     out: list[str] = []
     entries: dict[str, ArtifactEntry] = {a.kind: a for a in run.manifest.artifacts if a.lane == lane}
     for kind, (title, build) in _SECTIONS.items():
-        entry = entries.get(kind)
-        if entry is None:
+        if (entry := entries.get(kind)) is None:
             continue
         if entry.validation == "failed":
-            out += ["", f"### {title}: QUARANTINED", "", "Failed expectations:", ""]
-            out += [f"- {f}" for f in entry.failed_expectations]
+            out += quarantined(entry, title)
             continue
-        df = pd.read_parquet(run.path / entry.path)
         extra = [run.lane(lane).capacity] if kind == "capacity" else []
-        out += ["", f"### {title}", "", *build(df, *extra)]
+        out += ["", f"### {title}", "", *build(pd.read_parquet(run.path / entry.path), *extra)]
     return out

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import base64
 import re
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,10 +38,6 @@ def _cell(v: Any) -> str:
     return str(v)
 
 
-def _md(df: pd.DataFrame) -> str:
-    return frame(df, _cell)
-
-
 def decode_table(df: pd.DataFrame) -> pd.DataFrame:
     out = df[list(_DECODE_COLS)].rename(columns=_DECODE_COLS).copy()
     out["ITL p50 ms"] = out["ITL p50 ms"] * 1000
@@ -63,8 +58,7 @@ def decode_table(df: pd.DataFrame) -> pd.DataFrame:
                         zip(df.aggregate_tok_s, df.aggregate_tok_s_min, df.aggregate_tok_s_max)]
     if "regime" in df:  # a level past the server's cap is a queue: labelled, never read as a speed
         out["regime"] = ["**queueing**" if r == "queueing" else "measured" for r in df.regime]
-    # The load generator's columns (docs/metrics.md), where the table has them: ITL is pooled,
-    # tokens per chunk > 1 shows bursts, and a level the client may have limited says so.
+    # The load generator's columns where the table has them (docs/metrics.md).
     for column, label, scale in (("itl_p99_s", "ITL p99 ms", 1000), ("tpot_p50_s", "TPOT p50 ms", 1000),
                                  ("tokens_per_chunk", "tok/chunk", 1)):
         if column in df:
@@ -141,23 +135,21 @@ def _num(v: float | None) -> str:
 
 
 def regression_table(df: pd.DataFrame) -> pd.DataFrame:
-    def judged(r: pd.Series, text: Callable[[pd.Series], str]) -> str:
-        return "" if pd.isna(r.change_pct) else text(r)
-
-    def baseline(r: pd.Series) -> str:
+    def baseline(r: Any) -> str:
         if not r.baseline_runs:
             return "none"
         if pd.isna(r.baseline):
             return f"{_num(r.baseline_min)}..{_num(r.baseline_max)} ({int(r.baseline_runs)}, too few)"
         return f"{_num(r.baseline)} ({int(r.baseline_runs)}, ±{r.baseline_spread_pct:.1f}%)"
 
+    rows = list(df.itertuples())
     return pd.DataFrame({
         "metric": df.metric,
         "tonight": [_num(v) for v in df.current],
-        "baseline (runs, spread)": [baseline(r) for _, r in df.iterrows()],
-        "noise band": [judged(r, lambda r: f"{_num(r.band_low)}..{_num(r.band_high)}") for _, r in df.iterrows()],
-        "change [interval]": [judged(r, lambda r: f"{r.change_pct:+.1f}% [{r.ci_low_pct:+.1f}%, {r.ci_high_pct:+.1f}%]")
-                              for _, r in df.iterrows()],
+        "baseline (runs, spread)": [baseline(r) for r in rows],
+        "noise band": ["" if pd.isna(r.change_pct) else f"{_num(r.band_low)}..{_num(r.band_high)}" for r in rows],
+        "change [interval]": ["" if pd.isna(r.change_pct) else
+                              f"{r.change_pct:+.1f}% [{r.ci_low_pct:+.1f}%, {r.ci_high_pct:+.1f}%]" for r in rows],
         "min effect": [f"{v:g}%" for v in df.min_effect_pct],
         "verdict": [f"**{v}**" if v in ("regression", "improvement") else v for v in df.verdict],
     })
@@ -212,10 +204,8 @@ def _verdict_line(run: RunFolder, judged: list[str]) -> str:
     """The morning's answer in one line: passed, or what failed and how many regressions."""
     m = run.manifest
     failed = [n for n, lane in m.lanes.items() if lane.status == "failed"]
-    regressions = 0
-    for entry in m.artifacts:
-        if entry.kind == "regression" and entry.validation == "passed":
-            regressions += int((pd.read_parquet(run.path / entry.path).verdict == "regression").sum())
+    regressions = sum(int((pd.read_parquet(run.path / e.path).verdict == "regression").sum())
+                      for e in m.artifacts if e.kind == "regression" and e.validation == "passed")
     parts = ([f"lanes failed: {', '.join(failed)}"] if failed else []) + \
         ([f"{regressions} regression{'s' if regressions > 1 else ''}"] if regressions else []) + \
         ([m.flow.regression_error] if m.flow.regression_error else []) + \
@@ -263,9 +253,8 @@ def render(run: RunFolder) -> str:
            f"{m.host.platform}",
            f"- started {m.flow.started_at}, finished {m.flow.finished_at}", _verdict_line(run, judged), "",
            "## Lanes", "", "| lane | status | stage | reason |", "|---|---|---|---|"]
-    for name, lane in m.lanes.items():
-        flagged = f" ({len(lane.flags)} flagged)" if lane.flags else ""
-        out.append(f"| {name} | **{lane.status}**{flagged} | {lane.stage} | {lane.reason or ''} |")
+    out += [f"| {name} | **{lane.status}**{f' ({len(lane.flags)} flagged)' if lane.flags else ''} | {lane.stage} | "
+            f"{lane.reason or ''} |" for name, lane in m.lanes.items()]
     out += _regression_summary(run)
     if judged:  # a speculative lane beside a plain one of the same target, or its last plain baseline
         out += ["", "## Speculation against no speculation", "",
@@ -284,26 +273,19 @@ def render(run: RunFolder) -> str:
             out += [f"- launch: `{lane.launch_command}`", f"- boot: {lane.boot_seconds:.1f} s; facts: "
                     + ", ".join(f"{k}={v}" for k, v in lane.boot_facts.items() if v not in (None, {}, "", []))]
         out += gpu_lines(lane.gpu, lane.boot_facts)
-        for gate in lane.gates:
-            out.append(f"- gate **{gate.gate}** ({gate.kind}): {gate.detail}")
-        for waiver in lane.waivers:
-            out.append(f"- waiver: implied gate **{waiver['gate']}** turned off: {waiver['reason']}")
-        for flag in lane.flags:
-            word = "FAILED" if flag["severity"] == "failure" else "FLAG"
-            out.append(f"- **{word}** {flag['check']}: {flag['message']}")
-        # What the lane serves, proven on the same server: agentic smoke, thinking switch, tool
-        # gate, needle ladder (also in <lane>/correctness.md).
+        out += [f"- gate **{gate.gate}** ({gate.kind}): {gate.detail}" for gate in lane.gates]
+        out += [f"- waiver: implied gate **{w['gate']}** turned off: {w['reason']}" for w in lane.waivers]
+        out += [f"- **{'FAILED' if f['severity'] == 'failure' else 'FLAG'}** {f['check']}: {f['message']}" for f in lane.flags]
+        # Agentic smoke, thinking switch, tool gate, needle ladder (also in <lane>/correctness.md).
         out += correctness.section(run, name)
-        for warning in lane.warnings:
-            out.append(f"- warning: {warning}")
+        out += [f"- warning: {warning}" for warning in lane.warnings]
         for entry in [a for a in m.artifacts if a.lane == name and a.kind in builders]:
             title, build = builders[entry.kind]
             if entry.validation == "failed":
-                out += ["", f"### {title}: QUARANTINED", "", "Failed expectations:", ""]
-                out += [f"- {f}" for f in entry.failed_expectations]
+                out += bench_report.quarantined(entry, title)
                 continue
             df = pd.read_parquet(run.path / entry.path)
-            out += ["", f"### {title}", "", _md(build(df))]
+            out += ["", f"### {title}", "", frame(build(df), _cell)]
             if entry.kind == "decode":
                 out += ["", f"Median of {int(df.repeats.iloc[0])} measured repeats per level, [min, max] in brackets; "
                         "spread = (max - min) / median."]
@@ -312,13 +294,10 @@ def render(run: RunFolder) -> str:
         # Capacity plan, prefill ladder, queueing levels, accuracy eval (tasks/report/bench_report.py).
         out += bench_report.section(run, name)
         for entry in [a for a in m.artifacts if a.lane == name and a.kind == "regression" and a.validation == "passed"]:
-            out += ["", "### Against the baseline", "", _md(regression_table(pd.read_parquet(run.path / entry.path)))]
+            out += ["", "### Against the baseline", "", frame(regression_table(pd.read_parquet(run.path / entry.path)), _cell)]
         for entry in [a for a in m.artifacts if a.lane == name and a.kind == "plot"]:
-            title = _PLOT_TITLES.get(Path(entry.path).name, Path(entry.path).stem)
-            out += ["", f"![{title}]({entry.path})"]
-        raw = [a for a in m.artifacts if a.lane == name and a.kind == "requests"]
-        if raw:
-            v = raw[0]
+            out += ["", f"![{_PLOT_TITLES.get(Path(entry.path).name, Path(entry.path).stem)}]({entry.path})"]
+        if v := next((a for a in m.artifacts if a.lane == name and a.kind == "requests"), None):
             out += ["", f"Raw per-request records: `{v.path}` ({v.rows} rows, expectations {v.validation})."]
             out += [f"- {f}" for f in v.failed_expectations]
     return "\n".join(out) + "\n"
