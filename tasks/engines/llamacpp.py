@@ -74,16 +74,8 @@ class LlamaCpp(Engine):
         return str(bin_dir / "llama-server"), llama_cpp_identity(bin_dir)
 
     def launch_command(self, lane: Lane, binary: str, host: str) -> list[str]:
-        argv = [
-            binary,
-            "--model", lane.model.path,
-            "--host", host,
-            "--port", str(lane.port),
-            "--parallel", str(lane.slots),
-            "--ctx-size", str(lane.context * lane.slots),
-            "--metrics",
-            "--no-webui",
-        ]
+        argv = [binary, "--model", lane.model.path, "--host", host, "--port", str(lane.port), "--parallel", str(lane.slots),
+                "--ctx-size", str(lane.context * lane.slots), "--metrics", "--no-webui"]
         if lane.threads:
             argv += ["--threads", str(lane.threads), "--threads-batch", str(lane.threads)]
         if lane.drafter is not None:
@@ -167,24 +159,14 @@ class LlamaCpp(Engine):
 
     def completion_request(self, prompt: str, max_tokens: int) -> RequestSpec:
         # Native /completion: its final chunk carries `timings` with draft_n / draft_n_accepted.
-        return RequestSpec(
-            path="/completion",
-            body={
-                "prompt": prompt,
-                "n_predict": max_tokens,
-                "temperature": 0.0,
-                "top_k": 1,
-                "stream": True,
-                "cache_prompt": False,
-            },
-        )
+        return RequestSpec(path="/completion", body={"prompt": prompt, "n_predict": max_tokens, "temperature": 0.0,
+                                                     "top_k": 1, "stream": True, "cache_prompt": False})
 
     def parse_event(self, data: dict) -> StreamEvent:
-        # llama-server sends no event for a token that leaves the text ending in an incomplete
-        # UTF-8 sequence (server-context.cpp `process_token`): the next event carries the held
-        # bytes, and its `tokens_predicted` (the slot's n_gen, counted before each event) has
-        # moved on by every token generated since the last event. So the running count, not
-        # one token per event, is what each event carried.
+        # llama-server sends no event for a token that leaves the text in an incomplete UTF-8
+        # sequence (server-context.cpp `process_token`): the next event carries the held bytes, and
+        # its `tokens_predicted` (the slot's n_gen) has moved on by every token since. So the
+        # running count, not one token per event, is what each event carried.
         total = data.get("tokens_predicted")
         total = int(total) if isinstance(total, (int, float)) and not isinstance(total, bool) else None
         if not data.get("stop"):
@@ -195,29 +177,21 @@ class LlamaCpp(Engine):
         if "draft_n" in timings:
             spec = {"draft_n": float(timings["draft_n"]), "draft_n_accepted": float(timings.get("draft_n_accepted", 0))}
         return StreamEvent(
-            text=data.get("content", ""),
-            tokens=0,
-            done=True,
+            text=data.get("content", ""), tokens=0, done=True, tokens_total=total, spec=spec,
             completion_tokens=int(data.get("tokens_predicted", timings.get("predicted_n", 0))),
-            tokens_total=total,
             prompt_tokens=data.get("tokens_evaluated", timings.get("prompt_n")),
             finish_reason="length" if data.get("stop_type") == "limit" else "stop",
-            spec=spec,
             truncated=bool(data.get("truncated")),  # context full, or shifted (server-context.cpp)
-            timings={k: float(v) for k, v in timings.items()
-                     if isinstance(v, (int, float)) and not isinstance(v, bool)} or None,
-        )
+            timings={k: float(v) for k, v in timings.items() if isinstance(v, (int, float)) and not isinstance(v, bool)} or None)
 
-    # --- Agentic flags (tools/server, common/chat.cpp and common/arg.cpp of the pinned tree) ---
-    # llama-server has no tool-call parser flag: with Jinja templates (on by default) it renders
-    # the template with probe messages, diffs the renders and derives the tool-call and thinking
-    # markup from them (common/chat-diff-analyzer.cpp); a template that renders assistant calls
-    # as <tool_call>{"name", "arguments"}</tool_call> gets a JSON tool parser and a lazy grammar
-    # triggered by <tool_call>. A template that renders no tools gets none: calls come back as
-    # text. `--reasoning-format deepseek` puts what the model writes inside the template's
-    # thinking markers in `reasoning_content`; `none` leaves it in the content. The request's
-    # `chat_template_kwargs` reach the template as variables (`enable_thinking` is also read by
-    # the server itself: server-common.cpp `oaicompat_chat_params_parse`).
+    # --- Agentic flags (tools/server, common/chat.cpp, common/arg.cpp of the pinned tree) -----
+    # No tool-call parser flag: with Jinja templates (default on) the server renders the template
+    # with probe messages and derives the tool-call and thinking markup from the diffs
+    # (common/chat-diff-analyzer.cpp); <tool_call>{"name", "arguments"}</tool_call> gets a JSON tool
+    # parser and a lazy grammar; a template without tools gets none (calls come back as text).
+    # `--reasoning-format deepseek` moves thinking into `reasoning_content`, `none` leaves it.
+    # `chat_template_kwargs` reach the template (`enable_thinking` is also read by the server:
+    # server-common.cpp `oaicompat_chat_params_parse`).
 
     def agentic_flags(self, agentic: Agentic, chat_template: str | None) -> list[str]:
         flags: list[str] = []
@@ -230,40 +204,30 @@ class LlamaCpp(Engine):
         return flags
 
     # --- Teacher-forced scoring (KL gate) ---------------------------------------------------
-    # llama-server has no prompt-logprob mode (`echo` is refused): it reports probabilities
-    # only for the token it generates. So each position is probed with its prefix as a
-    # token-id prompt and `n_predict: 1`, and `logit_bias` makes the server *sample the
-    # forced token*: the reported `logprob` is then the forced token's, and `top_logprobs[0]`
-    # the argmax. Both come from the raw logits when `post_sampling_probs` is false
-    # (server-context.cpp `populate_token_probs` -> server-common.cpp
-    # `get_token_probabilities`: softmax over the whole vocabulary, bias not applied).
-    # With `cache_prompt` the successive prefixes cost one token each; the first probe of a
-    # sequence recomputes its whole prompt, so a prompt's numbers never depend on which
-    # prompt the slot held before (batched prefill and one-token decode differ in the last
-    # bits, and the exactness check would see it).
+    # No prompt-logprob mode (`echo` is refused): each position is probed with its prefix as a
+    # token-id prompt, `n_predict: 1`, and `logit_bias` makes the server *sample the forced
+    # token*, so `logprob` is the forced token's and `top_logprobs[0]` the argmax, both from the
+    # raw logits without `post_sampling_probs` (server-context.cpp `populate_token_probs` ->
+    # server-common.cpp `get_token_probabilities`: softmax over the vocabulary, bias not applied).
+    # `cache_prompt` makes each further prefix cost one token; a sequence's first probe recomputes
+    # its prompt, so its numbers never depend on the slot's previous prompt (batched prefill and
+    # one-token decode differ in the last bits, which the exactness check would see).
 
     def tokenize_request(self, text: str) -> RequestSpec:
         return RequestSpec(path="/tokenize", body={"content": text, "add_special": True})
 
     def greedy_tokens_request(self, tokens: list[int], max_tokens: int, ignore_eos: bool) -> RequestSpec:
         return RequestSpec(path="/completion", body={
-            "prompt": tokens, "n_predict": max_tokens, "temperature": 0.0, "top_k": 1,
-            "ignore_eos": ignore_eos, "cache_prompt": False, "stream": False, "return_tokens": True,
-            "response_fields": ["tokens", "stop_type"],
-        })
+            "prompt": tokens, "n_predict": max_tokens, "temperature": 0.0, "top_k": 1, "ignore_eos": ignore_eos,
+            "cache_prompt": False, "stream": False, "return_tokens": True, "response_fields": ["tokens", "stop_type"]})
 
-    def parse_greedy_tokens(self, data: dict) -> list[int]:
-        return [int(t) for t in data["tokens"]]
+    parse_greedy_tokens = Engine.parse_tokenize  # {"tokens": [...]} as /tokenize answers
 
     def forced_probes(self, tokens: list[int], start: int) -> list[ForcedProbe]:
-        return [
-            ForcedProbe(path="/completion", body={
-                "prompt": tokens[:i], "n_predict": 1, "temperature": 0.0, "n_probs": 1,
-                "logit_bias": [[tokens[i], 1.0e4]], "cache_prompt": i > start, "stream": False,
-                "response_fields": ["completion_probabilities"],
-            }, positions=[i], forced=[tokens[i]])
-            for i in range(start, len(tokens))
-        ]
+        return [ForcedProbe(path="/completion", body={
+            "prompt": tokens[:i], "n_predict": 1, "temperature": 0.0, "n_probs": 1, "logit_bias": [[tokens[i], 1.0e4]],
+            "cache_prompt": i > start, "stream": False, "response_fields": ["completion_probabilities"],
+        }, positions=[i], forced=[tokens[i]]) for i in range(start, len(tokens))]
 
     def parse_forced(self, probe: ForcedProbe, data: dict) -> list[ForcedScore]:
         (position,), (forced,) = probe.positions, probe.forced
@@ -281,11 +245,7 @@ class LlamaCpp(Engine):
         top = entry.get("top_logprobs") or []
         if not top:
             raise ValueError(f"llama-server sent no top_logprobs for position {position} (post_sampling_probs?)")
-        if entry["id"] == forced:
-            logprob = float(entry["logprob"])
-        else:
-            found = [t["logprob"] for t in top if t["id"] == forced]
-            if not found:
-                raise ValueError(f"forced token {forced} missing from the {len(top)} probabilities at position {position}")
-            logprob = float(found[0])
-        return [ForcedScore(position=position, logprob=logprob, argmax=int(top[0]["id"]))]
+        found = [entry["logprob"]] if entry["id"] == forced else [t["logprob"] for t in top if t["id"] == forced]
+        if not found:
+            raise ValueError(f"forced token {forced} missing from the {len(top)} probabilities at position {position}")
+        return [ForcedScore(position=position, logprob=float(found[0]), argmax=int(top[0]["id"]))]

@@ -22,8 +22,7 @@ def version_key(version: str) -> tuple[int, ...]:
     """'0.5.23rc1' -> (0, 5, 23): the numeric release parts, enough to order releases."""
     parts = []
     for piece in version.lstrip("v").split("."):
-        m = re.match(r"\d+", piece)
-        if m is None:
+        if (m := re.match(r"\d+", piece)) is None:
             break
         parts.append(int(m[0]))
     return tuple(parts)
@@ -42,9 +41,7 @@ class Format(BaseModel):
         if version is None:
             return True
         key = version_key(version)
-        if self.since is not None and key < version_key(self.since):
-            return False
-        return self.until is None or key < version_key(self.until)
+        return (self.since is None or key >= version_key(self.since)) and (self.until is None or key < version_key(self.until))
 
 
 def formats_for(formats: list[Format], version: str | None) -> list[Format]:

@@ -1,26 +1,21 @@
-"""SGLang's boot log and /server_info, read per release (checked against the 0.5.23 wheel).
-
-Format strings, by file of the released wheel (tests/fixtures/engines/README.md gives lines):
-- `server_args={...}`: a flat dict of every resolved field, logged once by
-  `srt/entrypoints/engine.py` (`_server_args_for_logging` -> `ServerArgs.resolved_dict`) from
-  0.5.23; older builds logged the repr `server_args=ServerArgs(a=1, ...)`.
-- Rank prefix `[%(asctime)s{.ms} DP{d} PP{p} ATTN_CP{c} MOE_DP{m} TP{t} EP{e}]`
-  (`srt/managers/scheduler.py` `configure_scheduler_process`; each field only when that
-  width is > 1, DP whenever a dp rank exists; milliseconds with SGLANG_LOG_MS).
-- Scheduler summary `max_total_num_tokens=..., max_running_requests=R, context_len=L, ...`:
-  printed where `tp_rank == 0` only (`scheduler.py`), and R is per data-parallel worker
-  (`srt/mem_cache/kv_cache_configurator.py`: `requested // attn_dp_size`). With attention-DP
-  one line stands for every worker; with plain DP each replica's TP0 prints its own.
-- Mamba cap `max_running_requests is capped to N by the mamba state cache
-  (max_mamba_cache_size=M, S state slots per request)` (kv_cache_configurator.py), per worker.
-- `Load weight end. elapsed=..., type=<class>, ...` (`srt/model_executor/model_runner.py`)
-  once per model runner: the second on a rank is the draft worker's.
+"""SGLang's boot log and /server_info, read per release (checked against the 0.5.23 wheel; line
+examples in tests/fixtures/engines/README.md):
+- `server_args={...}`: every resolved field, logged once by `srt/entrypoints/engine.py`
+  (`ServerArgs.resolved_dict`) from 0.5.23; older builds logged `server_args=ServerArgs(a=1, ...)`.
+- Rank prefix `[%(asctime)s{.ms} DP{d} PP{p} ATTN_CP{c} MOE_DP{m} TP{t} EP{e}]` (`srt/managers/scheduler.py`
+  `configure_scheduler_process`; each field only when that width is > 1, DP whenever a dp rank exists).
+- `max_total_num_tokens=..., max_running_requests=R, context_len=L, ...`: printed on `tp_rank == 0`
+  only, R per data-parallel worker (`srt/mem_cache/kv_cache_configurator.py`: `requested //
+  attn_dp_size`). With attention-DP one line stands for every worker; plain DP prints one per replica.
+- `max_running_requests is capped to N by the mamba state cache (max_mamba_cache_size=M, S state
+  slots per request)` (kv_cache_configurator.py), per worker.
+- `Load weight end. elapsed=..., type=<class>, ...` (`srt/model_executor/model_runner.py`) once per
+  model runner: the second on a rank is the draft worker's.
 - `/server_info`: the resolved args flat, `internal_states[i].effective_max_running_requests_per_dp`
   (`srt/managers/scheduler_components/internal_state.py`) and `version`.
 
-Deployment-wide cap = per-worker cap x data-parallel workers (`dp_size * attn_dp_size`,
-`num_dp_ranks` in `srt/arg_groups/fields/parallel.py`); tensor and pipeline widths shard one
-worker and do not multiply it.
+Deployment cap = per-worker cap x `dp_size * attn_dp_size` (`srt/arg_groups/fields/parallel.py`);
+tensor and pipeline widths shard one worker.
 """
 
 from __future__ import annotations
@@ -62,8 +57,7 @@ def _scalar(text: str) -> str | int | None:
 def server_args(log: str, version: str | None) -> tuple[str | None, dict[str, str | int | None]]:
     """The logged server args in the format the version prints: (format name, the keys we use)."""
     for fmt in formats_for(FORMATS, version):
-        m = _ARGS[fmt.name].search(log)
-        if m is None:
+        if (m := _ARGS[fmt.name].search(log)) is None:
             continue
         if fmt.name == "server-args-dict":
             try:
@@ -73,8 +67,7 @@ def server_args(log: str, version: str | None) -> tuple[str | None, dict[str, st
                 pattern = r"'{}': ('[^']*'|-?\d+|None|True|False)"
         else:
             pattern = r"\b{}=('[^']*'|-?\d+|None|True|False)"
-        found = {k: _scalar(v[1]) for k in _KEYS if (v := re.search(pattern.format(k), m[1]))}
-        return fmt.name, found
+        return fmt.name, {k: _scalar(v[1]) for k in _KEYS if (v := re.search(pattern.format(k), m[1]))}
     return None, {}
 
 

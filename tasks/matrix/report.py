@@ -82,50 +82,40 @@ def k_png(m: Matrix, rows: list[ArmClassRow], speed: list[SpeedRow], path: Path)
     if not any(r.acceptance_length is not None for r in rows) and not speed:
         return False
     plt = _plt()
-    classes = list(m.prompt_sets)
-    levels = list(m.spec.speed.concurrency)
+    classes, levels = list(m.prompt_sets), list(m.spec.speed.concurrency)
     cols = max(len(classes), len(levels))
     colors = _colors(list(m.spec.drafters))
     ks = sorted({a.k for a in m.arms})
+    arm_of = {a.name: a for a in m.arms}
     metrics = [("acceptance_length", "acceptance length"), ("draft_efficiency", "draft efficiency (accepted/drafted)"),
                ("single_stream_tok_s", "single-stream tok/s")]
-    fig, axes = plt.subplots(len(metrics) + 1, cols, figsize=(4.4 * cols, 3.0 * (len(metrics) + 1)), dpi=100, squeeze=False)
+    panels: dict[tuple[int, int], tuple[str, str, dict[str, list]]] = {}  # (row, col) -> title, marker, points
     for row_i, (field, label) in enumerate(metrics):
-        for col_i in range(cols):
-            ax = axes[row_i][col_i]
-            if col_i >= len(classes):
+        for col_i, c in enumerate(classes):
+            panels[row_i, col_i] = (f"{c}: {label}", "o", {d: [
+                (r.k, getattr(r, field), getattr(r, field + "_min"), getattr(r, field + "_max"))
+                for r in rows if r.drafter == d and r.prompt_class == c] for d in m.spec.drafters})
+    for col_i, level in enumerate(levels):
+        panels[len(metrics), col_i] = (f"{m.speed_set} decode rows: aggregate tok/s at C={level}", "s", {d: [
+            (arm_of[s.arm].k, s.aggregate_tok_s, s.aggregate_tok_s_min, s.aggregate_tok_s_max)
+            for s in speed if s.arm in arm_of and arm_of[s.arm].drafter == d and s.concurrency == level]
+            for d in m.spec.drafters})
+    fig, axes = plt.subplots(len(metrics) + 1, cols, figsize=(4.4 * cols, 3.0 * (len(metrics) + 1)), dpi=100, squeeze=False)
+    for row_i, row in enumerate(axes):
+        for col_i, ax in enumerate(row):
+            if (row_i, col_i) not in panels:
                 ax.axis("off")
                 continue
-            c = classes[col_i]
-            for d in m.spec.drafters:
-                pts = [(r.k, getattr(r, field), getattr(r, field + "_min"), getattr(r, field + "_max"))
-                       for r in rows if r.drafter == d and r.prompt_class == c]
+            title, marker, points = panels[row_i, col_i]
+            for d, pts in points.items():
                 xs, ys, err = _by_k(pts)
                 if xs:
-                    ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, color=colors[d], label=d)
-            ax.set_title(f"{c}: {label}", fontsize=9)
+                    ax.errorbar(xs, ys, yerr=err, marker=marker, capsize=3, color=colors[d], label=d)
+            ax.set_title(title, fontsize=9)
             ax.set_xlabel("K (draft width)")
             ax.set_xticks(ks)
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7)
-    for col_i in range(cols):
-        ax = axes[len(metrics)][col_i]
-        if col_i >= len(levels):
-            ax.axis("off")
-            continue
-        level = levels[col_i]
-        for d in m.spec.drafters:
-            arms = {a.name: a.k for a in m.arms if a.drafter == d}
-            pts = [(arms[s.arm], s.aggregate_tok_s, s.aggregate_tok_s_min, s.aggregate_tok_s_max)
-                   for s in speed if s.arm in arms and s.concurrency == level]
-            xs, ys, err = _by_k(pts)
-            if xs:
-                ax.errorbar(xs, ys, yerr=err, marker="s", capsize=3, color=colors[d], label=d)
-        ax.set_title(f"{m.speed_set} decode rows: aggregate tok/s at C={level}", fontsize=9)
-        ax.set_xlabel("K (draft width)")
-        ax.set_xticks(ks)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
