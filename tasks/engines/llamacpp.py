@@ -1,12 +1,10 @@
 """llama.cpp's `llama-server`: the rehearsal engine, and a real engine for GGUF lanes.
 
-Facts used here were read from the llama.cpp tree vendored in llama-cpp-python 0.3.36
-(tools/server/server-task.cpp for the metric names, server-context.cpp for the log lines):
-- speculation needs BOTH `--model-draft` and `--spec-type`; with only the first, the draft
-  model loads and nothing is ever drafted (the counter gate exists for this);
-- `-c` is the total context, split over `-np` slots;
-- `llamacpp:spec_decode_num_accepted_tokens_per_pos_total{position="k"}` counts, per
-  verification step, whether draft position k was accepted (so it never rises with k).
+Read from the tree vendored in llama-cpp-python 0.3.36 (tools/server/server-task.cpp, server-context.cpp):
+speculation needs BOTH `--model-draft` and `--spec-type` (with only the first the drafter loads and
+nothing is drafted: the counter gate exists for this); `-c` is the total context over `-np` slots;
+`llamacpp:spec_decode_num_accepted_tokens_per_pos_total{position="k"}` counts, per verification step,
+whether position k was accepted (so it never rises with k).
 """
 
 from __future__ import annotations
@@ -24,9 +22,8 @@ _SLOTS = re.compile(r"initializing, n_slots = (\d+), n_ctx_slot = (\d+)")
 _DRAFT_LOADED = re.compile(r"loading draft model '([^']*)'")
 _SPEC_IMPL = re.compile(r"adding speculative implementation '([^']+)'")
 _SPEC_TYPE = re.compile(r"speculative decoding.*type[ =:]+'?([a-z0-9-]+)")
-# llama-model.cpp `load_tensors`: one line per model loaded (target first, then the drafter),
-# printed by a CUDA build at verbosity 4 (`-lv 4`) only; at the default verbosity the manifest
-# has the server's GPU memory from nvidia-smi instead (flows/lane.py, tasks/hosts/gpu.py).
+# llama-model.cpp `load_tensors`, per model (target, then drafter), by a CUDA build at `-lv 4` only
+# (otherwise the manifest has the server's GPU memory from nvidia-smi).
 _OFFLOADED = re.compile(r"offloaded (\d+)/(\d+) layers to GPU")
 _GPU_BUFFER = re.compile(r"(CUDA\d+) model buffer size =\s*([0-9.]+) MiB")
 _GPU_DEVICE = re.compile(r"using device (CUDA\d+) \(([^)]+)\)")
@@ -35,8 +32,6 @@ _NGL = {"-ngl", "--gpu-layers", "--n-gpu-layers"}
 _NGLD = {"-ngld", "--spec-draft-ngl", "--gpu-layers-draft", "--n-gpu-layers-draft"}
 
 _P = "llamacpp:"
-
-
 _SYNTHETIC = re.compile(r"synthetic speculative acceptance is enabled[^\n]*")
 _POSITION = re.compile(r'^llamacpp:spec_decode_num_accepted_tokens_per_pos_total\{position="(\d+)"\}$')
 
@@ -49,24 +44,21 @@ class LlamaCpp(Engine):
     serves_quantized_gguf = True
     slots_flags = ("--parallel", "-np")
     info_path = "/slots"
+    queue_gauge = "llamacpp:requests_deferred"
+    local_binary_name = "llama-server"
     api_key_env = "LLAMA_API_KEY"  # common/arg.cpp: --api-key ... set_env("LLAMA_API_KEY"); only /health is exempt
     draft_counter = _P + "spec_decode_num_drafts_total"
     draft_tokens_counter = _P + "spec_decode_num_draft_tokens_total"
 
     def effective_k(self, metrics: Metrics) -> int | None:
-        """The per-position counter has one series per draft position the server sized for
-        (server-context.cpp resizes it to `common_speculative_n_max`): their count is K."""
+        """One per-position series per draft position (sized to `common_speculative_n_max`): their count is K."""
         positions = [int(m[1]) for key in metrics.values if (m := _POSITION.match(key))]
         return max(positions) + 1 if positions else None
 
     def invalid_speculation(self, log: str) -> str | None:
-        """`--spec-synth-len` / `--spec-synth-rates` accept drafts at random (common/speculative.cpp:
-        "synthetic speculative acceptance is enabled for benchmarking; generated output is not valid")."""
+        """`--spec-synth-len` / `--spec-synth-rates` accept drafts at random (common/speculative.cpp)."""
         m = _SYNTHETIC.search(log)
         return m[0].strip() if m else None
-    queue_gauge = "llamacpp:requests_deferred"
-
-    local_binary_name = "llama-server"
 
     def local_build(self) -> tuple[str, dict[str, str]]:
         """The pinned llama.cpp build (scripts/build-llama-cpp.sh; built on first use)."""
@@ -87,9 +79,8 @@ class LlamaCpp(Engine):
         return argv + list(lane.flags)
 
     def offload_flags(self, gpus: int, has_drafter: bool, lane_flags: list[str]) -> list[str]:
-        """`gpus: 0` keeps every layer on the CPU (a CUDA build would otherwise offload them all);
-        a GPU host offloads every layer of target and drafter ('all' in this pin's arg.cpp).
-        A lane that spells either flag itself keeps its own."""
+        """`gpus: 0` keeps every layer on the CPU (a CUDA build would offload them all), a GPU host offloads
+        all of target and drafter ('all' in this pin's arg.cpp); a lane's own spelling wins."""
         layers = "all" if gpus > 0 else "0"
         flags = [] if _NGL & set(lane_flags) else ["--n-gpu-layers", layers]
         if has_drafter and not _NGLD & set(lane_flags):
@@ -97,13 +88,11 @@ class LlamaCpp(Engine):
         return flags
 
     def rpc_worker_command(self, binary: str, address: str, port: int, threads: int | None) -> list[str]:
-        """ggml's `rpc-server`: a backend device for another host's llama-server. It has no
-        authentication, so it binds to the link address only, never to every interface."""
+        """ggml's `rpc-server` (no authentication: bound to the link address only, never every interface)."""
         return [binary, "--host", address, "--port", str(port), *(["--threads", str(threads)] if threads else [])]
 
     def rpc_flags(self, endpoints: list[str]) -> list[str]:
-        # With RPC devices listed, llama-server offloads every layer to them (default -ngl covers
-        # all): the weights and the KV cache live across the link, so a cut link breaks the lane.
+        # Every layer goes to the RPC devices (default -ngl): weights and KV cache live across the link.
         return ["--rpc", ",".join(endpoints)]
 
     def boot_facts(self, log: str, version: str | None = None) -> BootFacts:
@@ -118,27 +107,23 @@ class LlamaCpp(Engine):
         # What the server actually offloaded, as it says it (target, then drafter).
         for role, m in zip(("offloaded_layers", "draft_offloaded_layers"), _OFFLOADED.finditer(log)):
             facts.extra[role] = f"{m[1]}/{m[2]}"
-        buffers = _GPU_BUFFER.findall(log)
-        for role, (_, mib) in zip(("gpu_model_buffer_mib", "draft_gpu_model_buffer_mib"), buffers):
+        for role, (_, mib) in zip(("gpu_model_buffer_mib", "draft_gpu_model_buffer_mib"), _GPU_BUFFER.findall(log)):
             facts.extra[role] = float(mib)
         if m := _GPU_DEVICE.search(log):
             facts.extra["gpu_device"] = f"{m[1]} {m[2]}"
         return facts
 
     def info_facts(self, facts: BootFacts, info: dict | list) -> BootFacts:
-        """/slots: one entry per slot with `speculative` (a draft context exists) and, once a
-        request has run, `params["speculative.types"]` (e.g. "none,draft-simple").
-        /props is no help here: its default settings say "none" even while drafting."""
-        slots = info if isinstance(info, list) else []
-        if not slots:
+        """/slots: per slot `speculative` (a draft context exists) and, after a request, `params["speculative.types"]`
+        ("none,draft-simple"); /props says "none" even while drafting."""
+        if not (slots := info if isinstance(info, list) else []):
             return facts
         if facts.max_running_requests is None:
             facts.max_running_requests = len(slots)
         facts.extra["speculative_context"] = any(bool(s.get("speculative")) for s in slots)
         for slot in slots:
             params = slot.get("params") or {}
-            types = [t for t in str(params.get("speculative.types", "")).split(",") if t and t != "none"]
-            if types:
+            if types := [t for t in str(params.get("speculative.types", "")).split(",") if t and t != "none"]:
                 facts.speculative_type = ",".join(types)
             # The sampling the last request on this slot actually ran with (safety.py: greedy expected).
             for key in ("temperature", "top_k"):
@@ -173,9 +158,8 @@ class LlamaCpp(Engine):
             return StreamEvent(text=data.get("content", ""), tokens=len(data.get("tokens") or []) or 1,
                                tokens_total=total)
         timings = data.get("timings") or {}
-        spec: dict[str, float | list[float]] | None = None
-        if "draft_n" in timings:
-            spec = {"draft_n": float(timings["draft_n"]), "draft_n_accepted": float(timings.get("draft_n_accepted", 0))}
+        spec: dict[str, float | list[float]] | None = None if "draft_n" not in timings else {
+            "draft_n": float(timings["draft_n"]), "draft_n_accepted": float(timings.get("draft_n_accepted", 0))}
         return StreamEvent(
             text=data.get("content", ""), tokens=0, done=True, tokens_total=total, spec=spec,
             completion_tokens=int(data.get("tokens_predicted", timings.get("predicted_n", 0))),
@@ -235,10 +219,9 @@ class LlamaCpp(Engine):
         if not probs:
             if probe.body["n_probs"] != 1:
                 raise ValueError(f"llama-server reported no probabilities for position {position}")
-            # The forced token's text is an incomplete UTF-8 sequence, and the server withholds
-            # such a token's probabilities (server-context.cpp `process_token`). Sample a plain
-            # ASCII token instead and find the forced one in the whole vocabulary: `n_probs` is
-            # clamped to the vocabulary size by the server.
+            # The forced token is an incomplete UTF-8 sequence, whose probabilities the server withholds
+            # (`process_token`): sample a plain ASCII token and find the forced one in the whole
+            # vocabulary (the server clamps `n_probs` to its size).
             body = {**probe.body, "logit_bias": [["a", 1.0e4]], "n_probs": 1 << 20}
             raise ProbeRetry(probe.model_copy(update={"body": body}))
         entry = probs[0]

@@ -1,11 +1,6 @@
-"""Engine releases: which version booted, and which log format a version range prints.
-
-Adapters parse per version range because released engines change their log lines between
-releases (SGLang 0.5.23 prints `server_args={...}` where older builds printed
-`server_args=ServerArgs(...)`; vLLM 0.33.0 prints `GPU + host KV cache size` under host
-offload and, with Model Runner V2 the default, no "Loading drafter model"). The version is
-read at boot from the log or the info endpoint; an unknown version tries every known format.
-"""
+"""Engine releases and the log format each version range prints (released engines change their lines:
+SGLang 0.5.23 `server_args={...}` for `server_args=ServerArgs(...)`; vLLM 0.33.0 `GPU + host KV cache
+size`, and no "Loading drafter model" under Model Runner V2). An unknown version tries every format."""
 
 from __future__ import annotations
 

@@ -48,8 +48,7 @@ from tasks.engines import planned, sglang_boot
 
 _CHAIN = {"EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "FROZEN_KV_MTP"}
 _ALIASES = {"SIMPLE": "STANDALONE", "DRAFT_MODEL": "STANDALONE", "MTP": "NEXTN"}
-# srt/speculative/spec_info.py `SpeculativeAlgorithm.from_string`: the name is upper-cased, and
-# NEXTN is a reserved alias of EAGLE; these name one algorithm to the server.
+# NEXTN is a reserved alias of EAGLE, names upper-cased (srt/speculative/spec_info.py `from_string`).
 _SAME = {"NEXTN": "EAGLE"}
 _NGRAM_DRAFT_TOKENS, _NGRAM_BFS_BREADTH = 12, 10  # srt/arg_groups: _handle_ngram, fields/spec.py defaults
 
@@ -131,8 +130,7 @@ class SGLang(Engine):
     draft_counter = "sglang:spec_verify_calls_total"  # srt/observability/metrics_collector.py
     queue_gauge = "sglang:num_queue_reqs"
     info_path = "/server_info"  # /get_server_info before it was renamed
-    # No api_key_env: 0.5.23 reads its key only from --api-key or a --config YAML (server_args.py,
-    # arg_groups/fields/serving.py), and logs its server args at boot; a keyed lane is refused.
+    # No api_key_env: 0.5.23 reads a key only from --api-key or --config (arg_groups/fields/serving.py).
 
     def launch_command(self, lane: Lane, binary: str, host: str) -> list[str]:
         argv = [binary, "-m", "sglang.launch_server", "--model-path", lane.model.path, "--host", host,
@@ -172,10 +170,7 @@ class SGLang(Engine):
         a, b = given.upper(), sglang_method(declared).upper()
         return _SAME.get(a, a) == _SAME.get(b, b)
 
-    # --- Draft counts for the implied gates (tasks/stages/safety.py) ---------------------------
-    # `sglang:spec_verify_calls_total` moves by the requests' verify steps (the drafts-happen
-    # gate); the proposed count is only in each request's meta_info, `spec_num_proposed_drafts =
-    # spec_verify_ct x (num_draft_tokens - 1)`, so the draft width is read from the probe itself.
+    # --- Draft counts for the implied gates: the proposed count is only in each request's meta_info ---
 
     def draft_window(self, before: Metrics, after: Metrics, requests: list[RequestRecord]) -> tuple[float, float] | None:
         specs = [r.spec for r in requests if r.spec and "spec_num_proposed_drafts" in r.spec]
@@ -186,10 +181,8 @@ class SGLang(Engine):
     def effective_k_of(self, requests: list[RequestRecord]) -> int | None:
         """Proposed drafts per verify step of the probe requests: the server's resolved K, exactly."""
         window = self.draft_window(Metrics(), Metrics(), requests)
-        if window is None or window[0] <= 0:
-            return None
-        per_step = window[1] / window[0]
-        return int(per_step) if per_step == int(per_step) else None
+        per_step = window[1] / window[0] if window is not None and window[0] > 0 else None
+        return int(per_step) if per_step is not None and per_step == int(per_step) else None
 
     def boot_facts(self, log: str, version: str | None = None) -> BootFacts:
         """Per release (tasks/engines/sglang_boot.py): server args, per-worker caps x DP workers."""

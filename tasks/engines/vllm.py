@@ -58,10 +58,7 @@ def vllm_method(method: str) -> str:
 
 
 def counter_by_position(metrics: Metrics, name: str) -> dict[str, float]:
-    """One counter summed over its series' extra labels, keyed by `position` ('' when unlabelled).
-
-    Label sets vary (model_name, engine per data-parallel rank, ...); only the position matters.
-    """
+    """One counter summed over its other labels (model_name, engine per DP rank...), by `position` ('' if none)."""
     out: dict[str, float] = {}
     for key, value in metrics.values.items():
         m = _KEY.match(key)
@@ -78,8 +75,7 @@ class VLLM(Engine):
     draft_tokens_counter = "vllm:spec_decode_num_draft_tokens_total"
     info_path = "/version"  # {"version": "0.33.0"}
     queue_gauge = "vllm:num_requests_waiting"
-    # vllm/entrypoints/serve/middleware/register.py (0.32.0): `args.api_key or [envs.VLLM_API_KEY]`
-    api_key_env = "VLLM_API_KEY"
+    api_key_env = "VLLM_API_KEY"  # serve/middleware/register.py (0.32.0): `args.api_key or [envs.VLLM_API_KEY]`
 
     def acceptance_log_interval_s(self, env: dict[str, str]) -> float | None:
         try:
@@ -101,8 +97,7 @@ class VLLM(Engine):
                                 acceptance_length=1.0 + accepted / (drafted / k), per_position=per_pos)
 
     def effective_k(self, metrics: Metrics) -> int | None:
-        """K as the engine states it: one `num_accepted_tokens_per_pos` series per draft
-        position, exported (at 0) from boot on."""
+        """K as the engine states it: one `num_accepted_tokens_per_pos` series per position, from boot on."""
         positions = counter_by_position(metrics, _P + "num_accepted_tokens_per_pos")
         return len([p for p in positions if p != ""]) or None
 

@@ -29,9 +29,8 @@ def resolve(base_dir: Path, p: str) -> Path:
 
 
 def shipped_or_local(base: Path, rel: str) -> Path:
-    """A file the inventory names: relative to the inventory's folder; a relative path missing
-    there is looked up in the lanebench checkout, so the shipped tool suites, protocol and chat
-    templates work from an inventory kept anywhere."""
+    """A file the inventory names, relative to its folder, else in the checkout (the shipped tool suites,
+    protocol and chat templates work from an inventory kept anywhere)."""
     p = Path(rel)
     if p.is_absolute():
         return p

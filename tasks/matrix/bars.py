@@ -222,10 +222,9 @@ def _subject_changes(manifest: Any, drafters: dict[str, str], target: str | None
 
 def earlier_run(artifacts_root: Path, now: Registration, exclude: Path, subject: str | None = None,
                 drafters: dict[str, str] | None = None, target: str | None = None) -> EarlierRun | None:
-    """The latest earlier `*_matrix_*` run that registered bars for the same matrix name, or for
-    the same target and drafter bytes under any name: lowering the bars under a new matrix name
-    must not read as a "first registered run". `drafters` (label -> sha256) and `target` (sha256):
-    what this run measures, so a label whose bytes changed refuses the comparison."""
+    """The latest earlier `*_matrix_*` run with bars for the same matrix name or the same target and
+    drafter bytes (lower bars under a new name must not read as a "first registered run"); `drafters`
+    (label -> sha256) and `target`: what this run measures, so a label whose bytes changed refuses."""
     found: list[tuple[str, Path, Registration, Any]] = []
     for folder, manifest in scan_manifests(artifacts_root, "*_matrix_*"):
         facts = manifest.flow.matrix
@@ -240,9 +239,6 @@ def earlier_run(artifacts_root: Path, now: Registration, exclude: Path, subject:
     if not found:
         return None
     started, folder, reg, earlier = max(found, key=lambda f: (f[0], f[1].name))
-    before_text = list(reg.bars_text)
-    removed = [t for t in before_text if t not in now.bars_text]
-    added = [t for t in now.bars_text if t not in before_text]
     changes = []
     for c in sorted(set(reg.prompt_sets) | set(now.prompt_sets)):
         a, b = reg.prompt_sets.get(c), now.prompt_sets.get(c)
@@ -257,5 +253,6 @@ def earlier_run(artifacts_root: Path, now: Registration, exclude: Path, subject:
     return EarlierRun(run=folder.name, matrix=reg.matrix, started_at=started, bars_sha256=reg.bars_sha256,
                       same_bars=reg.bars_sha256 == now.bars_sha256,
                       same_prompt_sets=reg.prompt_sets_sha256 == now.prompt_sets_sha256,
-                      removed=removed, added=added, prompt_set_changes=changes,
+                      removed=[t for t in reg.bars_text if t not in now.bars_text],
+                      added=[t for t in now.bars_text if t not in reg.bars_text], prompt_set_changes=changes,
                       subject_changes=_subject_changes(earlier, drafters or {}, target))

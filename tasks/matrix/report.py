@@ -1,11 +1,6 @@
-"""The matrix report: the verdict first, in plain words, then the numbers behind it.
-
-A verdict someone can publish, negative or not: each drafter's line says whether it passed
-or failed its bars; the bars are shown as registered before the run (with their hash and any
-change since the last run of the same matrix); the arms x bars table carries measured value,
-[min, max] over repeats and pass/fail; the K trade is stated as found (or as not found).
-Plots: per-position acceptance per class with arms overlaid, and tok/s against K.
-"""
+"""The matrix report, publishable negative or not: each drafter's verdict in plain words first, then the
+bars as registered (hash, changes since the last run), arms x bars with [min, max] over repeats, the
+K trade as found or not, and plots (per-position acceptance per class, tok/s against K)."""
 
 from __future__ import annotations
 
@@ -128,13 +123,9 @@ ALIVE = 0.1
 
 
 def k_trade(m: Matrix, rows: list[ArmClassRow]) -> list[str]:
-    """The seeds' finding, checked per drafter from its smallest to its largest K.
-
-    The trade shows when (a) on the easier class (higher acceptance length at the smallest K)
-    acceptance length rises beyond the repeats' ranges and each added draft position keeps at
-    least ALIVE tokens, and (b) on the harder class each added position keeps less than half
-    of what it keeps on the easier class: verify work spent on drafts the target throws away.
-    """
+    """The seeds' finding, per drafter from its smallest to its largest K: on the easier class (higher
+    acceptance length at the smallest K) acceptance length rises beyond the repeats' ranges with each
+    added position keeping at least ALIVE tokens, while the harder class's keep less than half that."""
     out = []
     for d in m.spec.drafters:
         mine = [r for r in rows if r.drafter == d and r.acceptance_length is not None]
