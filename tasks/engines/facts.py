@@ -11,12 +11,9 @@ Reading = str | int | float | bool | None
 
 class BootFacts(_Record):
     """What the server itself says about how it booted (log, info endpoint, counters; never our flags).
-
-    A fact several sources state is kept per source in `sources` (fact -> source -> reading): one log
-    line that changed shape between releases must not decide a gate alone. `reconcile` keeps the most
-    conservative reading (the lowest cap, named in `cap_source`; a drafter loaded only when no source
-    says it is not) and lists conflicts in `disagreements`.
-    """
+    Each fact is kept per source (`sources`: one log line that changed shape must not decide a gate);
+    `reconcile` keeps the most conservative reading (the lowest cap, from `cap_source`; a drafter loaded
+    only when no source says not) and lists conflicts in `disagreements`."""
 
     max_running_requests: int | None = None
     context_per_slot: int | None = None
@@ -34,6 +31,13 @@ class BootFacts(_Record):
         """Record one source's reading of a fact (None: the source was asked and did not say)."""
         if value is not None:
             self.sources.setdefault(fact, {})[source] = value
+
+    def info_version(self, version: object, source: str) -> None:
+        """The info endpoint's release beside the log's (a different one is a disagreement)."""
+        if isinstance(version, str):
+            if self.version is not None and self.version != version:
+                self.disagreements.append(f"version: log {self.version}, {source} {version}")
+            self.version = self.extra["version"] = version
 
     def reconcile(self) -> BootFacts:
         """Fold the per-source readings into the headline facts, most conservative first."""

@@ -1,10 +1,9 @@
 """The launch flags a pinned engine release accepts, read from its wheel's source without importing it.
 
-A committed list, because CI has 45 minutes and the vLLM wheel is 336 MB: `scripts/engine-flags.py`
-downloads a pinned wheel once, reads the argument definitions with `ast` and writes
-`flags/<engine>-<version>.json` (every flag, the wheel's sha256 and each source file's). Tests check
-every flag an adapter emits against it, and re-extract when the wheel is cached in
-~/.cache/lanebench/wheels; `lanebench plan` names lane flags the release does not define.
+A committed list (CI has 45 minutes, the vLLM wheel is 336 MB): `scripts/engine-flags.py` reads a
+pinned wheel's argument definitions with `ast` into `flags/<engine>-<version>.json` (flags, sha256s).
+Tests check every flag an adapter emits against it (re-extracting where the wheel is cached in
+~/.cache/lanebench/wheels); `lanebench plan` names lane flags the release does not define.
 
 Where the names live:
 - SGLang 0.5.23: fields `name: A[T, "help" | Arg(cli_name=, aliases=, no_cli=)]` of the classes in
@@ -18,11 +17,10 @@ Boolean flags' inverses are flags the release accepts too (`plan` must not refus
 - argparse's `BooleanOptionalAction` adds `--no-<flag>`; SGLang declares it as
   `Arg(action=argparse.BooleanOptionalAction)` (other bools are `store_true`: `arg_groups/arg_utils.py`).
 - vLLM's `EnableDisableAction` (`vllm/utils/argparse_utils.py`): `--x` also takes `--no-x`, and
-  `--enable-y` takes `--disable-y` (and the reverse). A flag is boolean when its config dataclass
-  field is typed `bool` (not `bool | str | None`; `_compute_kwargs` in `vllm/engine/arg_utils.py`), so
-  `add_argument("--x", **cache_kwargs["field"])` with `cache_kwargs = get_kwargs(CacheConfig)` is read
-  through `vllm/config/*.py`'s annotations: the real parser needs torch and CUDA. The 0.33.0 list
-  matches the issue's count (50 `--enable-`/`--disable-` inverses).
+  `--enable-y` takes `--disable-y` (and the reverse). A flag is boolean when its config field is typed
+  `bool` (not `bool | str | None`; `_compute_kwargs` in `vllm/engine/arg_utils.py`), read through
+  `get_kwargs(CacheConfig)` and `vllm/config/*.py`'s annotations (the real parser needs torch and
+  CUDA). The 0.33.0 list matches the issue's count (50 `--enable-`/`--disable-` inverses).
 - vLLM JSON arguments also take dotted keys (`--speculative-config.method eagle3`).
 """
 

@@ -1,15 +1,9 @@
 """SGLang (`python3 -m sglang.launch_server`): lanes with DFlash/EAGLE drafters on hybrid models.
 
 Facts read from sgl-project/sglang (paths under python/sglang/srt/):
-- The resolved running-request cap is only in the log. Hybrid (mamba) models cut it to
-  `max_mamba_cache_size // state slots per request` and print `max_running_requests is capped to N
-  by the mamba state cache (max_mamba_cache_size=M, S state slots per request). To raise it: ...`
-  (mem_cache/kv_cache_configurator.py: base 3 + 2 for the overlap scheduler = 5); then the
-  scheduler prints `max_total_num_tokens=T, ..., max_running_requests=R, context_len=L, ...`
-  (managers/scheduler.py). The smallest wins per data-parallel replica.
-- `server_args=...` echoes what was *asked*: only the algorithm and draft path are read from it.
-- Every model runner logs `Load weight end. ... type=<class>` (model_executor/model_runner.py);
-  a second one on a rank is the draft worker: the drafter loaded.
+- The resolved running-request cap is only in the log (the mamba state cache's and the scheduler's
+  lines, sglang_boot.py; the smallest wins per data-parallel replica); `server_args=...` echoes
+  what was *asked*: only the algorithm and draft path are read from it.
 - /metrics has only interval gauges for speculation plus `sglang:spec_verify_calls_total`
   (PR #25689): no accepted-token counter, so acceptance comes from the requests' `meta_info`
   (managers/tokenizer_manager_components/spec_decoding_meta.py): `spec_verify_ct`,
@@ -20,8 +14,7 @@ Facts read from sgl-project/sglang (paths under python/sglang/srt/):
 - Native /generate streams cumulative `text`/`output_ids` unless launched with
   `--incremental-streaming-output` (older: `--stream-output`; tokenizer_manager.py): adapters are
   shared across requests, so we launch with it rather than keep per-request state.
-- `/server_info` (`/get_server_info` on older builds): the server args flat,
-  `internal_states[i].effective_max_running_requests_per_dp` and `version`; read where the log is silent.
+- `/server_info` (`/get_server_info` on older builds) is read where the log is silent (sglang_boot.py).
 - `extra_key` (managers/io_struct.py, "e.g. cache_salt") namespaces the radix cache: a fresh key
   per request means no prefix reuse.
 

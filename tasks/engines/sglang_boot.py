@@ -43,15 +43,11 @@ _KEYS = ("speculative_algorithm", "speculative_draft_model_path", "max_running_r
 
 
 def _scalar(text: str) -> str | int | None:
+    """One logged value as `'[^']*'|-?\\d+|None|True|False` matched it."""
     text = text.strip()
     if text in ("None", ""):
         return None
-    if text[0] in "'\"":
-        return text[1:-1]
-    try:
-        return int(text)
-    except ValueError:
-        return text
+    return text[1:-1] if text[0] in "'\"" else int(text) if text.lstrip("-").isdigit() else text
 
 
 def server_args(log: str, version: str | None) -> tuple[str | None, dict[str, str | int | None]]:
@@ -125,8 +121,7 @@ def boot_facts(log: str, version: str | None = None) -> BootFacts:
     facts.note("speculative_type", "log", algo if isinstance(algo, str) else None)
     if isinstance(path := args.get("speculative_draft_model_path"), str):
         facts.extra["draft_model_path"] = path
-    drafts = [w[1] for w in weights.values() if len(w) >= 2]
-    if drafts:
+    if drafts := [w[1] for w in weights.values() if len(w) >= 2]:
         facts.extra["draft_model_type"] = drafts[0]
         facts.note("draft_model_loaded", "log", True)
     elif weights and isinstance(algo, str) and algo.upper() not in _DRAFTERLESS:
@@ -147,9 +142,5 @@ def info_facts(facts: BootFacts, info: dict) -> BootFacts:
         facts.note("speculative_type", "server_info", str(info["speculative_algorithm"]))
     if facts.context_per_slot is None and isinstance(info.get("context_length"), int):
         facts.context_per_slot = info["context_length"]
-    if isinstance(info.get("version"), str):
-        if facts.version is not None and facts.version != info["version"]:
-            facts.disagreements.append(f"version: log {facts.version}, server_info {info['version']}")
-        facts.version = info["version"]
-        facts.extra["version"] = info["version"]
+    facts.info_version(info.get("version"), "server_info")
     return facts.reconcile()

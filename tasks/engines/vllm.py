@@ -7,14 +7,9 @@ Facts read from vllm-project/vllm:
   it never rises with k); exported with `_total`, labelled `model_name` and `engine` (one series
   per data-parallel engine, v1/metrics/loggers.py). Summed over those labels, `position` kept apart.
   The module's PromQL defines mean acceptance length as 1 + accepted / drafts: lanebench's.
-- Boot log (v1/core/kv_cache_utils.py): `GPU KV cache size: N tokens` and `Maximum concurrency for
-  L tokens per request: X.XXx` (thousands separators). `max_num_seqs` is resolved at DEBUG only
-  (engine/arg_utils.py), so we pass `--max-num-seqs lane.slots` and read it back from `non-default
-  args: {...}`. The cap reported is min(max_num_seqs, floor(max concurrency)): requests of
-  `lane.context` tokens that run without preemption, as llama.cpp's slot count means.
-- `Initializing a V1 LLM engine (vX) with config: ..., speculative_config=SpeculativeConfig(
-  method='eagle3', model='...', num_spec_tokens=3)` (v1/engine/core.py) names the configured method;
-  `Loading drafter model...` (v1/worker/gpu_model_runner.py) proves the drafter loaded.
+- Boot log lines: vllm_boot.py. `max_num_seqs` is resolved at DEBUG only (engine/arg_utils.py), so we
+  pass `--max-num-seqs lane.slots`; the cap reported, min(max_num_seqs, floor(max concurrency)), is
+  how many requests of `lane.context` tokens run without preemption, as llama.cpp's slot count means.
 - `--speculative-config` JSON keys `method` (lower case: eagle, eagle3, dflash, dspark, mtp,
   draft_model, ngram, ...), `model`, `num_speculative_tokens` (config/speculative.py): K for every
   method, and the number of per-position series.

@@ -85,12 +85,10 @@ def boot_facts(log: str, version: str | None = None) -> BootFacts:
     dp = sizes.get("data_parallel_size", 1)
     facts.parallel = {"dp_workers": dp, "tp_size": sizes.get("tensor_parallel_size", 1),
                       "pp_size": sizes.get("pipeline_parallel_size", 1)}
-    known = [c for c in (seqs, concurrency) if c is not None]
-    if known:
+    if known := [c for c in (seqs, concurrency) if c is not None]:
         facts.extra["cap_per_worker"] = min(known)
         facts.note("max_running_requests", "log", min(known) * dp)
-    spec = _SPEC.search(log)
-    if spec:
+    if spec := _SPEC.search(log):
         facts.note("speculative_type", "log", spec[1])
         if spec[2]:
             facts.extra["draft_model"] = spec[2]
@@ -115,8 +113,5 @@ def boot_facts(log: str, version: str | None = None) -> BootFacts:
 
 def info_facts(facts: BootFacts, info: dict) -> BootFacts:
     """/version beside the log's version line."""
-    if isinstance(info.get("version"), str):
-        if facts.version is not None and facts.version != info["version"]:
-            facts.disagreements.append(f"version: log {facts.version}, /version {info['version']}")
-        facts.version = facts.extra["version"] = info["version"]
+    facts.info_version(info.get("version"), "/version")
     return facts

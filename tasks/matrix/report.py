@@ -49,10 +49,7 @@ def curves_png(m: Matrix, rows: list[ArmClassRow], path: Path) -> bool:
             tree = f", {r.draft_shape}: path >= i" if r.draft_shape.startswith("tree") else ""
             ax.plot(xs, r.per_position, _STYLES[ks.index(r.k) % len(_STYLES)], marker="o", markersize=3,
                     color=colors[r.drafter], label=f"{r.arm} (AL {r.acceptance_length:.2f}{tree})")
-        ax.set_title(f"{c}: per-position acceptance")
-        ax.set_xlabel("draft position")
-        ax.set_ylim(0, 1.02)
-        ax.set_xticks(range(1, max(ks) + 1))
+        ax.set(title=f"{c}: per-position acceptance", xlabel="draft position", ylim=(0, 1.02), xticks=range(1, max(ks) + 1))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     axes[0][0].set_ylabel("rate (steps accepted to this position / steps)")
@@ -107,8 +104,7 @@ def k_png(m: Matrix, rows: list[ArmClassRow], speed: list[SpeedRow], path: Path)
                 if xs:
                     ax.errorbar(xs, ys, yerr=err, marker=marker, capsize=3, color=colors[d], label=d)
             ax.set_title(title, fontsize=9)
-            ax.set_xlabel("K (draft width)")
-            ax.set_xticks(ks)
+            ax.set(xlabel="K (draft width)", xticks=ks)
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7)
     fig.tight_layout()
@@ -178,11 +174,9 @@ def k_trade(m: Matrix, rows: list[ArmClassRow]) -> list[str]:
 
 def _arms(m: Matrix, manifest: Manifest, facts: MatrixSection) -> list[str]:
     """Each arm as it ran: status, port, boot and the load at its end."""
-    lanes = manifest.lanes
-    out = ["", "## Arms", ""]
-    arm_rows = []
+    out, arm_rows = ["", "## Arms", ""], []
     for a in m.arms:
-        rec, arm_facts = lanes.get(a.name), facts.arms.get(a.name)
+        rec, arm_facts = manifest.lanes.get(a.name), facts.arms.get(a.name)
         boot = rec.boot_seconds if rec else None
         port, load = (arm_facts.port, arm_facts.load_at_end) if arm_facts else (None, None)
         arm_rows.append([a.name, a.drafter + (" (baseline)" if a.baseline else ""), a.revision, str(a.k),
@@ -191,8 +185,7 @@ def _arms(m: Matrix, manifest: Manifest, facts: MatrixSection) -> list[str]:
                          (rec.reason if rec else "").replace("|", "/")])
     out += table(["arm", "drafter", "revision", "K", "status", "port", "boot s", "1-min load at end", "reason"],
                   arm_rows)
-    moved = [f"{name}: {f.port_note}" for name, f in facts.arms.items() if f.port_note]
-    if moved:
+    if moved := [f"{name}: {f.port_note}" for name, f in facts.arms.items() if f.port_note]:
         out += ["", "Ports:"] + [f"- {line}" for line in moved]
     return out
 
@@ -200,21 +193,13 @@ def _arms(m: Matrix, manifest: Manifest, facts: MatrixSection) -> list[str]:
 def _verdict_grid(m: Matrix, reg: Registration, verdict: list[VerdictRow]) -> list[str]:
     out = ["", "## Verdict: arms x bars", "",
            "Each cell: outcome, measured median [min, max] over repeats. — : the bar does not judge that arm.", ""]
-    header = ["arm"] + [f"bar {i + 1}" for i in range(len(reg.bars_text))]
     grid = []
     for a in m.arms:
-        cells = [a.name]
-        for i in range(len(reg.bars_text)):
-            v = next((v for v in verdict if v.arm == a.name and v.bar_index == i), None)
-            if v is None:
-                cells.append("—")
-            elif v.outcome == "no-data":
-                cells.append("**no data**")
-            else:
-                digits = 1 if v.metric.endswith("tok_s") else 2
-                cells.append(f"**{v.outcome}** {_ranged(v.measured, v.measured_min, v.measured_max, digits)}")
-        grid.append(cells)
-    out += table(header, grid)
+        judged = [next((v for v in verdict if v.arm == a.name and v.bar_index == i), None) for i in range(len(reg.bars_text))]
+        grid.append([a.name, *("—" if v is None else "**no data**" if v.outcome == "no-data" else f"**{v.outcome}** "
+                               f"{_ranged(v.measured, v.measured_min, v.measured_max, 1 if v.metric.endswith('tok_s') else 2)}"
+                               for v in judged)])
+    out += table(["arm"] + [f"bar {i + 1}" for i in range(len(reg.bars_text))], grid)
     out += ["", *table(["bar", "arm", "measured [min, max]", "bound", "baseline", "margin", "outcome", "note"], [
         [str(v.bar_index + 1), v.arm,
          _ranged(v.measured, v.measured_min, v.measured_max, 3),

@@ -48,17 +48,13 @@ def _entry_path(run: RunFolder, arm: str, kind: str) -> Path | None:
 
 def _per_request(run: RunFolder, m: Matrix, arm: str) -> dict[str, dict[str, tuple]]:
     """class -> {efficiency, tok_s, drafted}: per-repeat values from the probe's raw records."""
-    path = _entry_path(run, arm, "requests")
-    if path is None:
+    if (path := _entry_path(run, arm, "requests")) is None:
         return {}
     classes = prompt_class_of(m)
     per: dict[tuple[str, int], dict[str, Any]] = {}
     for line in path.read_text().splitlines():
         r = json.loads(line)
-        if r["stage"] != "acceptance" or not r["ok"]:
-            continue
-        c = classes.get((r["prompt_class"], r["prompt_id"]))
-        if c is None:
+        if r["stage"] != "acceptance" or not r["ok"] or (c := classes.get((r["prompt_class"], r["prompt_id"]))) is None:
             continue
         acc = per.setdefault((c, r["repeat"]), {"drafted": 0.0, "accepted": 0.0, "rates": []})
         spec = r.get("spec") or {}
@@ -70,8 +66,7 @@ def _per_request(run: RunFolder, m: Matrix, arm: str) -> dict[str, dict[str, tup
     for c in m.prompt_sets:
         reps = [v for (cc, _), v in sorted(per.items()) if cc == c]
         eff = [v["accepted"] / v["drafted"] for v in reps if v["drafted"] > 0]
-        # A repeat's single-stream speed is the median request's: one stalled request (another
-        # process on a shared box) must not stand for the class.
+        # A repeat's single-stream speed is its median request's: one stalled request must not stand for the class.
         tps = [statistics.median(v["rates"]) for v in reps if v["rates"]]
         out[c] = {"efficiency": _stats(eff), "tok_s": _stats(tps),
                   "drafted": (sum(v["drafted"] for v in reps),), "accepted_req": (sum(v["accepted"] for v in reps),)}
