@@ -148,9 +148,15 @@ def score(client: httpx.Client, server: Server, engine: Engine, sequences: list[
         done[seq.prompt_id] = got
         on_prompt(seq.prompt_id, got, time.monotonic() - t0)
 
-    with ThreadPoolExecutor(concurrency) as pool:  # after a death the queued jobs return at once
-        for f in [pool.submit(job, s) for s in sequences]:
-            f.result()
+    if concurrency == 1:  # in order: a failing prompt stops the scoring at once
+        for seq in sequences:
+            job(seq)
+            if died:
+                break
+    else:
+        with ThreadPoolExecutor(concurrency) as pool:
+            for f in [pool.submit(job, s) for s in sequences]:
+                f.result()
     if died:
         partial = dict(done)
         for e in died:
