@@ -1,10 +1,5 @@
-"""The one interface every engine adapter implements.
-
-Stages talk to an `Engine`, never to "llama.cpp" or "SGLang": how to launch, when the
-server is healthy, what its boot log says, how to read its counters, and how to turn a
-window of counters (or per-request fields) into acceptance in lanebench's single
-definition. No stage contains an `if engine == ...`.
-"""
+"""The one interface every engine adapter implements: stages talk to an `Engine` (launch, health,
+boot log, counters, acceptance in lanebench's single definition), never `if engine == ...`."""
 
 from __future__ import annotations
 
@@ -24,43 +19,42 @@ from tasks.engines.build import BuildError
 from tasks.engines.facts import Acceptance, BootFacts, DraftPlan, LoggedAcceptance, Metrics, PlannedCap
 
 
-
 def _loads(payload: bytes) -> Any:
-    """orjson for the stream's hot path (a third of the client's CPU a token was json.loads);
-    the standard parser where orjson refuses what it accepts (NaN, Infinity), so an event
-    reads as it did before."""
+    """orjson on the stream's hot path (json.loads was a third of the client's CPU); the standard
+    parser where orjson refuses what it accepts (NaN, Infinity)."""
     try:
         return orjson.loads(payload)
     except orjson.JSONDecodeError:
         return json.loads(payload)
 
+
 class Engine(ABC):
     name: ClassVar[str]
-    # --- What differs between engines, asked by config checks, stages and gates outside engines/ --
-    # lanebench builds this engine from a pin (scripts/build-llama-cpp.sh): a lane without
-    # `binary` runs that build, and a lane naming its own binary is compared with the pin.
+    # Built from a pin (scripts/build-llama-cpp.sh): a lane without `binary` runs that build, and
+    # a lane's own binary is compared with the pin.
     pinned_build: ClassVar[bool] = False
-    # Loads a Hugging Face model folder (config.json, weights, tokenizer), not only a single file.
-    loads_model_folder: ClassVar[bool] = True
-    # The bytes a model file for this engine starts with, also its format's name (b"GGUF"),
-    # checked before boot (None: not checked).
-    model_magic: ClassVar[bytes | None] = None
-    # Serves what llama-quantize writes, so the KL gate can quantize a candidate for it.
-    serves_quantized_gguf: ClassVar[bool] = False
-    # Launch flags that set the running-request cap a lane calls `slots` (a matrix arm's own wins).
-    slots_flags: ClassVar[tuple[str, ...]] = ()
+    loads_model_folder: ClassVar[bool] = True  # a Hugging Face folder (config.json, weights, tokenizer)
+    model_magic: ClassVar[bytes | None] = None  # a model file's first bytes and format name (b"GGUF")
+    serves_quantized_gguf: ClassVar[bool] = False  # the KL gate can llama-quantize a candidate for it
+    slots_flags: ClassVar[tuple[str, ...]] = ()  # flags setting the cap a lane calls `slots` (an arm's own wins)
     health_path: ClassVar[str] = "/health"
     metrics_path: ClassVar[str] = "/metrics"
     info_path: ClassVar[str | None] = None  # a JSON endpoint describing the resolved server settings
-    # The engine's own speculation counters (tasks/stages/safety.py gates every drafter lane on
-    # them): verification steps with a draft, and draft tokens proposed. None: no such counter.
+    # Speculation counters every drafter lane is gated on (tasks/stages/safety.py): verification
+    # steps with a draft, draft tokens proposed. None: no such counter.
     draft_counter: ClassVar[str | None] = None
     draft_tokens_counter: ClassVar[str | None] = None
+    queue_gauge: ClassVar[str | None] = None  # the metric counting requests waiting past the running cap
+    # The variable the server reads its API key from, so the key never reaches its argv (ps,
+    # /proc/PID/cmdline). None: a key only on the command line, so a keyed lane is refused
+    # (tasks/inventory/api_key.py).
+    api_key_env: ClassVar[str | None] = None
+    local_binary_name: ClassVar[str | None] = None  # what local_build runs, as `lanebench plan` shows it
+    chat_path: ClassVar[str] = "/v1/chat/completions"  # common to llama.cpp, SGLang and vLLM
 
     @property
     def spans_nodes_by_rpc(self) -> bool:
-        """Spans hosts with its own RPC workers (the lane's `rpc` plan), not with node flags given to a
-        server on every host (`nodes`, tasks/stages/topology.py): the inventory's rule, asked here."""
+        """Spans hosts with its own RPC workers (`rpc`), not node flags on every host (`nodes`)."""
         return RULES[self.name].rpc
 
     def effective_k(self, metrics: Metrics) -> int | None:
@@ -68,19 +62,17 @@ class Engine(ABC):
         return None
 
     def effective_k_of(self, requests: list[RequestRecord]) -> int | None:
-        """The draft width the server resolved, as the requests' own speculation fields state it
-        (None: not stated; SGLang says it only there)."""
+        """The draft width the server resolved, as the requests' speculation fields state it."""
         return None
 
     def draft_window(self, before: Metrics, after: Metrics, requests: list[RequestRecord]) -> tuple[float, float] | None:
-        """(verification steps with a draft, draft tokens proposed) over a window, as the engine
-        counts them: its two counters by default. None: the engine states no proposed count."""
+        """(verification steps with a draft, draft tokens proposed) over a window (None: not counted)."""
         if self.draft_counter is None or self.draft_tokens_counter is None:
             return None
         return (after.total(self.draft_counter) - before.total(self.draft_counter),
                 after.total(self.draft_tokens_counter) - before.total(self.draft_tokens_counter))
 
-    # --- K, converted once per engine (tasks/engines/facts.py DraftPlan) ----------------------
+    # --- K, converted once per engine (facts.py DraftPlan) --------------------------------------
 
     def method_name(self, method: str) -> str:
         """A lane's speculative.method as the release spells it."""
@@ -95,38 +87,25 @@ class Engine(ABC):
         return []
 
     def draft_plan(self, argv: list[str]) -> DraftPlan | None:
-        """What the engine will draft for this argv, read as the release's parser and resolution
-        hooks read it (the last of a repeated flag wins). None: this adapter checks its flags
-        field by field (tasks/inventory/flag_conflicts.py)."""
+        """What the engine will draft for this argv, as the release resolves it (the last repeated
+        flag wins). None: flags are checked field by field (tasks/inventory/flag_conflicts.py)."""
         return None
 
     def invalid_speculation(self, log: str) -> str | None:
         """The server's own words when its speculation output is not valid (synthetic acceptance)."""
         return None
-    queue_gauge: ClassVar[str | None] = None  # the metric counting requests waiting past the running cap
-    # The environment variable the server reads its API key from: a lane's key (api_key_env /
-    # api_key_file) reaches the server there, never on its argv, which every user of the host reads
-    # (ps, /proc/PID/cmdline). None: the release takes a key only on its command line, so a lane
-    # with a key is refused at load (tasks/inventory/api_key.py).
-    api_key_env: ClassVar[str | None] = None
-
-    # --- The engine's own acceptance line, to check the counters against -------------------
 
     def acceptance_log_interval_s(self, env: dict[str, str]) -> float | None:
-        """How often the server logs its own acceptance summary with the lane's environment
-        (None: it logs none). The acceptance probe waits this long around each class's window
-        so the lines printed between the waits describe exactly that window."""
+        """How often the server logs its own acceptance summary (None: never); the probe waits this
+        long around each class's window so the lines between the waits describe that window."""
         return None
 
     def logged_acceptance(self, log: str, k: int) -> LoggedAcceptance | None:
         """The server's own acceptance lines in `log` (one window's), summed (None: no line)."""
         return None
 
-    local_binary_name: ClassVar[str | None] = None  # what local_build runs, as `lanebench plan` shows it
-
     def local_build(self) -> tuple[str, dict[str, str]]:
-        """The engine's executable on this machine when a lane names no `binary`, and what the
-        manifest records about it. Raises BuildError with the reason where there is none."""
+        """(executable, manifest identity) on this machine for a lane without `binary`, or BuildError."""
         raise BuildError(f"lane declares no binary for engine {self.name} (set 'binary', or run it from a pinned 'image')")
 
     @abstractmethod
@@ -162,10 +141,7 @@ class Engine(ABC):
 
     @abstractmethod
     def acceptance(self, before: Metrics, after: Metrics, requests: list[RequestRecord], k: int) -> Acceptance | None:
-        """Acceptance over the window between two scrapes (and the requests sent in it).
-
-        None when the window holds no verification step at all.
-        """
+        """Acceptance over the window between two scrapes and its requests (None: no verification step)."""
 
     @abstractmethod
     def completion_request(self, prompt: str, max_tokens: int) -> RequestSpec:
@@ -185,18 +161,13 @@ class Engine(ABC):
         return self.parse_event(json.loads(payload))
 
     def cpu_only_env(self) -> dict[str, str]:
-        """The environment that keeps this engine's server off every GPU, for a host declared
-        `gpus: 0`. Offload flags alone are not enough: a CUDA llama-server at `-ngl 0` still
-        creates a CUDA context and compute buffers (~800 MiB on an H200). An empty
-        CUDA_VISIBLE_DEVICES hides every GPU from the CUDA runtime."""
+        """Keeps the server off every GPU on a `gpus: 0` host: a CUDA llama-server at `-ngl 0` still
+        makes a CUDA context and compute buffers (~800 MiB on an H200)."""
         return {"CUDA_VISIBLE_DEVICES": ""}
 
     def parse_stream_event(self, raw: bytes) -> StreamEvent | None:
-        """One server-sent event as it came off the wire (the client stamped it first).
-
-        None for a comment (llama-server's `:` ping). An `error` event or a JSON body with an
-        `error` key is the server's error, in its own words; malformed JSON raises ValueError.
-        """
+        """One server-sent event off the wire: None for a comment (llama-server's `:` ping); an `error`
+        event or body is the server's error in its words; malformed JSON raises ValueError."""
         if raw.startswith(b"data: {") and b"\n" not in raw:  # the common event: one data line of JSON
             return self._parse_data(_loads(raw[6:]), raw[6:], b"message")
         data_lines, kind = [], b"message"
@@ -227,11 +198,7 @@ class Engine(ABC):
             return StreamEvent(done=True, finish_reason="error", error=str(message)[:500])
         return self.parse_event(data)
 
-    # --- Chat, for the correctness gates (tasks/smoke.py, tool_gate.py, needles.py, thinking.py) ---
-    # The OpenAI chat route is common to llama.cpp, SGLang and vLLM, so the shape lives here;
-    # what differs per engine is how the lane's agentic declarations become launch flags.
-
-    chat_path: ClassVar[str] = "/v1/chat/completions"
+    # --- Chat, for the correctness gates (smoke, tool gate, needles, thinking) -----------------
 
     def chat_request(self, messages: list[dict[str, Any]], max_tokens: int, temperature: float = 0.0,
                      tools: list[dict[str, Any]] | None = None, tool_choice: str | None = None,
@@ -250,25 +217,15 @@ class Engine(ABC):
         return parse_openai_chat(data)
 
     def agentic_flags(self, agentic: Agentic, chat_template: str | None) -> list[str]:
-        """Launch flags for what the lane declares it serves (tool calls, reasoning, template).
-
-        `chat_template` is the template's resolved path. Default: none (an engine without
-        agentic support serves plain text, and the smoke gate says so).
-        """
+        """Launch flags for what the lane serves (tool calls, reasoning, the resolved template path)."""
         return []
-
-    # --- Offload from the inventory ----------------------------------------------------------
 
     def offload_flags(self, gpus: int, has_drafter: bool, lane_flags: list[str]) -> list[str]:
-        """Flags that put target and drafter where the host's `gpus` says (none: the engine
-        decides; SGLang and vLLM run on the GPUs they are given). A lane's own flags win."""
+        """Flags putting target and drafter where the host's `gpus` says (a lane's own flags win)."""
         return []
 
-    # --- Capacity known before boot -----------------------------------------------------------
-
     def planned_cap(self, lane: Lane) -> PlannedCap | None:
-        """The running-request cap the lane's config implies, where it can be computed (None: only
-        the boot log knows). Checked at config time against the bench's highest concurrency."""
+        """The running-request cap the lane's config implies, before boot (None: only the log knows)."""
         return None
 
     # --- Serving across hosts (a lane's `nodes`; llama.cpp: its `rpc` plan) -------------------
@@ -278,11 +235,8 @@ class Engine(ABC):
         return []
 
     def node_flags(self, rank: int, nnodes: int, master: str, port: int) -> list[str]:
-        """Launch flags that make this process node `rank` of `nnodes`, meeting at master:port
-        (rank 0 is the head that serves HTTP; the others are its workers)."""
+        """Flags making this process node `rank` of `nnodes` at master:port (rank 0 serves HTTP)."""
         raise NotImplementedError(f"the {self.name} adapter spans hosts with its rpc plan, not node flags")
-
-    # --- Serving across hosts (a lane's `rpc` plan) ------------------------------------------
 
     def rpc_worker_command(self, binary: str, address: str, port: int, threads: int | None) -> list[str]:
         """argv of the worker that serves this engine's layers on another host, bound to `address`."""
@@ -292,8 +246,7 @@ class Engine(ABC):
         """Launch flags that put the model on the RPC workers at `endpoints` ("addr:port")."""
         raise NotImplementedError(f"the {self.name} adapter has no RPC backend")
 
-    # --- Teacher-forced scoring, for the KL gate (tasks/kl.py) -----------------------------
-    # Not abstract: an adapter without them cannot serve a KL lane, and says so when asked.
+    # --- Teacher-forced scoring, for the KL gate (not abstract: an adapter without it says so) ---
 
     def tokenize_request(self, text: str) -> RequestSpec:
         """Tokenize `text` as a prompt is tokenized, special tokens (BOS) included."""
@@ -314,16 +267,13 @@ class Engine(ABC):
         raise NotImplementedError(f"the {self.name} adapter cannot score teacher-forced")
 
     def parse_forced(self, probe: ForcedProbe, data: dict) -> list[ForcedScore]:
-        """The forced tokens' log-probabilities and the argmax at each probed position.
-
-        May raise `ProbeRetry` with a probe to send instead.
-        """
+        """The forced tokens' log-probabilities and argmax per probed position (or `ProbeRetry`)."""
         raise NotImplementedError(f"the {self.name} adapter cannot score teacher-forced")
 
+
 def parser_flags(agentic: Agentic, chat_template: str | None, tool_choice_flags: tuple[str, ...] = ()) -> list[str]:
-    """SGLang's and vLLM's shared spelling of a lane's agentic declarations: without the tool and
-    reasoning parsers plain chat works and agents break silently (the seeds' missing flags).
-    `tool_choice_flags`: what else the engine needs before it emits tool calls."""
+    """SGLang's and vLLM's spelling of a lane's agentic declarations (`tool_choice_flags`: what else the
+    engine needs before it emits tool calls); without the parsers agents break silently."""
     flags: list[str] = []
     if agentic.tool_parser is not None:
         flags += [*tool_choice_flags, "--tool-call-parser", agentic.tool_parser]

@@ -4,25 +4,16 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
-
-
-class _Record(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+from tasks.wire.base import Record as _Record
 
 Reading = str | int | float | bool | None
 
 
 class BootFacts(_Record):
     """What the server itself says about how it booted (log, info endpoint, counters; never our flags).
-
-    A fact that more than one source states is kept per source in `sources` (fact -> source ->
-    reading): one log line that changed shape between releases must not decide a gate alone.
-    When sources disagree `disagreements` says so, and `reconcile` keeps the most conservative
-    reading (the lowest running-request cap; a drafter counted as loaded only when no source
-    says it is not) with `cap_source` naming where the kept cap came from.
-    """
+    Each fact is kept per source (`sources`: one log line that changed shape must not decide a gate);
+    `reconcile` keeps the most conservative reading (the lowest cap, from `cap_source`; a drafter loaded
+    only when no source says not) and lists conflicts in `disagreements`."""
 
     max_running_requests: int | None = None
     context_per_slot: int | None = None
@@ -41,17 +32,22 @@ class BootFacts(_Record):
         if value is not None:
             self.sources.setdefault(fact, {})[source] = value
 
+    def info_version(self, version: object, source: str) -> None:
+        """The info endpoint's release beside the log's (a different one is a disagreement)."""
+        if isinstance(version, str):
+            if self.version is not None and self.version != version:
+                self.disagreements.append(f"version: log {self.version}, {source} {version}")
+            self.version = self.extra["version"] = version
+
     def reconcile(self) -> BootFacts:
         """Fold the per-source readings into the headline facts, most conservative first."""
         caps = {s: v for s, v in self.sources.get("max_running_requests", {}).items() if isinstance(v, int)}
         if caps:
             source = min(caps, key=lambda s: caps[s])
             self.max_running_requests, self.cap_source = caps[source], source
-        specs = {s: str(v) for s, v in self.sources.get("speculative_type", {}).items()}
-        if specs:
+        if specs := {s: str(v) for s, v in self.sources.get("speculative_type", {}).items()}:
             self.speculative_type = next(iter(specs.values()))
-        drafts = {s: bool(v) for s, v in self.sources.get("draft_model_loaded", {}).items()}
-        if drafts:
+        if drafts := {s: bool(v) for s, v in self.sources.get("draft_model_loaded", {}).items()}:
             self.draft_model_loaded = all(drafts.values())
         own = ("running-request cap:", "speculation type:", "draft model loaded:")
         self.disagreements = [d for d in self.disagreements if not d.startswith(own)]
@@ -68,9 +64,8 @@ class BootFacts(_Record):
 
 
 class PlannedCap(_Record):
-    """A running-request cap computed from the lane's config before anything boots (slots, the
-    mamba state cache and the engine's per-request state ratio, data-parallel workers): the
-    boot facts still decide, this says early when a lane cannot pass its own capacity gate."""
+    """A running-request cap computed from the lane's config before boot (planned.py): the boot facts
+    still decide; this says early when a lane cannot pass its own capacity gate."""
 
     cap: int  # an upper bound: the KV pool, known only at boot, may allow fewer
     reason: str  # how it was computed, in the engine's words
@@ -93,11 +88,8 @@ class Metrics(_Record):
 
 
 class Acceptance(_Record):
-    """Speculative acceptance over one window, in lanebench's single definition.
-
-    acceptance_length = 1 + accepted / verification steps; per_position[k] = drafts
-    accepted at position k / verification steps (non-increasing in k).
-    """
+    """Speculative acceptance over one window, in lanebench's single definition: acceptance_length =
+    1 + accepted / verification steps; per_position[k] = drafts accepted at k / steps (non-increasing)."""
 
     verify_steps: float
     accepted: float
@@ -115,12 +107,9 @@ class Acceptance(_Record):
 
 
 class LoggedAcceptance(_Record):
-    """What the server itself logged about acceptance over one window (vLLM's periodic
-    `SpecDecoding metrics` lines, summed): the cross-check for the counter-derived row.
-
-    `accepted` and `drafted` are the lines' exact integers; the acceptance length is
-    1 + accepted / (drafted / K), which is the engine's own 1 + accepted / drafts when every
-    draft is K tokens wide (the draft-width gate's condition)."""
+    """The server's own acceptance lines over one window (vLLM's `SpecDecoding metrics`, summed): the
+    counter row's cross-check. Acceptance length 1 + accepted / (drafted / K) is the engine's own
+    1 + accepted / drafts when every draft is K wide (the draft-width gate's condition)."""
 
     lines: int
     accepted: int
@@ -130,14 +119,10 @@ class LoggedAcceptance(_Record):
 
 
 class DraftPlan(_Record):
-    """What an engine will draft for an argv, in lanebench's one definition of K: draft tokens
-    proposed per verification step (the verified root and the bonus token not counted).
-
-    Engines count the width their own way (SGLang's `--speculative-num-draft-tokens` and
-    `--speculative-dflash-block-size` include the root, K+1); each adapter converts once, both
-    ways (`Engine.speculative_flags` and `Engine.draft_plan`), and the lane-vs-flag check, the
-    plan and the acceptance tables read this instead of a flag.
-    """
+    """What an engine will draft for an argv, in lanebench's one K: draft tokens proposed per
+    verification step (root and bonus token not counted). Engines count their own way (SGLang's
+    num_draft_tokens and DFLASH block include the root); each adapter converts once, both ways
+    (`speculative_flags`, `draft_plan`), and checks, plan and tables read this, not a flag."""
 
     method: str | None  # as the release spells it ("EAGLE3", "eagle3"); None: no speculation
     k: int | None  # None: the engine decides at boot (a checkpoint's block size, a per-model default)

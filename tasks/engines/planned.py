@@ -1,19 +1,17 @@
 """Running-request caps computed from a lane's config, before anything boots.
 
-Every number is an upper bound (the KV pool, known only at boot, may allow fewer), so a bench
-concurrency above it fails the capacity gate for sure: better said at config time than after
-an image pull and a ten-minute boot (the shipped GB300 example once asked 48 of a server its
-own `--max-mamba-cache-size 48` capped at 9).
+Each is an upper bound (the KV pool, known only at boot, may allow fewer), so a bench concurrency
+above it fails the capacity gate for sure: better said at config time than after an image pull and
+a ten-minute boot (the shipped GB300 example once asked 48 of a server its own
+`--max-mamba-cache-size 48` capped at 9).
 
-- SGLang 0.5.23 (`srt/mem_cache/kv_cache_configurator.py`, `_calculate_mamba_ratio` and the cap
-  lines after it): per worker, `max_mamba_cache_size // ratio` and
-  `--max-running-requests // attn_dp_size`; ratio = 3 state slots per request, plus the radix
-  cache's extra buffer (2 with the overlap scheduler, 1 without or when lazy,
-  `srt/mem_cache/allocation_sizing.py`), or 1 with `--disable-radix-cache`. The 'auto'
-  strategy resolves per model; we take the extra buffer (5 slots, as the GLM field logs
-  print), the lowest cap it can resolve to. Workers = dp_size x attn_dp_size.
-- vLLM 0.33.0: `--max-num-seqs` per data-parallel engine (`vllm/config/scheduler.py`) times
-  `--data-parallel-size`.
+- SGLang 0.5.23 (`srt/mem_cache/kv_cache_configurator.py` `_calculate_mamba_ratio`): per worker,
+  `max_mamba_cache_size // ratio` and `--max-running-requests // attn_dp_size`; ratio = 3 state slots
+  per request plus the radix cache's extra buffer (2 with the overlap scheduler, 1 without or lazy,
+  `srt/mem_cache/allocation_sizing.py`), or 1 with `--disable-radix-cache`. 'auto' resolves per
+  model; we take the extra buffer (5, as the GLM field logs print), its lowest cap. Workers =
+  dp_size x attn_dp_size.
+- vLLM 0.33.0: `--max-num-seqs` per data-parallel engine (`vllm/config/scheduler.py`) x `--data-parallel-size`.
 """
 
 from __future__ import annotations
@@ -25,8 +23,7 @@ from tasks.inventory.models import Lane
 
 def flag_value(argv: list[str], *names: str) -> str | None:
     """The value of the last of `names` in an argv (`--x v` or `--x=v`); argparse keeps the last."""
-    found = flag_values(argv, names)
-    return found[-1] if found else None
+    return next(reversed(flag_values(argv, names)), None)
 
 
 def int_flag(argv: list[str], *names: str) -> int | None:

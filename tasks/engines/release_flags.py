@@ -1,37 +1,26 @@
 """The launch flags a pinned engine release accepts, read from its wheel's source without importing it.
 
-Why a committed list: CI has package-registry network and 45 minutes; the vLLM wheel is
-336 MB. `scripts/engine-flags.py` downloads a pinned wheel once (`pip download --no-deps`),
-reads the argument definitions with `ast` and writes `flags/<engine>-<version>.json` here:
-every flag name, plus the sha256 of the wheel and of each source file the names came from.
-Tests check every flag an adapter emits against that list, and re-extract from the wheel when
-one is cached in ~/.cache/lanebench/wheels (so a stale list is caught wherever the wheel is at
-hand); `lanebench plan` names lane flags the release does not define.
+A committed list (CI has 45 minutes, the vLLM wheel is 336 MB): `scripts/engine-flags.py` reads a
+pinned wheel's argument definitions with `ast` into `flags/<engine>-<version>.json` (flags, sha256s).
+Tests check every flag an adapter emits against it (re-extracting where the wheel is cached in
+~/.cache/lanebench/wheels); `lanebench plan` names lane flags the release does not define.
 
 Where the names live:
-- SGLang (0.5.23): fields `name: A[T, "help" | Arg(cli_name=, aliases=, no_cli=)]` of the
-  namespace classes in `sglang/srt/arg_groups/fields/*.py` (registered by
-  `add_cli_args_from_dataclass` as `--name-with-dashes`), plus explicit
-  `parser.add_argument("--...")` calls in `sglang/srt/server_args.py` (older releases declare
-  every flag that way).
-- vLLM (0.33.0): `add_argument("--...")` in `vllm/engine/arg_utils.py` and
-  `vllm/entrypoints/common/cli_args.py` (`--headless`, ...), plus the fields of the frontend
-  argument classes there (`FrontendArgs.add_cli_args` turns `host` into `--host`); older
-  releases kept those in `vllm/entrypoints/openai/cli_args.py`.
+- SGLang 0.5.23: fields `name: A[T, "help" | Arg(cli_name=, aliases=, no_cli=)]` of the classes in
+  `sglang/srt/arg_groups/fields/*.py` (`--name-with-dashes`), plus `parser.add_argument("--...")` in
+  `sglang/srt/server_args.py` (older releases declare every flag that way).
+- vLLM 0.33.0: `add_argument("--...")` in `vllm/engine/arg_utils.py` and
+  `vllm/entrypoints/common/cli_args.py`, plus the frontend argument classes' fields there (`host` ->
+  `--host`); older releases kept those in `vllm/entrypoints/openai/cli_args.py`.
 
-Boolean flags and their inverses (each is a flag the release accepts; `plan` must not refuse it):
-- argparse's `BooleanOptionalAction` adds `--no-<flag>` for every `--` spelling. SGLang declares
-  it as `Arg(action=argparse.BooleanOptionalAction)` (other bool fields are `store_true`, no
-  inverse: `arg_groups/arg_utils.py`).
-- vLLM's `FlexibleArgumentParser` registers `EnableDisableAction` in its place
-  (`vllm/utils/argparse_utils.py`): `--x` also takes `--no-x`, and `--enable-y` takes
-  `--disable-y` (and the reverse). Which flags are boolean is decided by `get_kwargs` from the
-  config dataclass field's type (`vllm/engine/arg_utils.py` `_compute_kwargs`: a field typed with
-  `bool`, except `bool | str | None`), so the field annotations of `vllm/config/*.py` and of the
-  frontend argument classes are read too: `add_argument("--x", **cache_kwargs["field"])` with
-  `cache_kwargs = get_kwargs(CacheConfig)` is boolean when `CacheConfig.field` is. This is the
-  static reading of the real parser (importing it needs torch and CUDA); the inverse list of
-  the 0.33.0 wheel was checked against the issue's count (50 `--enable-`/`--disable-` inverses).
+Boolean flags' inverses are flags the release accepts too (`plan` must not refuse them):
+- argparse's `BooleanOptionalAction` adds `--no-<flag>`; SGLang declares it as
+  `Arg(action=argparse.BooleanOptionalAction)` (other bools are `store_true`: `arg_groups/arg_utils.py`).
+- vLLM's `EnableDisableAction` (`vllm/utils/argparse_utils.py`): `--x` also takes `--no-x`, and
+  `--enable-y` takes `--disable-y` (and the reverse). A flag is boolean when its config field is typed
+  `bool` (not `bool | str | None`; `_compute_kwargs` in `vllm/engine/arg_utils.py`), read through
+  `get_kwargs(CacheConfig)` and `vllm/config/*.py`'s annotations (the real parser needs torch and
+  CUDA). The 0.33.0 list matches the issue's count (50 `--enable-`/`--disable-` inverses).
 - vLLM JSON arguments also take dotted keys (`--speculative-config.method eagle3`).
 """
 
@@ -163,24 +152,21 @@ def _class_fields(trees: list[ast.Module]) -> dict[str, dict[str, ast.expr]]:
 
 def _kwargs_field(call: ast.Call) -> tuple[str, str] | None:
     """`add_argument(..., **NAME["field"])` or `**{**NAME["field"], ...}` -> (NAME, field)."""
-    for kw in call.keywords:
-        if kw.arg is not None:
-            continue
-        for n in ast.walk(kw.value):
-            if isinstance(n, ast.Subscript) and isinstance(n.value, ast.Name) and isinstance(n.slice, ast.Constant) \
-                    and isinstance(n.slice.value, str):
-                return n.value.id, n.slice.value
-    return None
+    return next(((n.value.id, n.slice.value) for kw in call.keywords if kw.arg is None for n in ast.walk(kw.value)
+                 if isinstance(n, ast.Subscript) and isinstance(n.value, ast.Name) and isinstance(n.slice, ast.Constant)
+                 and isinstance(n.slice.value, str)), None)
 
 
-def _vllm_flags(tree: ast.Module, classes: dict[str, dict[str, ast.expr]]) -> set[str]:
-    """vLLM's flags in one file, each boolean one with its EnableDisableAction inverses."""
-    configs: dict[str, str] = {}  # NAME = get_kwargs(Cls)
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and len(node.targets) == 1 \
-                and isinstance(node.targets[0], ast.Name) and _names(node.value.func) & {"get_kwargs"} \
-                and node.value.args and isinstance(node.value.args[0], ast.Name):
-            configs[node.targets[0].id] = node.value.args[0].id
+def flags_in_source(engine: str, path: str, text: str,
+                    classes: dict[str, dict[str, ast.expr]] | None = None) -> set[str]:
+    """Every flag one source file defines, each boolean one with its inverses. `classes`: vLLM's
+    config dataclasses' fields (default: this file's), which decide which flags are boolean."""
+    tree = ast.parse(text)
+    classes = classes if classes is not None else _class_fields([tree])
+    configs = {node.targets[0].id: node.value.args[0].id for node in ast.walk(tree)  # vLLM's NAME = get_kwargs(Cls)
+               if engine == "vllm" and isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
+               and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+               and _names(node.value.func) & {"get_kwargs"} and node.value.args and isinstance(node.value.args[0], ast.Name)}
     found: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "add_argument":
@@ -191,34 +177,13 @@ def _vllm_flags(tree: ast.Module, classes: dict[str, dict[str, ast.expr]]) -> se
                 boolean = boolean or (annotation is not None and _is_bool(annotation))
             found.update(flags)
             if boolean:
-                found.update(n for f in flags if f.startswith("--") for n in negations(f, "vllm"))
-        if isinstance(node, ast.ClassDef) and node.name in _FIELD_CLASSES["vllm"]:
-            for name, annotation in classes.get(node.name, {}).items():
-                if name.startswith("_"):
-                    continue
-                flag = "--" + name.replace("_", "-")
-                found.add(flag)
-                if _is_bool(annotation):
-                    found.update(negations(flag, "vllm"))
-    return found
-
-
-def flags_in_source(engine: str, path: str, text: str,
-                    classes: dict[str, dict[str, ast.expr]] | None = None) -> set[str]:
-    """Every flag one source file defines (engine decides which declaration shapes count).
-    `classes`: vLLM's config dataclasses' fields, which decide which flags are boolean."""
-    tree = ast.parse(text)
-    if engine == "vllm":
-        return {f for f in _vllm_flags(tree, classes if classes is not None else _class_fields([tree]))
-                if f.startswith("--")}
-    found: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "add_argument":
-            flags = _constant_flags(node)
-            found.update(flags)
-            if _names(_keyword(node, "action")) & _BOOL_ACTIONS:
                 found.update(n for f in flags if f.startswith("--") for n in negations(f, engine))
-        if engine == "sglang" and "/arg_groups/fields/" in path and isinstance(node, ast.ClassDef):
+        elif engine == "vllm" and isinstance(node, ast.ClassDef) and node.name in _FIELD_CLASSES["vllm"]:
+            for name, annotation in classes.get(node.name, {}).items():
+                if not name.startswith("_"):
+                    flag = "--" + name.replace("_", "-")
+                    found.update([flag, *(negations(flag, "vllm") if _is_bool(annotation) else [])])
+        elif engine == "sglang" and "/arg_groups/fields/" in path and isinstance(node, ast.ClassDef):
             for item in node.body:
                 if isinstance(item, ast.AnnAssign):
                     found.update(_sglang_field_flags(item))
@@ -230,23 +195,15 @@ def extract(engine: str, wheel: Path) -> ReleaseFlags:
     m = re.match(rf"{engine}-([^-]+)-", wheel.name)
     if m is None:
         raise ValueError(f"{wheel.name} is not a {engine} wheel")
-    texts: dict[str, str] = {}
-    sources: dict[str, str] = {}
     with zipfile.ZipFile(wheel) as z:
-        for name in sorted(z.namelist()):
-            if any(re.fullmatch(p, name) for p in SOURCES[engine]):
-                data = z.read(name)
-                sources[name] = hashlib.sha256(data).hexdigest()
-                texts[name] = data.decode()
-    if not sources:
+        data = {name: z.read(name) for name in sorted(z.namelist()) if any(re.fullmatch(p, name) for p in SOURCES[engine])}
+    if not data:
         raise ValueError(f"{wheel.name} holds none of {SOURCES[engine]}")
+    texts = {name: d.decode() for name, d in data.items()}
     classes = _class_fields([ast.parse(t) for t in texts.values()]) if engine == "vllm" else None
-    flags: set[str] = set()
-    for name, text in texts.items():
-        flags |= flags_in_source(engine, name, text, classes)
-    return ReleaseFlags(engine=engine, version=m[1], wheel=wheel.name,
-                        wheel_sha256=file_sha256(wheel),
-                        sources=sources, flags=sorted(flags))
+    flags = set().union(*(flags_in_source(engine, name, text, classes) for name, text in texts.items()))
+    return ReleaseFlags(engine=engine, version=m[1], wheel=wheel.name, wheel_sha256=file_sha256(wheel),
+                        sources={name: hashlib.sha256(d).hexdigest() for name, d in data.items()}, flags=sorted(flags))
 
 
 def path_for(engine: str, version: str) -> Path:

@@ -1,11 +1,6 @@
-"""Engine releases: which version booted, and which log format a version range prints.
-
-Adapters parse per version range because released engines change their log lines between
-releases (SGLang 0.5.23 prints `server_args={...}` where older builds printed
-`server_args=ServerArgs(...)`; vLLM 0.33.0 prints `GPU + host KV cache size` under host
-offload and, with Model Runner V2 the default, no "Loading drafter model"). The version is
-read at boot from the log or the info endpoint; an unknown version tries every known format.
-"""
+"""Engine releases and the log format each version range prints (released engines change their lines:
+SGLang 0.5.23 `server_args={...}` for `server_args=ServerArgs(...)`; vLLM 0.33.0 `GPU + host KV cache
+size`, and no "Loading drafter model" under Model Runner V2). An unknown version tries every format."""
 
 from __future__ import annotations
 
@@ -22,8 +17,7 @@ def version_key(version: str) -> tuple[int, ...]:
     """'0.5.23rc1' -> (0, 5, 23): the numeric release parts, enough to order releases."""
     parts = []
     for piece in version.lstrip("v").split("."):
-        m = re.match(r"\d+", piece)
-        if m is None:
+        if (m := re.match(r"\d+", piece)) is None:
             break
         parts.append(int(m[0]))
     return tuple(parts)
@@ -42,9 +36,7 @@ class Format(BaseModel):
         if version is None:
             return True
         key = version_key(version)
-        if self.since is not None and key < version_key(self.since):
-            return False
-        return self.until is None or key < version_key(self.until)
+        return (self.since is None or key >= version_key(self.since)) and (self.until is None or key < version_key(self.until))
 
 
 def formats_for(formats: list[Format], version: str | None) -> list[Format]:

@@ -1,51 +1,30 @@
 """SGLang (`python3 -m sglang.launch_server`): lanes with DFlash/EAGLE drafters on hybrid models.
 
-Why the adapter looks the way it does (facts read from sgl-project/sglang, cited by path):
-- The resolved running-request cap lives only in the log, never in the flags: hybrid
-  (mamba/linear-attention) models cut it to `max_mamba_cache_size // state slots per request`
-  and say `max_running_requests is capped to N by the mamba state cache
-  (max_mamba_cache_size=M, S state slots per request). To raise it: ...` (ratio constants in
-  python/sglang/srt/mem_cache/kv_cache_configurator.py: base 3 + 2 for the overlap scheduler
-  = 5; exact line as printed by released builds, seeds/002 and field logs). The scheduler then
-  prints `max_total_num_tokens=T, chunked_prefill_size=C, max_prefill_tokens=P,
-  max_running_requests=R, context_len=L, available_gpu_mem=G GB`
-  (python/sglang/srt/managers/scheduler.py). The smallest wins per data-parallel replica.
-- `server_args=ServerArgs(...)` echoes what was *asked*; we read only the speculative algorithm
-  and draft path from it (python/sglang/srt/server_args.py repr, engine.py logs it).
-- Every model runner logs `Load weight end. ... type=<class>, ...`
-  (python/sglang/srt/model_executor/model_runner.py); a second one on the same rank is the draft
-  worker, which is how we know the drafter actually loaded.
-- /metrics has only interval gauges for speculation (`sglang:spec_accept_length`,
-  `sglang:spec_accept_rate`) plus one counter, `sglang:spec_verify_calls_total` (PR #25689,
-  python/sglang/srt/observability/metrics_collector.py): no accepted-token or per-position
-  counter, so acceptance comes from the requests' own `meta_info` (source="requests").
-- `meta_info` (python/sglang/srt/managers/tokenizer_manager_components/spec_decoding_meta.py):
-  `spec_verify_ct`, `spec_num_correct_drafts` (bonus excluded), `spec_num_proposed_drafts`,
+Facts read from sgl-project/sglang (paths under python/sglang/srt/):
+- The resolved running-request cap is only in the log (the mamba state cache's and the scheduler's
+  lines, sglang_boot.py; the smallest wins per data-parallel replica); `server_args=...` echoes
+  what was *asked*: only the algorithm and draft path are read from it.
+- /metrics has only interval gauges for speculation plus `sglang:spec_verify_calls_total`
+  (PR #25689): no accepted-token counter, so acceptance comes from the requests' `meta_info`
+  (managers/tokenizer_manager_components/spec_decoding_meta.py): `spec_verify_ct`,
+  `spec_num_correct_drafts` (bonus excluded), `spec_num_proposed_drafts`,
   `spec_correct_drafts_histogram` (hist[j] = verify steps that accepted exactly j drafts,
-  `Req.update_spec_correct_drafts_histogram` in python/sglang/srt/managers/schedule_batch.py);
-  older releases: `spec_accepted_drafts`/`spec_proposed_drafts`/`spec_accept_histogram`, and
-  before those `spec_accept_token_num`/`spec_draft_token_num` (PR #13754). All are read.
-- Native /generate streams cumulative `text`/`output_ids` unless the server runs with
-  `--incremental-streaming-output` (older builds: `--stream-output`), which makes each chunk a
-  disjoint segment (tokenizer_manager.py, `_handle_batch_output`). Adapters are shared across
-  concurrent requests, so we launch with that flag instead of keeping per-request state.
-- `/server_info` (`/get_server_info` on older builds) returns the server args flat plus
-  `internal_states[i].effective_max_running_requests_per_dp` (the scheduler's resolved cap,
-  python/sglang/srt/managers/scheduler.py `get_internal_state`; shape as in SGLang's native
-  API docs output) and `version`; used only where the log said nothing.
-- `extra_key` on GenerateReqInput namespaces the radix cache (python/sglang/srt/managers/
-  io_struct.py, "e.g. cache_salt"): a fresh key per request guarantees no prefix reuse.
+  managers/schedule_batch.py); older names `spec_accepted_drafts`/`spec_proposed_drafts`/
+  `spec_accept_histogram`, before those `spec_accept_token_num`/`spec_draft_token_num` (PR #13754).
+- Native /generate streams cumulative `text`/`output_ids` unless launched with
+  `--incremental-streaming-output` (older: `--stream-output`; tokenizer_manager.py): adapters are
+  shared across requests, so we launch with it rather than keep per-request state.
+- `/server_info` (`/get_server_info` on older builds) is read where the log is silent (sglang_boot.py).
+- `extra_key` (managers/io_struct.py, "e.g. cache_salt") namespaces the radix cache: a fresh key
+  per request means no prefix reuse.
 
-K (lanebench's draft width: drafted tokens per verification step) maps per method:
-chain methods EAGLE/EAGLE3/NEXTN/STANDALONE -> `--speculative-num-steps K --speculative-eagle-topk 1
---speculative-num-draft-tokens K+1` (num_draft_tokens counts the verified root; proposed drafts
-per step = num_draft_tokens - 1 in spec_decoding_meta.py); DFLASH -> `--speculative-dflash-block-size
-K+1` (block includes the anchor token; DFLASH forces num_steps=1, topk=1 and block=num_draft_tokens,
-server_args DFLASH hook); DSPARK -> `--speculative-dspark-block-size K` (proposed = verify_ct x block,
-histogram has block+1 buckets: sgl-project/sglang PR #33518); NGRAM -> `--speculative-num-draft-tokens K+1`.
+K (draft tokens per verification step) per method: EAGLE/EAGLE3/NEXTN/STANDALONE ->
+`--speculative-num-steps K --speculative-eagle-topk 1 --speculative-num-draft-tokens K+1`
+(num_draft_tokens counts the verified root); DFLASH -> `--speculative-dflash-block-size K+1` (the
+block holds the anchor; DFLASH forces steps=1, topk=1); DSPARK -> `--speculative-dspark-block-size K`
+(proposed = verify_ct x block, block+1 histogram buckets: PR #33518); NGRAM -> `--speculative-num-draft-tokens K+1`.
 
-`binary` is the Python interpreter of the environment that has sglang installed (e.g. "python3"
-inside the image): SGLang has no console entry point of its own.
+`binary` is the Python interpreter of the environment with sglang (SGLang has no entry point).
 """
 
 from __future__ import annotations
@@ -62,8 +41,7 @@ from tasks.engines import planned, sglang_boot
 
 _CHAIN = {"EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "FROZEN_KV_MTP"}
 _ALIASES = {"SIMPLE": "STANDALONE", "DRAFT_MODEL": "STANDALONE", "MTP": "NEXTN"}
-# srt/speculative/spec_info.py `SpeculativeAlgorithm.from_string`: the name is upper-cased, and
-# NEXTN is a reserved alias of EAGLE; these name one algorithm to the server.
+# NEXTN is a reserved alias of EAGLE, names upper-cased (srt/speculative/spec_info.py `from_string`).
 _SAME = {"NEXTN": "EAGLE"}
 _NGRAM_DRAFT_TOKENS, _NGRAM_BFS_BREADTH = 12, 10  # srt/arg_groups: _handle_ngram, fields/spec.py defaults
 
@@ -79,29 +57,22 @@ def sglang_method(method: str) -> str:
     return _ALIASES.get(name, name)
 
 
-def same_algorithm(a: str, b: str) -> bool:
-    """Whether two `--speculative-algorithm` values name one algorithm to SGLang."""
-    return _SAME.get(a.upper(), a.upper()) == _SAME.get(b.upper(), b.upper())
-
-
 def _int_flag(argv: list[str], name: str) -> tuple[int | None, str]:
     value = planned.flag_value(argv, name)
     return (int(value) if value is not None and value.lstrip("-").isdigit() else None), f"{name} {value}"
 
 
 def sglang_draft_plan(argv: list[str]) -> DraftPlan | None:
-    """K as SGLang 0.5.23 will run an argv (`srt/arg_groups/speculative_hook.py`):
-    - EAGLE family: `--speculative-num-steps` N drafts N per step with topk 1 (num_draft_tokens is
-      re-resolved to N+1 and a different value only warned about); with topk > 1 the tree is
-      verified `--speculative-num-draft-tokens` wide, root included, so K = that - 1. No steps:
-      SGLang picks all three per model.
-    - DFLASH: the block (`--speculative-dflash-block-size`, an alias of num_draft_tokens) holds the
+    """K as SGLang 0.5.23 will run an argv (`srt/arg_groups/speculative_hook.py`), which is exactly
+    `spec_num_proposed_drafts / verify_ct`:
+    - EAGLE family: topk 1 drafts `--speculative-num-steps` N (num_draft_tokens re-resolved to N+1);
+      topk > 1 verifies a tree `--speculative-num-draft-tokens` wide, root included: K = that - 1.
+      No steps: SGLang picks all three per model.
+    - DFLASH: the block (`--speculative-dflash-block-size`, alias of num_draft_tokens) holds the
       anchor: K = block - 1 (`srt/speculative/dflash_worker_v2.py`); none: the checkpoint's.
     - DSPARK: `--speculative-dspark-block-size` is gamma = K (verify window gamma + 1).
-    - NGRAM: K = num_draft_tokens - 1 (default 12), drafted as a BFS tree up to
-      `--speculative-ngram-max-bfs-breadth` wide (default 10; topk is set to it).
-    The tokenizer manager counts `spec_num_proposed_drafts = verify_ct x (num_draft_tokens - 1)`:
-    this K exactly."""
+    - NGRAM: K = num_draft_tokens - 1 (default 12), a BFS tree up to
+      `--speculative-ngram-max-bfs-breadth` wide (default 10)."""
     algo = planned.flag_value(argv, "--speculative-algorithm")
     if algo is None:
         return None
@@ -118,19 +89,15 @@ def sglang_draft_plan(argv: list[str]) -> DraftPlan | None:
         width, width_flag = _int_flag(argv, "--speculative-num-draft-tokens")
         return DraftPlan(method=algo, k=None if width is None else width - 1, tree=True, shape=f"tree, topk {topk}",
                          flag=width_flag if width is not None else f"{topk_flag} (num_draft_tokens unset)")
-    if name == "DFLASH":
-        block, flag = _int_flag(argv, "--speculative-dflash-block-size")
-        if block is None:
-            block, flag = _int_flag(argv, "--speculative-num-draft-tokens")
-        return DraftPlan(method=algo, k=None if block is None else block - 1,
-                         flag=flag if block is not None else "--speculative-dflash-block-size (unset: the checkpoint's)")
-    if name == "DSPARK":
-        gamma, flag = _int_flag(argv, "--speculative-dspark-block-size")
-        if gamma is None:
+    if name in ("DFLASH", "DSPARK"):
+        own = f"--speculative-{name.lower()}-block-size"
+        width, flag = _int_flag(argv, own)
+        if width is not None and name == "DSPARK":  # gamma: the block without the anchor DFLASH's holds
+            width += 1
+        if width is None:
             width, flag = _int_flag(argv, "--speculative-num-draft-tokens")
-            gamma = None if width is None else width - 1
-        return DraftPlan(method=algo, k=gamma,
-                         flag=flag if gamma is not None else "--speculative-dspark-block-size (unset: the checkpoint's)")
+        return DraftPlan(method=algo, k=None if width is None else width - 1,
+                         flag=flag if width is not None else f"{own} (unset: the checkpoint's)")
     if name == "NGRAM":
         width, flag = _int_flag(argv, "--speculative-num-draft-tokens")
         breadth, _ = _int_flag(argv, "--speculative-ngram-max-bfs-breadth")
@@ -156,22 +123,14 @@ class SGLang(Engine):
     draft_counter = "sglang:spec_verify_calls_total"  # srt/observability/metrics_collector.py
     queue_gauge = "sglang:num_queue_reqs"
     info_path = "/server_info"  # /get_server_info before it was renamed
-    # No api_key_env: 0.5.23 reads its key only from --api-key or a --config YAML (server_args.py,
-    # arg_groups/fields/serving.py), and logs its server args at boot; a keyed lane is refused.
+    # No api_key_env: 0.5.23 reads a key only from --api-key or --config (arg_groups/fields/serving.py).
 
     def launch_command(self, lane: Lane, binary: str, host: str) -> list[str]:
-        argv = [
-            binary, "-m", "sglang.launch_server",
-            "--model-path", lane.model.path,
-            "--host", host,
-            "--port", str(lane.port),
-            "--context-length", str(lane.context),
-            "--enable-metrics",
-            "--incremental-streaming-output",
-        ]
-        # No --max-running-requests from lane.slots: SGLang resolves its own cap (memory, mamba
-        # state) and logs it; boot_facts reads that and the capacity gate compares. A lane that
-        # wants a lower ceiling says so in lane.flags.
+        argv = [binary, "-m", "sglang.launch_server", "--model-path", lane.model.path, "--host", host,
+                "--port", str(lane.port), "--context-length", str(lane.context), "--enable-metrics",
+                "--incremental-streaming-output"]
+        # No --max-running-requests from lane.slots: SGLang resolves and logs its own cap (memory,
+        # mamba state), which the capacity gate reads; a lower ceiling goes in lane.flags.
         if lane.speculative is not None:
             argv += self.speculative_flags(lane.speculative.method, lane.speculative.k,
                                            lane.drafter.path if lane.drafter else None)
@@ -201,12 +160,10 @@ class SGLang(Engine):
         return sglang_draft_plan(argv)
 
     def same_method(self, given: str, declared: str) -> bool:
-        return same_algorithm(given, sglang_method(declared))
+        a, b = given.upper(), sglang_method(declared).upper()
+        return _SAME.get(a, a) == _SAME.get(b, b)
 
-    # --- Draft counts for the implied gates (tasks/stages/safety.py) ---------------------------
-    # `sglang:spec_verify_calls_total` moves by the requests' verify steps (the drafts-happen
-    # gate); the proposed count is only in each request's meta_info, `spec_num_proposed_drafts =
-    # spec_verify_ct x (num_draft_tokens - 1)`, so the draft width is read from the probe itself.
+    # --- Draft counts for the implied gates: the proposed count is only in each request's meta_info ---
 
     def draft_window(self, before: Metrics, after: Metrics, requests: list[RequestRecord]) -> tuple[float, float] | None:
         specs = [r.spec for r in requests if r.spec and "spec_num_proposed_drafts" in r.spec]
@@ -217,10 +174,8 @@ class SGLang(Engine):
     def effective_k_of(self, requests: list[RequestRecord]) -> int | None:
         """Proposed drafts per verify step of the probe requests: the server's resolved K, exactly."""
         window = self.draft_window(Metrics(), Metrics(), requests)
-        if window is None or window[0] <= 0:
-            return None
-        per_step = window[1] / window[0]
-        return int(per_step) if per_step == int(per_step) else None
+        per_step = window[1] / window[0] if window is not None and window[0] > 0 else None
+        return int(per_step) if per_step is not None and per_step == int(per_step) else None
 
     def boot_facts(self, log: str, version: str | None = None) -> BootFacts:
         """Per release (tasks/engines/sglang_boot.py): server args, per-worker caps x DP workers."""
@@ -249,22 +204,15 @@ class SGLang(Engine):
         hists = [h for s in specs if isinstance(h := s.get("spec_correct_drafts_histogram"), list)]
         # Draft position i (0-based) was accepted in every step that kept more than i drafts.
         accepted_at = [sum(sum(h[i + 1 :]) for h in hists) for i in range(k)] if len(hists) == len(specs) else []
-        proposed = None
-        if all("spec_num_proposed_drafts" in s for s in specs):
-            proposed = sum(_num(s, "spec_num_proposed_drafts") for s in specs)
+        proposed = sum(_num(s, "spec_num_proposed_drafts") for s in specs) \
+            if all("spec_num_proposed_drafts" in s for s in specs) else None
         return Acceptance.over(steps, accepted, proposed, accepted_at, "requests")
 
     def completion_request(self, prompt: str, max_tokens: int) -> RequestSpec:
         # Native /generate, not /v1/completions: only it returns meta_info with the spec fields.
-        return RequestSpec(
-            path="/generate",
-            body={
-                "text": prompt,
-                "sampling_params": {"temperature": 0.0, "max_new_tokens": max_tokens},
-                "stream": True,
-                "extra_key": uuid.uuid4().hex,
-            },
-        )
+        return RequestSpec(path="/generate", body={
+            "text": prompt, "sampling_params": {"temperature": 0.0, "max_new_tokens": max_tokens}, "stream": True,
+            "extra_key": uuid.uuid4().hex})
 
     def parse_event(self, data: dict) -> StreamEvent:
         if "error" in data:
@@ -276,35 +224,22 @@ class SGLang(Engine):
             return StreamEvent(text=text, tokens=tokens)
         # {"type": "length"|"stop"|"abort", ...}: the type is already lanebench's word.
         kind = finish.get("type") if isinstance(finish, dict) else str(finish)
-        return StreamEvent(
-            text=text,
-            tokens=tokens,
-            done=True,
-            completion_tokens=meta.get("completion_tokens"),
-            prompt_tokens=meta.get("prompt_tokens"),
-            finish_reason=kind,
-            spec=_spec_fields(meta),
-        )
+        return StreamEvent(text=text, tokens=tokens, done=True, completion_tokens=meta.get("completion_tokens"),
+                           prompt_tokens=meta.get("prompt_tokens"), finish_reason=kind, spec=_spec_fields(meta))
 
-
-    # --- Agentic flags ----------------------------------------------------------------------
-    # SGLang turns the model's markup into OpenAI `tool_calls` only with `--tool-call-parser`,
-    # and splits thinking into `reasoning_content` only with `--reasoning-parser` (the seeds'
-    # GLM lane: glm47 and glm45); without them plain chat works and agents break silently.
+    # Tool calls need `--tool-call-parser`, `reasoning_content` needs `--reasoning-parser` (the
+    # seeds' GLM lane: glm47 and glm45); without them plain chat works and agents break silently.
 
     def agentic_flags(self, agentic: Agentic, chat_template: str | None) -> list[str]:
         return parser_flags(agentic, chat_template)
 
-    # --- Teacher-forced scoring (KL gate) ---------------------------------------------------
-    # Native /generate scores a whole token sequence in one request: `return_logprob` with
-    # `logprob_start_len: 0` returns `meta_info.input_token_logprobs`, one `[logprob, token_id,
-    # text|null]` per input token (the first token's logprob is null: nothing precedes it), and
-    # `top_logprobs_num: 1` adds `input_top_logprobs`, per position a list of `[logprob, id,
-    # text|null]` best first (null at position 0). `max_new_tokens: 0` generates nothing
-    # (python/sglang/srt/managers/tokenizer_manager.py `detokenize_logprob_tokens`; field
-    # practice: slime/miles reward models send exactly this body). A request that asks for
-    # input logprobs from position 0 cannot be served from the radix cache; a fresh
-    # `extra_key` makes that explicit.
+    # --- Teacher-forced scoring (KL gate): one /generate request per sequence ---------------
+    # `return_logprob` + `logprob_start_len: 0` return `meta_info.input_token_logprobs`, one
+    # `[logprob, token_id, text|null]` per input token (null logprob at 0); `top_logprobs_num: 1`
+    # adds `input_top_logprobs`, per position `[[logprob, id, text|null], ...]` best first;
+    # `max_new_tokens: 0` generates nothing (managers/tokenizer_manager.py
+    # `detokenize_logprob_tokens`; slime/miles reward models send this body). Input logprobs from
+    # 0 bypass the radix cache; a fresh `extra_key` makes that explicit.
 
     def tokenize_request(self, text: str) -> RequestSpec:
         # /tokenize (vLLM-compatible shape): {"prompt", "add_special_tokens"} -> {"tokens", "count", ...}
@@ -312,11 +247,8 @@ class SGLang(Engine):
 
     def greedy_tokens_request(self, tokens: list[int], max_tokens: int, ignore_eos: bool) -> RequestSpec:
         return RequestSpec(path="/generate", body={
-            "input_ids": tokens,
-            "sampling_params": {"temperature": 0.0, "max_new_tokens": max_tokens, "ignore_eos": ignore_eos},
-            "stream": False,
-            "extra_key": uuid.uuid4().hex,
-        })
+            "input_ids": tokens, "sampling_params": {"temperature": 0.0, "max_new_tokens": max_tokens, "ignore_eos": ignore_eos},
+            "stream": False, "extra_key": uuid.uuid4().hex})
 
     def parse_greedy_tokens(self, data: dict) -> list[int]:
         return [int(t) for t in data["output_ids"]]
@@ -324,17 +256,9 @@ class SGLang(Engine):
     def forced_probes(self, tokens: list[int], start: int) -> list[ForcedProbe]:
         if start < 1:
             raise ValueError("position 0 has no prefix to be scored from")
-        body = {
-            "input_ids": tokens,
-            "sampling_params": {"temperature": 0.0, "max_new_tokens": 0},
-            "return_logprob": True,
-            "logprob_start_len": 0,
-            "top_logprobs_num": 1,
-            "stream": False,
-            "extra_key": uuid.uuid4().hex,
-        }
-        positions = list(range(start, len(tokens)))
-        return [ForcedProbe(path="/generate", body=body, positions=positions, forced=tokens[start:])]
+        body = {"input_ids": tokens, "sampling_params": {"temperature": 0.0, "max_new_tokens": 0}, "return_logprob": True,
+                "logprob_start_len": 0, "top_logprobs_num": 1, "stream": False, "extra_key": uuid.uuid4().hex}
+        return [ForcedProbe(path="/generate", body=body, positions=list(range(start, len(tokens))), forced=tokens[start:])]
 
     def parse_forced(self, probe: ForcedProbe, data: dict) -> list[ForcedScore]:
         meta = data["meta_info"]
@@ -357,14 +281,12 @@ def _spec_fields(meta: dict) -> dict[str, float | list[float]] | None:
         return None
     spec: dict[str, float | list[float]] = {"spec_verify_ct": float(meta["spec_verify_ct"])}
     hist = _first(meta, _HIST)
-    if isinstance(hist, list):
-        spec["spec_correct_drafts_histogram"] = [float(x) for x in hist]
+    hist = [float(x) for x in hist] if isinstance(hist, list) else None
     correct = _first(meta, _CORRECT)
-    if correct is None and isinstance(hist, list):
+    if correct is None and hist is not None:
         correct = sum(j * x for j, x in enumerate(hist))
-    if correct is not None:
-        spec["spec_num_correct_drafts"] = float(correct)
-    proposed = _first(meta, _PROPOSED)
-    if proposed is not None:
-        spec["spec_num_proposed_drafts"] = float(proposed)
+    for key, value in (("spec_correct_drafts_histogram", hist), ("spec_num_correct_drafts", correct),
+                       ("spec_num_proposed_drafts", _first(meta, _PROPOSED))):
+        if value is not None:
+            spec[key] = value if isinstance(value, list) else float(value)
     return spec

@@ -1,26 +1,21 @@
-"""SGLang's boot log and /server_info, read per release (checked against the 0.5.23 wheel).
-
-Format strings, by file of the released wheel (tests/fixtures/engines/README.md gives lines):
-- `server_args={...}`: a flat dict of every resolved field, logged once by
-  `srt/entrypoints/engine.py` (`_server_args_for_logging` -> `ServerArgs.resolved_dict`) from
-  0.5.23; older builds logged the repr `server_args=ServerArgs(a=1, ...)`.
-- Rank prefix `[%(asctime)s{.ms} DP{d} PP{p} ATTN_CP{c} MOE_DP{m} TP{t} EP{e}]`
-  (`srt/managers/scheduler.py` `configure_scheduler_process`; each field only when that
-  width is > 1, DP whenever a dp rank exists; milliseconds with SGLANG_LOG_MS).
-- Scheduler summary `max_total_num_tokens=..., max_running_requests=R, context_len=L, ...`:
-  printed where `tp_rank == 0` only (`scheduler.py`), and R is per data-parallel worker
-  (`srt/mem_cache/kv_cache_configurator.py`: `requested // attn_dp_size`). With attention-DP
-  one line stands for every worker; with plain DP each replica's TP0 prints its own.
-- Mamba cap `max_running_requests is capped to N by the mamba state cache
-  (max_mamba_cache_size=M, S state slots per request)` (kv_cache_configurator.py), per worker.
-- `Load weight end. elapsed=..., type=<class>, ...` (`srt/model_executor/model_runner.py`)
-  once per model runner: the second on a rank is the draft worker's.
+"""SGLang's boot log and /server_info, read per release (checked against the 0.5.23 wheel; line
+examples in tests/fixtures/engines/README.md):
+- `server_args={...}`: every resolved field, logged once by `srt/entrypoints/engine.py`
+  (`ServerArgs.resolved_dict`) from 0.5.23; older builds logged `server_args=ServerArgs(a=1, ...)`.
+- Rank prefix `[%(asctime)s{.ms} DP{d} PP{p} ATTN_CP{c} MOE_DP{m} TP{t} EP{e}]` (`srt/managers/scheduler.py`
+  `configure_scheduler_process`; each field only when that width is > 1, DP whenever a dp rank exists).
+- `max_total_num_tokens=..., max_running_requests=R, context_len=L, ...`: printed on `tp_rank == 0`
+  only, R per data-parallel worker (`srt/mem_cache/kv_cache_configurator.py`: `requested //
+  attn_dp_size`). With attention-DP one line stands for every worker; plain DP prints one per replica.
+- `max_running_requests is capped to N by the mamba state cache (max_mamba_cache_size=M, S state
+  slots per request)` (kv_cache_configurator.py), per worker.
+- `Load weight end. elapsed=..., type=<class>, ...` (`srt/model_executor/model_runner.py`) once per
+  model runner: the second on a rank is the draft worker's.
 - `/server_info`: the resolved args flat, `internal_states[i].effective_max_running_requests_per_dp`
   (`srt/managers/scheduler_components/internal_state.py`) and `version`.
 
-Deployment-wide cap = per-worker cap x data-parallel workers (`dp_size * attn_dp_size`,
-`num_dp_ranks` in `srt/arg_groups/fields/parallel.py`); tensor and pipeline widths shard one
-worker and do not multiply it.
+Deployment cap = per-worker cap x `dp_size * attn_dp_size` (`srt/arg_groups/fields/parallel.py`);
+tensor and pipeline widths shard one worker.
 """
 
 from __future__ import annotations
@@ -48,22 +43,17 @@ _KEYS = ("speculative_algorithm", "speculative_draft_model_path", "max_running_r
 
 
 def _scalar(text: str) -> str | int | None:
+    """One logged value as `'[^']*'|-?\\d+|None|True|False` matched it."""
     text = text.strip()
     if text in ("None", ""):
         return None
-    if text[0] in "'\"":
-        return text[1:-1]
-    try:
-        return int(text)
-    except ValueError:
-        return text
+    return text[1:-1] if text[0] in "'\"" else int(text) if text.lstrip("-").isdigit() else text
 
 
 def server_args(log: str, version: str | None) -> tuple[str | None, dict[str, str | int | None]]:
     """The logged server args in the format the version prints: (format name, the keys we use)."""
     for fmt in formats_for(FORMATS, version):
-        m = _ARGS[fmt.name].search(log)
-        if m is None:
+        if (m := _ARGS[fmt.name].search(log)) is None:
             continue
         if fmt.name == "server-args-dict":
             try:
@@ -73,8 +63,7 @@ def server_args(log: str, version: str | None) -> tuple[str | None, dict[str, st
                 pattern = r"'{}': ('[^']*'|-?\d+|None|True|False)"
         else:
             pattern = r"\b{}=('[^']*'|-?\d+|None|True|False)"
-        found = {k: _scalar(v[1]) for k in _KEYS if (v := re.search(pattern.format(k), m[1]))}
-        return fmt.name, found
+        return fmt.name, {k: _scalar(v[1]) for k in _KEYS if (v := re.search(pattern.format(k), m[1]))}
     return None, {}
 
 
@@ -132,8 +121,7 @@ def boot_facts(log: str, version: str | None = None) -> BootFacts:
     facts.note("speculative_type", "log", algo if isinstance(algo, str) else None)
     if isinstance(path := args.get("speculative_draft_model_path"), str):
         facts.extra["draft_model_path"] = path
-    drafts = [w[1] for w in weights.values() if len(w) >= 2]
-    if drafts:
+    if drafts := [w[1] for w in weights.values() if len(w) >= 2]:
         facts.extra["draft_model_type"] = drafts[0]
         facts.note("draft_model_loaded", "log", True)
     elif weights and isinstance(algo, str) and algo.upper() not in _DRAFTERLESS:
@@ -154,9 +142,5 @@ def info_facts(facts: BootFacts, info: dict) -> BootFacts:
         facts.note("speculative_type", "server_info", str(info["speculative_algorithm"]))
     if facts.context_per_slot is None and isinstance(info.get("context_length"), int):
         facts.context_per_slot = info["context_length"]
-    if isinstance(info.get("version"), str):
-        if facts.version is not None and facts.version != info["version"]:
-            facts.disagreements.append(f"version: log {facts.version}, server_info {info['version']}")
-        facts.version = info["version"]
-        facts.extra["version"] = info["version"]
+    facts.info_version(info.get("version"), "server_info")
     return facts.reconcile()

@@ -1,41 +1,25 @@
 """vLLM (`vllm serve`): lanes with EAGLE3/DFlash/MTP drafters behind the V1 engine.
 
-Why the adapter looks the way it does (facts read from vllm-project/vllm, cited by path):
-- Spec-decode counters (vllm/v1/spec_decode/metrics.py, `SpecDecodingProm`):
-  `vllm:spec_decode_num_drafts` (one per request per verification step),
-  `vllm:spec_decode_num_draft_tokens`, `vllm:spec_decode_num_accepted_tokens`,
-  `vllm:spec_decode_num_accepted_tokens_per_pos{position="k"}` (+1 at every position below the
-  accepted count, so it never rises with k). prometheus_client exports them with `_total`
-  (plus `_created` gauges), labelled `model_name` and `engine` (one series per data-parallel
-  engine, vllm/v1/metrics/loggers.py `labelnames = ["model_name", "engine"]`). We sum every
-  series of a name over those labels, keeping only `position` apart. The module's own PromQL
-  defines mean acceptance length as 1 + accepted / drafts: lanebench's definition.
-- Boot log (vllm/v1/core/kv_cache_utils.py): `GPU KV cache size: N tokens` and
-  `Maximum concurrency for L tokens per request: X.XXx` (one line or two, by version; numbers
-  with thousands separators). `max_num_seqs` is resolved at DEBUG level only
-  (vllm/engine/arg_utils.py), so we pass `--max-num-seqs lane.slots` and read it back from the
-  `non-default args: {...}` line. The running cap we report is min(max_num_seqs,
-  floor(max concurrency)): how many requests of `lane.context` tokens run without preemption,
-  the same meaning llama.cpp's slot count has.
-- `Initializing a V1 LLM engine (vX) with config: ..., speculative_config=SpeculativeConfig(
-  method='eagle3', model='...', num_spec_tokens=3), ...` (vllm/v1/engine/core.py) names the
-  method actually configured; `Loading drafter model...` (vllm/v1/worker/gpu_model_runner.py)
-  proves the drafter loaded.
-- `--speculative-config` JSON keys `method`, `model`, `num_speculative_tokens`
-  (vllm/config/speculative.py; methods are lower case: eagle, eagle3, dflash, dspark, mtp,
-  draft_model, ngram, ...). K (drafted tokens per verification step) is `num_speculative_tokens`
-  for every method: it is also the number of per-position series.
-- /v1/completions streaming (vllm/entrypoints/openai/serving_completion.py): each choice chunk
-  carries the text delta, `finish_reason` ("length"/"stop"/"abort") and, with
-  `return_token_ids`, the delta `token_ids`; `stream_options.continuous_usage_stats` adds the
-  running `usage` to every chunk (so the finish chunk is a complete final event), and
-  `include_usage` a last chunk with `choices: []` and the totals, then `data: [DONE]`.
-  `cache_salt` (protocol.py) keeps the request out of every other request's prefix cache;
-  `model` may be omitted (the first served model answers).
+Facts read from vllm-project/vllm:
+- Spec-decode counters (v1/spec_decode/metrics.py `SpecDecodingProm`): `vllm:spec_decode_num_drafts`
+  (one per request per verification step), `_num_draft_tokens`, `_num_accepted_tokens`,
+  `_num_accepted_tokens_per_pos{position="k"}` (+1 at every position below the accepted count, so
+  it never rises with k); exported with `_total`, labelled `model_name` and `engine` (one series
+  per data-parallel engine, v1/metrics/loggers.py). Summed over those labels, `position` kept apart.
+  The module's PromQL defines mean acceptance length as 1 + accepted / drafts: lanebench's.
+- Boot log lines: vllm_boot.py. `max_num_seqs` is resolved at DEBUG only (engine/arg_utils.py), so we
+  pass `--max-num-seqs lane.slots`; the cap reported, min(max_num_seqs, floor(max concurrency)), is
+  how many requests of `lane.context` tokens run without preemption, as llama.cpp's slot count means.
+- `--speculative-config` JSON keys `method` (lower case: eagle, eagle3, dflash, dspark, mtp,
+  draft_model, ngram, ...), `model`, `num_speculative_tokens` (config/speculative.py): K for every
+  method, and the number of per-position series.
+- /v1/completions streaming (entrypoints/openai/serving_completion.py): each chunk has the text
+  delta, `finish_reason` and, with `return_token_ids`, `token_ids`; `continuous_usage_stats` puts
+  the running `usage` on every chunk, `include_usage` adds a last `choices: []` chunk with totals.
+  `cache_salt` (protocol.py) keeps the request out of other requests' prefix cache.
 
-`binary` is the `vllm` executable of the environment (e.g. "vllm" or "/opt/venv/bin/vllm").
-Per-request spec fields need `--per-request-spec-decode-metrics` on recent builds and are not
-used: the counters are exact over the window.
+`binary` is the environment's `vllm` executable. Per-request spec fields need
+`--per-request-spec-decode-metrics` and are not used: the counters are exact over the window.
 """
 
 from __future__ import annotations
@@ -69,10 +53,7 @@ def vllm_method(method: str) -> str:
 
 
 def counter_by_position(metrics: Metrics, name: str) -> dict[str, float]:
-    """One counter summed over its series' extra labels, keyed by `position` ('' when unlabelled).
-
-    Label sets vary (model_name, engine per data-parallel rank, ...); only the position matters.
-    """
+    """One counter summed over its other labels (model_name, engine per DP rank...), by `position` ('' if none)."""
     out: dict[str, float] = {}
     for key, value in metrics.values.items():
         m = _KEY.match(key)
@@ -89,12 +70,9 @@ class VLLM(Engine):
     draft_tokens_counter = "vllm:spec_decode_num_draft_tokens_total"
     info_path = "/version"  # {"version": "0.33.0"}
     queue_gauge = "vllm:num_requests_waiting"
-    # vllm/entrypoints/serve/middleware/register.py (0.32.0): `args.api_key or [envs.VLLM_API_KEY]`
-    api_key_env = "VLLM_API_KEY"
+    api_key_env = "VLLM_API_KEY"  # serve/middleware/register.py (0.32.0): `args.api_key or [envs.VLLM_API_KEY]`
 
     def acceptance_log_interval_s(self, env: dict[str, str]) -> float | None:
-        """vLLM logs `SpecDecoding metrics` every VLLM_LOG_STATS_INTERVAL seconds (default 10) in
-        which drafts happened, over that interval only."""
         try:
             interval = float(env.get("VLLM_LOG_STATS_INTERVAL", "10"))
         except ValueError:
@@ -103,11 +81,8 @@ class VLLM(Engine):
 
     def logged_acceptance(self, log: str, k: int) -> LoggedAcceptance | None:
         lines = _SPEC_LINE.findall(log)
-        if not lines or k <= 0:
-            return None
-        accepted = sum(int(a) for _, a, _, _ in lines)
-        drafted = sum(int(d) for _, _, d, _ in lines)
-        if drafted <= 0:
+        accepted, drafted = sum(int(a) for _, a, _, _ in lines), sum(int(d) for _, _, d, _ in lines)
+        if k <= 0 or drafted <= 0:
             return None
         rates = [[float(x) for x in r.split(",")] for *_, r in lines]
         width = max(len(r) for r in rates)
@@ -117,8 +92,7 @@ class VLLM(Engine):
                                 acceptance_length=1.0 + accepted / (drafted / k), per_position=per_pos)
 
     def effective_k(self, metrics: Metrics) -> int | None:
-        """K as the engine states it: one `num_accepted_tokens_per_pos` series per draft
-        position, exported (at 0) from boot on."""
+        """K as the engine states it: one `num_accepted_tokens_per_pos` series per position, from boot on."""
         positions = counter_by_position(metrics, _P + "num_accepted_tokens_per_pos")
         return len([p for p in positions if p != ""]) or None
 
@@ -130,18 +104,12 @@ class VLLM(Engine):
         return str(bin_dir / "vllm"), vllm_cpu_identity(bin_dir)
 
     def launch_command(self, lane: Lane, binary: str, host: str) -> list[str]:
-        argv = [
-            binary, "serve", lane.model.path,
-            "--host", host,
-            "--port", str(lane.port),
-            "--max-model-len", str(lane.context),
-            "--max-num-seqs", str(lane.slots),
-        ]
+        argv = [binary, "serve", lane.model.path, "--host", host, "--port", str(lane.port),
+                "--max-model-len", str(lane.context), "--max-num-seqs", str(lane.slots)]
         if lane.speculative is not None:
-            config: dict[str, str | int] = {"method": vllm_method(lane.speculative.method)}
-            if lane.drafter is not None:
-                config["model"] = lane.drafter.path
-            config["num_speculative_tokens"] = lane.speculative.k
+            config: dict[str, str | int] = {"method": vllm_method(lane.speculative.method),
+                                            **({"model": lane.drafter.path} if lane.drafter else {}),
+                                            "num_speculative_tokens": lane.speculative.k}
             argv += ["--speculative-config", json.dumps(config)]
         return argv + list(lane.flags)
 
@@ -187,20 +155,11 @@ class VLLM(Engine):
                                [per_pos.get(str(i), 0.0) for i in range(k)], "counters")
 
     def completion_request(self, prompt: str, max_tokens: int) -> RequestSpec:
-        return RequestSpec(
-            path="/v1/completions",
-            body={
-                "prompt": prompt,
-                "max_tokens": max_tokens,
-                "temperature": 0.0,
-                "stream": True,
-                # continuous usage puts the running counts on every chunk, so the chunk that
-                # carries finish_reason is a complete final event on its own (stages stop there).
-                "stream_options": {"include_usage": True, "continuous_usage_stats": True},
-                "return_token_ids": True,
-                "cache_salt": uuid.uuid4().hex,
-            },
-        )
+        # Continuous usage makes the chunk with finish_reason a complete final event (stages stop there).
+        return RequestSpec(path="/v1/completions", body={
+            "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "stream": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True}, "return_token_ids": True,
+            "cache_salt": uuid.uuid4().hex})
 
     def parse_event(self, data: dict) -> StreamEvent:
         if "error" in data or data.get("object") == "error":
@@ -215,41 +174,30 @@ class VLLM(Engine):
                                prompt_tokens=usage.get("prompt_tokens"))
         choice = choices[0]
         finish = choice.get("finish_reason")
-        usage = data.get("usage") or {}
-        return StreamEvent(
-            text=choice.get("text") or "",
-            tokens=len(choice.get("token_ids") or []),
-            done=finish is not None,
-            completion_tokens=usage.get("completion_tokens") if finish is not None else None,
-            prompt_tokens=usage.get("prompt_tokens") if finish is not None else None,
-            finish_reason=finish,
-        )
+        usage = (data.get("usage") or {}) if finish is not None else {}
+        return StreamEvent(text=choice.get("text") or "", tokens=len(choice.get("token_ids") or []),
+                           done=finish is not None, completion_tokens=usage.get("completion_tokens"),
+                           prompt_tokens=usage.get("prompt_tokens"), finish_reason=finish)
 
-    # --- Agentic flags ----------------------------------------------------------------------
-    # vLLM serves `tool_choice: auto` only with `--enable-auto-tool-choice` plus a
-    # `--tool-call-parser`; reasoning is split into `reasoning` (formerly `reasoning_content`)
-    # only with `--reasoning-parser`.
+    # `tool_choice: auto` needs `--enable-auto-tool-choice` plus `--tool-call-parser`; `reasoning`
+    # (formerly `reasoning_content`) needs `--reasoning-parser`.
 
     def agentic_flags(self, agentic: Agentic, chat_template: str | None) -> list[str]:
         return parser_flags(agentic, chat_template, ("--enable-auto-tool-choice",))
 
     # --- Teacher-forced scoring (KL gate) ---------------------------------------------------
-    # /v1/completions takes a token-id list as `prompt` (no BOS is added to ids) and, with the
-    # vLLM extension `prompt_logprobs: k`, returns per choice `prompt_logprobs`: null for the
-    # first token, then per position a dict `{"<token id>": {"logprob", "rank", "decoded_token"}}`
-    # holding the prompt token itself and the top k (rank 1 = argmax; -inf clamped to -9999.0,
-    # `clamp_prompt_logprobs`). k is capped by `--max-logprobs` (default 20); 1 is enough.
-    # `max_tokens: 0` is refused, so one token is generated and ignored. A prompt-logprob
-    # request bypasses the prefix cache. `return_token_ids` puts `token_ids` on the choice.
+    # /v1/completions takes token ids as `prompt` (no BOS added); `prompt_logprobs: k` returns per
+    # choice null for the first token, then per position `{"<id>": {"logprob", "rank", ...}}` with
+    # the prompt token and the top k (rank 1 = argmax; -inf clamped to -9999.0; k capped by
+    # `--max-logprobs`, default 20). `max_tokens: 0` is refused: one token is generated and ignored.
+    # Prompt logprobs bypass the prefix cache.
 
     def tokenize_request(self, text: str) -> RequestSpec:
         return RequestSpec(path="/tokenize", body={"prompt": text, "add_special_tokens": True})
 
     def greedy_tokens_request(self, tokens: list[int], max_tokens: int, ignore_eos: bool) -> RequestSpec:
-        return RequestSpec(path="/v1/completions", body={
-            "prompt": tokens, "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": ignore_eos,
-            "return_token_ids": True, "stream": False,
-        })
+        return RequestSpec(path="/v1/completions", body={"prompt": tokens, "max_tokens": max_tokens, "temperature": 0.0,
+                                                         "ignore_eos": ignore_eos, "return_token_ids": True, "stream": False})
 
     def parse_greedy_tokens(self, data: dict) -> list[int]:
         return [int(t) for t in data["choices"][0]["token_ids"]]

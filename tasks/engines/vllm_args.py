@@ -1,7 +1,4 @@
-"""vLLM's argv read as the 0.33.0 release reads it, for what lanebench checks before boot:
-the draft width it will run and the ports its head listens on (kept apart from vllm.py, the
-adapter, which builds the argv).
-"""
+"""vLLM's argv read as 0.33.0 reads it, for the checks before boot: the draft width and the head's ports."""
 
 from __future__ import annotations
 
@@ -42,9 +39,8 @@ DP_RPC_PORT = 29550  # vllm/config/parallel.py `data_parallel_rpc_port`: "shared
 
 
 def listen_ports(argv: list[str], rank: int, spans_nodes: bool) -> list[tuple[int, str]]:
-    """vLLM's head listens on the data-parallel RPC port for the other nodes' engines (the headless
-    nodes connect to it: vllm/entrypoints/cli/serve.py run_headless), when data-parallel spans nodes
-    or the flag is given."""
+    """The head's data-parallel RPC port, when data-parallel spans nodes or the flag is given (the headless
+    nodes connect to it: vllm/entrypoints/cli/serve.py run_headless)."""
     given = int_flag(argv, "--data-parallel-rpc-port")
     dp = int_flag(argv, "--data-parallel-size", "-dp") or 1
     if rank != 0 or (given is None and not (dp > 1 and spans_nodes)):

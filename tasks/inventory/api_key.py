@@ -1,14 +1,8 @@
-"""A lane's API key: declared by reference, never written in the inventory, never on an argv.
-
-`api_key_env: NAME` names a variable of lanebench's own environment; `api_key_file: PATH` a file
-on lanebench's machine (relative to the inventory's folder) whose first line that is not a
-`#` comment is the key. The key reaches the server in the engine's own environment variable
-(`Engine.api_key_env`: LLAMA_API_KEY, VLLM_API_KEY), never its argv, which every user of the host
-reads; every client request carries it as `Authorization: Bearer` (tasks/client/auth.py).
-
-Refused at load, one line each: a key written inline (`api_key: ...`), `--api-key` or
-`--api-key-file` among the lane's flags, the engine's key variable under `env`, and a key for an
-engine whose release takes one only on its command line (SGLang 0.5.23).
+"""A lane's API key, by reference only: `api_key_env: NAME` (lanebench's environment) or `api_key_file:
+PATH` (relative to the inventory; the first line not a `#` comment). It reaches the server in the
+engine's variable (`Engine.api_key_env`), never its argv, and every request as `Authorization: Bearer`
+(tasks/client/auth.py). Refused at load: an inline `api_key`, `--api-key`/`--api-key-file` in flags,
+the engine's key variable under `env`, and a key for an engine taking one only on its command line.
 """
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
-"""A lane's further bench declarations: the prefill ladder, the accuracy eval, the capacity plan,
-and the decode levels it runs past the server's cap (`beyond_cap`). Each is optional: a lane
-that declares none runs as before."""
+"""A lane's bench declarations: decode levels (and those past the server's cap), and the optional
+prefill ladder, accuracy eval and capacity plan."""
 
 from __future__ import annotations
 
@@ -12,22 +11,16 @@ from tasks.inventory.base import _Strict
 
 
 class BeyondCap(_Strict):
-    """Decode levels the lane runs even above the server's running-request cap.
-
-    Users ask what happens past the cap; the answer is a queue, not speed. Those levels run
-    (the capacity gate lets exactly them through), are labelled "queueing" in every table and
-    plot, report queue wait apart from TTFT, and never feed a speed verdict.
-    """
+    """Decode levels run above the server's running-request cap (users ask; the answer is a queue): the
+    capacity gate lets exactly these through, labelled "queueing", queue wait apart from TTFT, never
+    in a speed verdict."""
 
     queue: Annotated[list[Annotated[int, Field(ge=1, le=1024)]], Field(min_length=1)]
 
 
 class PrefillPlan(_Strict):
-    """Cold prefill from short to the longest prompt the lane serves, one warm hit per rung.
-
-    `rungs` are prompt sizes in tokens; a rung the server's context per slot cannot hold (with
-    `max_tokens` of output) is skipped with the reason, not sent.
-    """
+    """Cold prefill from short to the longest prompt, one warm hit per rung (prompt tokens); a rung the
+    context per slot cannot hold with `max_tokens` is skipped with the reason."""
 
     rungs: Annotated[list[Annotated[int, Field(ge=8)]], Field(min_length=1)]
     max_tokens: Annotated[int, Field(ge=1, le=64)] = 1
@@ -42,14 +35,9 @@ class PrefillPlan(_Strict):
 
 
 class AccuracyPlan(_Strict):
-    """A multiple-choice eval in the GPQA-Diamond record shape, through the lane's chat route.
-
-    `file` is JSONL of {question, choices, answer} (answer: a letter or the index of the right
-    choice). Answers that hit `max_tokens` are re-asked at `reask_max_tokens` and merged back by
-    question index: the raw score is never shown without the share that was cut off.
-    `prompt` renders one record ({question} and {choices}); `thinking` picks the regime through
-    the lane's declared switch (`default`: what a client gets without asking).
-    """
+    """A multiple-choice eval (GPQA-Diamond JSONL {question, choices, answer: letter or index}) through
+    the chat route. Answers cut at `max_tokens` are re-asked at `reask_max_tokens` and merged back:
+    no raw score without the share cut off. `thinking` uses the lane's switch (`default`: none sent)."""
 
     file: str
     max_tokens: Annotated[int, Field(ge=1)] = 2048
@@ -73,12 +61,9 @@ class AccuracyPlan(_Strict):
 
 
 class CapacityPlan(_Strict):
-    """Bytes per seat: how many users the lane holds at which context each.
-
-    `typical_tokens` is one request's prompt plus output as the lane's users send it (default:
-    the decode prompts counted by the server's tokenizer plus the decode max_tokens); `users`
-    adds rows to the table beside the decode levels and the server's cap.
-    """
+    """Bytes per seat: how many users the lane holds at which context. `typical_tokens`: one request's
+    prompt plus output (default: the decode prompts by the server's tokenizer plus max_tokens);
+    `users`: rows beside the decode levels and the server's cap."""
 
     typical_tokens: Annotated[int, Field(ge=1)] | None = None
     users: list[Annotated[int, Field(ge=1, le=100_000)]] = []
@@ -88,9 +73,8 @@ class DecodePlan(_Strict):
     concurrency: Annotated[list[Annotated[int, Field(ge=1, le=1024)]], Field(min_length=1)] = [1, 2, 4, 8]
     max_tokens: Annotated[int, Field(ge=1)] = 64
     requests_per_stream: Annotated[int, Field(ge=1)] = 2
-    # At least this many measured requests per level, over all repeats: a p95 over fewer than 20
-    # is one request's noise (the regression check reads it "too few samples"). Low levels then
-    # send more requests per stream; a level never sends fewer than requests_per_stream.
+    # Measured requests per level over all repeats (a p95 over fewer than 20 is noise): low levels send
+    # more per stream, never fewer than requests_per_stream.
     requests_per_level: Annotated[int, Field(ge=1)] | None = None
     prompts: str
     beyond_cap: BeyondCap | None = None  # levels run past the server's cap, labelled "queueing"
@@ -136,8 +120,7 @@ class AcceptancePlan(_Strict):
 
 class BenchPlan(_Strict):
     repeats: Annotated[int, Field(ge=1, le=50)] = 3
-    # A decode level whose repeats spread more than this (max - min over median, %) is marked
-    # unstable: noise, not a baseline (tasks/hosts/noise.py says why 50).
+    # Repeats spreading more than this (max - min over median, %) mark a level unstable (tasks/hosts/noise.py).
     unstable_spread_pct: Annotated[float, Field(gt=0)] = 50.0
     decode: DecodePlan
     acceptance: AcceptancePlan | None = None

@@ -1,7 +1,5 @@
-"""The one YAML-to-model loader: every input file (inventory, KL, matrix, tool protocol) is read
-with `load_model`, and every pydantic ValidationError becomes one ConfigError line naming file,
-field and fix through `config_error` (also for models built from a file's parts, a KL lane or a
-matrix arm)."""
+"""The one YAML-to-model loader for every input file (`load_model`); every pydantic ValidationError becomes
+one ConfigError line naming file, field and fix (`config_error`, also for a KL lane or a matrix arm)."""
 
 from __future__ import annotations
 
@@ -75,8 +73,7 @@ def config_error(path: str | Path, e: ValidationError, *, under: str = "",
         top = next((str(x) for x in loc if not isinstance(x, int)), "")
         fix = own.get(f"{top}.{err['type']}") or own.get(err["type"]) or (
             f"use {err['ctx']['expected']}" if err["type"] == "literal_error" else FIXES.get(err["type"], _DEFAULT_FIX))
-        more = len(e.errors()) - 1
-        if more:
+        if more := len(e.errors()) - 1:
             problem += f" (and {more} more problem{'s' if more > 1 else ''} after this one)"
     if under:
         field = under if field == "(top level)" else f"{under}.{field}"
@@ -105,6 +102,4 @@ def load_model(path: str | Path, model: type[M], *, missing_fix: str, keys: str,
                fixes: Mapping[str, str] | None = None) -> M:
     """A YAML config file as `model`: any problem (missing, unreadable, bad YAML, wrong shape,
     invalid field) is one ConfigError naming the file, the field and the fix."""
-    path = Path(path)
-    raw = read_yaml_mapping(path, missing_fix, keys, example)
-    return validate(path, model, raw, fixes=fixes)
+    return validate(path, model, read_yaml_mapping(Path(path), missing_fix, keys, example), fixes=fixes)

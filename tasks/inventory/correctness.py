@@ -1,5 +1,4 @@
-"""A lane's correctness declarations: its agentic workload (tools, reasoning, thinking switch),
-the tool-call gate and its pinned protocol, and the needle ladder."""
+"""A lane's correctness declarations: its agentic workload, the tool-call gate and its protocol, the needle ladder."""
 
 from __future__ import annotations
 
@@ -12,8 +11,8 @@ from tasks.inventory.base import _NAME, _SAFE_FLAG, _Strict
 from tasks.inventory.config_file import load_model
 
 
-# The values that turn thinking on and off, per chat-template switch, unless a lane says otherwise.
-# reasoning_effort "none" is OpenAI's word for no reasoning; a template may want "low" instead.
+# (on, off) per chat-template switch unless a lane says otherwise; "none" is OpenAI's word for no
+# reasoning (a template may want "low").
 THINKING_DEFAULTS: dict[str, tuple[bool | str, bool | str]] = {
     "enable_thinking": (True, False),
     "reasoning_effort": ("high", "none"),
@@ -21,13 +20,9 @@ THINKING_DEFAULTS: dict[str, tuple[bool | str, bool | str]] = {
 
 
 class ThinkingSwitch(_Strict):
-    """One way to toggle thinking: a chat-template kwarg and the values that mean on and off.
-
-    The seeds met a template that honours `enable_thinking` and ignores `reasoning_effort`,
-    and one that does the reverse: a client sending the wrong switch silently gets the wrong
-    regime. The thinking check sends `chat_template_kwargs: {name: on}` and `{name: off}` and
-    fails naming the switch when the regime does not change.
-    """
+    """One way to toggle thinking: a chat-template kwarg and its on and off values. The seeds met templates
+    honouring `enable_thinking` but not `reasoning_effort` and the reverse, so the thinking check sends
+    both values and fails naming the switch when the regime does not change."""
 
     name: Literal["enable_thinking", "reasoning_effort"]
     on: bool | str
@@ -51,23 +46,16 @@ class ThinkingSwitch(_Strict):
 
 
 class Agentic(_Strict):
-    """What the lane serves beyond plain text, and how the engine is told.
+    """What the lane serves beyond plain text (the seeds' server aced every bench while tool calls never
+    fired and thinking leaked: two parser flags were missing). The smoke gate proves it on the booted
+    server; the adapter's `agentic_flags` spells it:
 
-    In the seeds the server aced every throughput bench while tool calls never fired and
-    chain-of-thought leaked into replies: two parser flags were missing. A lane declares here
-    what it serves; the agentic smoke gate then proves it on the booted server, and the engine
-    adapter turns it into flags (tasks/engines/*.py `agentic_flags`):
-
-    - `tools`: a tool request must come back as structured `tool_calls`, not text.
-    - `tool_parser`: SGLang/vLLM `--tool-call-parser NAME` (vLLM adds `--enable-auto-tool-choice`);
-      llama.cpp has no such flag: it reads the tool-call format from the chat template.
-    - `reasoning`: reasoning must come back apart from the content (`reasoning_content`).
-    - `reasoning_parser`: SGLang/vLLM `--reasoning-parser NAME`; llama.cpp `--reasoning-format NAME`
-      (`deepseek` when `reasoning` is true and no name is given).
-    - `chat_template`: a Jinja template file (llama.cpp `--jinja --chat-template-file`, SGLang and
-      vLLM `--chat-template`); relative to this file.
-    - `thinking_switch`: how thinking is toggled, e.g. `[enable_thinking]` or
-      `[{name: reasoning_effort, on: high, off: low}]`; each is checked on the booted server.
+    - `tools`: a tool request comes back as structured `tool_calls`; `tool_parser`: SGLang/vLLM
+      `--tool-call-parser` (llama.cpp reads the format from the chat template).
+    - `reasoning`: reasoning comes back apart (`reasoning_content`); `reasoning_parser`: SGLang/vLLM
+      `--reasoning-parser`, llama.cpp `--reasoning-format` (`deepseek` when only `reasoning` is set).
+    - `chat_template`: a Jinja file relative to this file; `thinking_switch`: e.g. `[enable_thinking]`
+      or `[{name: reasoning_effort, on: high, off: low}]`, each checked on the booted server.
     """
 
     tools: bool = False
@@ -98,13 +86,9 @@ class Agentic(_Strict):
 
 
 class ToolGatePlan(_Strict):
-    """The tool-call gate: suites graded AST-style under a pinned protocol (toolsuites/README.md).
-
-    `dev` runs on every lane run; `held_out` only when asked (`lanebench tools --held-out`),
-    and every run of it is counted in the manifest, so a held-out score that was looked at
-    twenty times is seen as such. With `min_solved_pct` the dev score gates the lane;
-    without it the score is reported only.
-    """
+    """The tool-call gate: suites graded AST-style under a pinned protocol (toolsuites/README.md). `dev`
+    runs every time; `held_out` only with `lanebench tools --held-out`, each run counted in the
+    manifest (a score looked at twenty times is seen as such). `min_solved_pct` makes dev a gate."""
 
     dev: str
     held_out: str | None = None
@@ -116,12 +100,8 @@ NeedleKind = Literal["one_key", "five_keys", "distractors"]
 
 
 class NeedlePlan(_Strict):
-    """The needle ladder: each needle kind at each rung (prompt tokens), up to the lane's context.
-
-    Without `rungs`, three rungs at about a quarter, a half and all of what the context per
-    slot leaves after `max_tokens`. With `must_pass` every rung must pass (a truncated answer
-    is not a pass); otherwise the ladder is reported only.
-    """
+    """Each needle kind at each rung (prompt tokens); default rungs a quarter, a half and all of what the
+    context per slot leaves after `max_tokens`. `must_pass`: every rung passes (truncated is not)."""
 
     kinds: Annotated[list[NeedleKind], Field(min_length=1)] = ["one_key", "five_keys", "distractors"]
     rungs: Annotated[list[Annotated[int, Field(ge=32)]], Field(min_length=1)] | None = None
@@ -130,14 +110,12 @@ class NeedlePlan(_Strict):
 
 
 class ToolProtocol(_Strict):
-    """How every tool-gate request is sent (toolsuites/protocol.yaml). Changing any of it makes
-    scores incomparable, so the protocol is copied into the manifest with every score."""
+    """How every tool-gate request is sent (toolsuites/protocol.yaml), copied into the manifest with each
+    score: changing any of it makes scores incomparable."""
 
     temperature: Annotated[float, Field(ge=0)] = 0.0
     tool_choice: Literal["auto", "required"] = "auto"
-    # Sent through the lane's declared thinking switch (agentic.thinking_switch); "default"
-    # leaves the server's default.
-    thinking: Literal["off", "on", "default"] = "off"
+    thinking: Literal["off", "on", "default"] = "off"  # through agentic.thinking_switch; default: the server's
     strict: bool = False
     retries: Literal[0] = 0  # a refused request is a miss (http_error), never retried
     concurrency: Annotated[int, Field(ge=1, le=64)] = 4

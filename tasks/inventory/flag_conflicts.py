@@ -1,19 +1,10 @@
 """A lane field and a raw flag that say different things: a config error before boot.
 
-In the field reports a lane declared one draft width and a flag passed another, so every
-acceptance row carried the wrong K. The lane's fields (`speculative.k`, `slots`, `context`,
-`speculative.method`, `drafter`, `model`) become engine flags; the same setting in `flags`
-wins on the command line (last one wins), so the two must agree or the lane is refused.
-
-Each engine's spelling of those settings, read from its argument parser (llama.cpp
-common/arg.cpp of the pinned tree; SGLang server_args.py; vLLM arg_utils.py).
-
-SGLang and vLLM count the draft width their own way (SGLang's num_draft_tokens and DFLASH block
-include the root; `--speculative-num-steps` decides with topk 1), so for them the draft width and
-method are not compared flag by flag: the adapter reads the whole argv it would launch as the
-release resolves it (`Engine.draft_plan`, one conversion per engine) and the K it will run is
-compared with the declared K. A flag that agrees with the lane loads; one that changes the
-width is refused naming the flag, the declared K and the K the engine would run.
+In the field reports a lane declared one draft width and a flag passed another, so every acceptance
+row carried the wrong K. The lane's fields become engine flags, and a flag in `flags` wins on the
+command line, so the two must agree. llama.cpp's spellings are from common/arg.cpp of the pinned tree.
+SGLang and vLLM count the width their own way, so their whole argv is resolved as the release does
+(`Engine.draft_plan`) and the K it will run is compared with the declared K.
 """
 
 from __future__ import annotations
@@ -44,7 +35,7 @@ _SGLANG: dict[str, tuple[tuple[str, ...], _Getter]] = {
 
 @dataclass(frozen=True)
 class LaneRules:
-    """What the inventory asks of an engine's lane; the schema sits below engines/, so it is data here."""
+    """What the inventory asks of an engine's lane (data here: the schema sits below engines/)."""
 
     rpc: bool = False  # spans hosts with llama.cpp's RPC backend: takes `rpc`, its nodes become the rpc plan
     node_env: bool = True  # its node processes take `nodes.env`
@@ -102,14 +93,11 @@ def conflicts(lane: Any) -> list[tuple[str, str, str]]:
     for label, (names, declared_of) in rules.flags.items():
         declared = declared_of(lane)
         for given in flag_values(list(lane.flags), names):
-            same = given == declared or (label.endswith("path") and declared is not None
-                                         and given.rsplit("/", 1)[-1] == declared.rsplit("/", 1)[-1])
             if declared is None:
                 if label.startswith("speculative"):
                     out.append(("flags", f"flag {names[0]} {given} sets {label}, but the lane declares no 'speculative'",
                                 "declare speculative: {k: ..., method: ...} and drop the flag"))
-                continue
-            if not same:
+            elif not (given == declared or (label.endswith("path") and given.rsplit("/", 1)[-1] == declared.rsplit("/", 1)[-1])):
                 out.append((label, f"declared {declared}, but flag {names[0]} in 'flags' says {given} (the flag "
                                    f"would win on the command line while every row carried {label}={declared})",
                             f"set {label} to {given} or remove {names[0]} from 'flags'"))

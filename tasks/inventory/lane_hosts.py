@@ -1,10 +1,5 @@
-"""The hosts a lane occupies: one list, whichever flow runs the lane.
-
-Its host lock holds them (the nightly, tools, matrix arms and the KL gate alike), its preflight
-reaches them and `lanebench plan` checks them. Two copies of this list once disagreed: the KL
-gate locked the lane's host and its RPC workers but not its nodes, so a second job could boot
-on the node a lane across hosts was running rank 1 on.
-"""
+"""The hosts a lane occupies, one list for every flow's host lock, preflight and `lanebench plan` (two
+copies once disagreed: the KL gate did not lock a lane's nodes, so a second job booted on its rank 1)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""The inventory: hosts, the links between them, and the lanes that run on them.
-
-`hosts.yaml` is loaded into these pydantic models. Every way a file can be wrong ends in
-one `ConfigError` naming the file, the field and the fix, so the CLI can print one line
-and exit 2 instead of a traceback.
-"""
+"""The inventory (`hosts.yaml`): hosts, the links between them, and the lanes that run on them.
+Every way the file can be wrong ends in one `ConfigError` naming file, field and fix (exit 2)."""
 
 from __future__ import annotations
 
@@ -14,25 +10,9 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 
 from tasks.inventory import api_key
 from tasks.inventory.base import _NAME, _SAFE_FLAG, ConfigError, _RefError, _Strict  # noqa: F401  (re-exported)
-from tasks.inventory.benches import (  # noqa: F401  (re-exported)
-    AcceptancePlan,
-    AccuracyPlan,
-    BenchPlan,
-    BeyondCap,
-    CapacityPlan,
-    DecodePlan,
-    PrefillPlan,
-)
-from tasks.inventory.correctness import (  # noqa: F401  (re-exported)
-    Agentic,
-    Correctness,
-    NeedleKind,
-    NeedlePlan,
-    ThinkingSwitch,
-    ToolGatePlan,
-    ToolProtocol,
-    load_protocol,
-)
+from tasks.inventory.benches import AcceptancePlan, AccuracyPlan, BenchPlan, BeyondCap, CapacityPlan, DecodePlan, PrefillPlan  # noqa: F401
+from tasks.inventory.correctness import (Agentic, Correctness, NeedleKind, NeedlePlan, ThinkingSwitch,  # noqa: F401
+                                         ToolGatePlan, ToolProtocol, load_protocol)
 from tasks.inventory.flag_conflicts import RULES, LaneRules, conflicts
 
 
@@ -49,27 +29,20 @@ class Host(_Strict):
     transport: Literal["local", "ssh"] = "local"
     user: str | None = None
     port: Annotated[int, Field(ge=1, le=65535)] = 22
-    # SSH: the private key to log in with, and the known_hosts file the host's key must be in
-    # (both relative to the inventory; default ~/.ssh/id_ed25519 and ~/.ssh/known_hosts).
+    # Relative to the inventory; default ~/.ssh/id_ed25519 and ~/.ssh/known_hosts.
     identity_file: str | None = None
     known_hosts: str | None = None
-    # Accept and record an unknown host key on first contact. Off unless a host opts in: a
-    # changed key is refused whatever this says.
-    trust_on_first_use: bool = False
+    trust_on_first_use: bool = False  # record an unknown host key on first contact; a changed key is refused
     keepalive_s: Annotated[float, Field(gt=0)] = 15.0
     connect_timeout_s: Annotated[float, Field(gt=0)] = 10.0
-    # The docker daemon container lanes run on, as `docker --host` takes it
-    # (default: the docker CLI's own default on that host).
+    # As `docker --host` takes it (default: the docker CLI's own default on that host).
     docker_host: Annotated[str, Field(pattern=r"^(unix|tcp)://[A-Za-z0-9_./:-]+$")] | None = None
     gpus: Annotated[int, Field(ge=0)] = 0
-    # GPU hosts (gpus > 0): preflight refuses to boot while other processes hold more than this
-    # share of any GPU's memory (tasks/hosts/gpu.py); the GPU's memory bandwidth in GB/s (datasheet
-    # or a copy benchmark) prices each decode-curve row as a share of the bandwidth limit.
+    # Preflight refuses to boot while other processes hold more than this share of a GPU's memory.
     gpu_max_busy_share: Annotated[float, Field(ge=0, le=1)] = 0.1
-    memory_gbps: Annotated[float, Field(gt=0)] | None = None
+    memory_gbps: Annotated[float, Field(gt=0)] | None = None  # prices each decode row as a share of the bandwidth limit
     paths: HostPaths = HostPaths()
-    # What an hour of this box costs (amortized hardware, rent or cloud price): prices the
-    # tool gate as dollars per 1,000 solved cases, the seeds' "$0.20 per 1,000 solved".
+    # What an hour of this box costs: the tool gate's dollars per 1,000 solved cases (the seeds' "$0.20").
     dollars_per_hour: Annotated[float, Field(ge=0)] | None = None
 
     @field_validator("address")
@@ -87,9 +60,8 @@ class LinkEnd(_Strict):
 
 
 class Link(_Strict):
-    """A direct cable between two hosts (e.g. the Spark1<->Spark2 RoCE link): both ends must be
-    up with the expected MTU and reach each other over the link addresses before a lane that
-    needs it boots. Bandwidth is probed (iperf3) only where `min_gbps` is set."""
+    """A direct cable between two hosts (e.g. Spark1<->Spark2 RoCE): both ends up, with the MTU, reaching
+    each other before a lane that needs it boots; bandwidth (iperf3) only with `min_gbps`."""
 
     name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")]
     a: LinkEnd
@@ -103,8 +75,7 @@ class Link(_Strict):
 
 
 class ContainerSettings(_Strict):
-    """How a container lane's engine container runs (host network always: the bench reaches
-    the server on the host's address). Model files are mounted read-only at their host paths."""
+    """How a container lane's engine runs (always host network); model files mounted read-only at their paths."""
 
     ipc: Literal["host", "private", "shareable"] = "host"
     shm_size: Annotated[str, Field(pattern=r"^[0-9]+[bkmg]?$")] = "1g"
@@ -114,8 +85,7 @@ class ContainerSettings(_Strict):
 
 
 class RpcPlan(_Strict):
-    """llama.cpp's RPC backend across hosts: `rpc-server` on each worker, listening on its end of
-    `link`, and the lane's `llama-server --rpc` on the lane's host. Cutting the link breaks the lane."""
+    """llama.cpp's RPC backend: `rpc-server` on each worker on its end of `link`, `llama-server --rpc` on the lane's host."""
 
     workers: Annotated[list[str], Field(min_length=1)]
     link: str
@@ -134,17 +104,15 @@ def check_env(v: dict[str, str]) -> dict[str, str]:
 
 
 class NodesPlan(_Strict):
-    """One lane across hosts, node rank r on `hosts[r]`: rank 0 is the head (the lane's host,
-    which serves HTTP), every other rank runs the engine's worker process on its host (vLLM
-    `--headless`, SGLang `--node-rank r`, llama.cpp `rpc-server`). The group rendezvous at the
-    head's end of `link` (its preflight runs first) on `port`."""
+    """One lane across hosts, rank r on `hosts[r]`: rank 0 the head (the lane's host, serving HTTP), the
+    others the engine's workers (vLLM `--headless`, SGLang `--node-rank r`, llama.cpp `rpc-server`),
+    meeting at the head's end of `link` on `port`."""
 
     hosts: Annotated[list[str], Field(min_length=2, max_length=64)]
     link: str | None = None
     # vLLM --master-port and SGLang's --dist-init-addr port (default 29501); llama.cpp's rpc-server port (50052).
     port: Annotated[int, Field(ge=1024, le=65535)] | None = None
-    # Per node, by host name: environment merged over the lane's `env` for that node's process
-    # (the two ends of a link have their own NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME, VLLM_HOST_IP).
+    # By host: merged over the lane's `env` (each link end has its own NCCL_SOCKET_IFNAME, VLLM_HOST_IP).
     env: dict[str, dict[str, str]] = {}
 
     @model_validator(mode="after")
@@ -173,12 +141,8 @@ class Speculative(_Strict):
 
 
 class CounterGate(_Strict):
-    """A metric or log counter that must meet a condition after a probe request.
-
-    With `metric`, the value is the counter's increase over the probe (a counter that did
-    not move reads 0). With `log_pattern`, the value is the named group `value` of the
-    last match in the boot log after the probe.
-    """
+    """A counter that must meet a condition after a probe request: a `metric`'s increase over the probe
+    (0 if it did not move), or the named group `value` of the last `log_pattern` match in the boot log."""
 
     kind: Literal["counter"]
     name: str
@@ -205,12 +169,9 @@ class CounterGate(_Strict):
         return self
 
     def implies(self, op: str, threshold: float) -> bool:
-        """Whether passing this gate means `op threshold` passes too on the same counter
-        (a declared gate at least as strict as an implied one makes the implied one redundant)."""
-        if self.metric is None or op != ">":
-            return False
-        return (self.op == ">" and self.threshold >= threshold) or \
-            (self.op in (">=", "==") and self.threshold > threshold)
+        """Whether passing this gate means `op threshold` passes too (an implied gate is then redundant)."""
+        return self.metric is not None and op == ">" and (
+            (self.op == ">" and self.threshold >= threshold) or (self.op in (">=", "==") and self.threshold > threshold))
 
 
 def always_true(op: str, threshold: float) -> bool:
@@ -229,8 +190,7 @@ Gate = Annotated[CounterGate | CapacityGate, Field(discriminator="kind")]
 
 
 class Waiver(_Strict):
-    """Turning off a gate the lane implies (tasks/stages/safety.py) takes a reason, recorded in
-    the manifest and shown in report.md: a silent opt-out is how the seeds' mistakes passed."""
+    """Turning off an implied gate takes a reason, recorded and reported: silent opt-outs let the seeds' mistakes pass."""
 
     gate: Literal["counter", "capacity", "draft-width", "synthetic", "unstable"]
     reason: Annotated[str, Field(min_length=8)]
@@ -256,14 +216,11 @@ class Lane(_Strict):
     threads: Annotated[int, Field(ge=1)] | None = None
     flags: list[str] = []
     env: dict[str, str] = {}
-    # Env names and flags whose values are secrets (redacted wherever lanebench writes;
-    # names like *_TOKEN, *_KEY, --api-key are secret without being listed): tasks/inventory/secrets.py
+    # Env names and flags whose values are secret (besides *_TOKEN, *_KEY, --api-key ...), and those kept
+    # in clear although they look like credentials (tasks/inventory/secrets.py).
     secrets: list[Annotated[str, Field(pattern=r"^(--?[A-Za-z0-9][A-Za-z0-9-]*|[A-Z_][A-Z0-9_]*)$")]] = []
-    # The allow-list: flags and env names whose values are kept in clear although they look like
-    # credentials (a token prefix, a long high-entropy string): tasks/inventory/secrets.py
     not_secrets: list[Annotated[str, Field(pattern=r"^(--?[A-Za-z0-9][A-Za-z0-9-]*|[A-Z_][A-Z0-9_]*)$")]] = []
-    # The server's API key, by reference only (tasks/inventory/api_key.py): a variable of lanebench's
-    # environment, or a file on its machine. It reaches the server through its environment, never argv.
+    # The server's API key, by reference only (tasks/inventory/api_key.py).
     api_key_env: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")] | None = None
     api_key_file: str | None = None
     boot_timeout_s: Annotated[float, Field(gt=0)] = 180.0
@@ -336,11 +293,9 @@ class Lane(_Strict):
     @model_validator(mode="after")
     def _needles_fit(self) -> Lane:
         needles = self.correctness.needles if self.correctness else None
-        if needles is not None and needles.rungs:
-            room = self.context - needles.max_tokens
-            if max(needles.rungs) > room:
-                raise ValueError(f"needle rung {max(needles.rungs)} does not fit a context of {self.context} tokens "
-                                 f"per slot with {needles.max_tokens} answer tokens (at most {room})")
+        if needles is not None and needles.rungs and max(needles.rungs) > (room := self.context - needles.max_tokens):
+            raise ValueError(f"needle rung {max(needles.rungs)} does not fit a context of {self.context} tokens "
+                             f"per slot with {needles.max_tokens} answer tokens (at most {room})")
         return self
 
     @field_validator("flags")

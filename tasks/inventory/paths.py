@@ -1,9 +1,5 @@
-"""Where lanebench's own files are: the repository checkout and the cache outside it.
-
-One module at the bottom of the layers, so that a stage, a flow or a report that needs a shipped
-file (scripts/, testbed/, toolsuites/, expectations/) does not import an engine's build module
-to learn where the repository is.
-"""
+"""Where lanebench's own files are: the checkout and the cache outside it (at the bottom of the layers,
+so a shipped file is found without importing an engine's build module)."""
 
 from __future__ import annotations
 

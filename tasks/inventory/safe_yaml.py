@@ -1,10 +1,8 @@
 """The YAML reader every input file goes through: bounded, strict, one ConfigError for any mistake.
 
-An inventory is a few kilobytes of hand-written text. Anything else is refused before it is
-parsed, with the line a person needs: a file too large (a 50 MB flag list once wrote a 199 MB
-manifest and never exited), not a regular file, binary or not UTF-8, nested deeper than any
-real configuration, an alias bomb, or a key written twice in one mapping (YAML keeps the last
-silently: a duplicated lane would replace the first without a word).
+Refused before parsing, with the line a person needs: a file too large (a 50 MB flag list once wrote
+a 199 MB manifest and never exited), not regular, binary or not UTF-8, nested too deep, an alias bomb,
+or a key written twice in one mapping (YAML silently keeps the last: a duplicated lane replaces the first).
 """
 
 from __future__ import annotations
@@ -85,8 +83,7 @@ def read_text(path: Path, missing_fix: str) -> str:
         raise ConfigError(path, "(file)", "no such file", missing_fix)
     if not path.is_file():
         raise ConfigError(path, "(file)", "not a regular file (a directory, FIFO or device)", missing_fix)
-    size = path.stat().st_size
-    if size > MAX_BYTES:
+    if (size := path.stat().st_size) > MAX_BYTES:
         raise ConfigError(path, "(file)", f"{size} bytes, more than the {MAX_BYTES} a configuration may have",
                           "keep configurations small (long flag or prompt lists belong in their own files)")
     with path.open("rb") as f:
@@ -116,13 +113,11 @@ def load_yaml(path: Path, missing_fix: str) -> Any:
             return loader.construct_document(node)
         finally:
             loader.dispose()
-    except _Refused as e:
-        mark = e.problem_mark
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "(top level)"
-        raise ConfigError(path, where, e.problem, e.fix) from None
     except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "(syntax)"
+        mark, refused = getattr(e, "problem_mark", None), isinstance(e, _Refused)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "(top level)" if refused else "(syntax)"
+        if isinstance(e, _Refused):
+            raise ConfigError(path, where, e.problem, e.fix) from None
         raise ConfigError(path, where, f"not valid YAML ({getattr(e, 'problem', None) or e})",
                           "fix the YAML syntax at that place") from None
     except RecursionError:

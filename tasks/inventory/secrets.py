@@ -1,12 +1,9 @@
 """Secrets never written: redacted everywhere lanebench writes, real only where a process needs them.
 
-A lane's secrets are the environment values and flag values it declares under `secrets`
-(an environment name like `HF_TOKEN`, or a flag like `--api-key`), plus those matched by name:
-environment names ending in _TOKEN, _KEY, _SECRET, _PASSWORD, and flags named --api-key,
---*-token, --*-key, --*-secret, --password. What lanebench records (the manifest's lane config
-and launch command, report.md, Prefect flow-run parameters, logs, boot logs after teardown) sees
-`REDACTED` in their place. The real lane stays in this process (`keep`), and the lane flow takes
-it back (`reveal`) to start the server: only that process gets the values.
+A lane's secrets are the env and flag values it names under `secrets`, plus env names ending in
+_TOKEN, _KEY, _SECRET, _PASSWORD and flags --api-key, --*-token, --*-key, --*-secret, --password.
+Everything recorded (manifest, report.md, Prefect parameters, logs, boot logs after teardown) sees
+`REDACTED`; the real lane stays in this process (`keep`) and the lane flow takes it back (`reveal`).
 """
 
 from __future__ import annotations
@@ -18,10 +15,9 @@ from pathlib import Path
 from typing import Any
 
 REDACTED = "REDACTED"
-# Values that look like credentials whatever their flag or variable is called (issue 27: an
-# `--alias sk-...` reached the manifest, report.md and Prefect's database): known token prefixes,
-# and long high-entropy strings. A lane keeps a value in clear by naming its flag or variable in
-# `not_secrets` (the allow-list).
+# Values that look like credentials whatever their name (issue 27: an `--alias sk-...` reached the
+# manifest, report.md and Prefect's database): token prefixes, long high-entropy strings. `not_secrets`
+# keeps a flag's or variable's value in clear.
 _TOKEN_PREFIX = re.compile(r"^(sk-|sk_|hf_|ghp_|gho_|ghs_|ghu_|github_pat_|glpat-|xox[abprs]-|AKIA|ASIA|eyJ)"
                            r"[A-Za-z0-9_\-.=+/]{8,}$")
 _LONG_TOKEN = re.compile(r"^[A-Za-z0-9_\-+=]{32,}$")  # no '/', '.' or ':': paths, hosts and URLs are not tokens
@@ -56,9 +52,7 @@ def looks_secret(value: str) -> bool:
 
 
 def is_secret_env(lane: Any, key: str, value: str = "") -> bool:
-    if key in _allowed(lane) and key not in _declared(lane):
-        return False
-    return key in _declared(lane) or bool(_ENV_NAME.search(key)) or looks_secret(value)
+    return key in _declared(lane) or (key not in _allowed(lane) and (bool(_ENV_NAME.search(key)) or looks_secret(value)))
 
 
 def is_secret_flag(lane: Any, flag: str) -> bool:
@@ -66,25 +60,20 @@ def is_secret_flag(lane: Any, flag: str) -> bool:
 
 
 def _redact_flags(lane: Any, flags: list[str]) -> tuple[list[str], list[str]]:
-    out, values = [], []
-    hide_next = False
-    previous = ""
+    """(flags as they may be written, the secret values taken out)."""
+    out, values, hide_next, previous = [], [], False, ""
     for flag in flags:
-        shaped = looks_secret(flag) and previous not in _allowed(lane)
-        if hide_next or shaped:
+        name, eq, value = flag.partition("=")
+        if hide_next or (looks_secret(flag) and previous not in _allowed(lane)):
             out.append(REDACTED)
             values.append(flag)
-            hide_next, previous = False, flag
-            continue
-        name, eq, value = flag.partition("=")
-        if eq and name.startswith("-") and (is_secret_flag(lane, name) or
-                                            (looks_secret(value) and name not in _allowed(lane))):
+            hide_next = False
+        elif eq and name.startswith("-") and (is_secret_flag(lane, name) or (looks_secret(value) and name not in _allowed(lane))):
             out.append(f"{name}={REDACTED}")
             values.append(value)
-            previous = flag
-            continue
-        hide_next = is_secret_flag(lane, flag)
-        out.append(flag)
+        else:
+            hide_next = is_secret_flag(lane, flag)
+            out.append(flag)
         previous = flag
     return out, values
 
@@ -133,8 +122,7 @@ def keep_inventory(inventory: Any) -> Any:
 
 def reveal(name: str, lane: Any) -> Any:
     """The real lane behind a redacted one (the same lane, kept by this process), else `lane` itself."""
-    real = _REAL.get(name)
-    if real is not None and redact(real) == lane:
+    if (real := _REAL.get(name)) is not None and redact(real) == lane:
         return real
     _VALUES.update(secret_values(lane))
     return lane
@@ -168,6 +156,5 @@ def scrub_file(path: Path) -> None:
     if not _VALUES or not path.is_file():
         return
     text = path.read_text(errors="replace")
-    clean = scrub(text)
-    if clean != text:
+    if (clean := scrub(text)) != text:
         path.write_text(clean)

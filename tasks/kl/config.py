@@ -1,15 +1,10 @@
-"""The KL file: which lanes to compare, on which prompts, against which bars.
+"""The KL file: one reference and one or more candidate lanes, the prompts, and the bars.
 
-A KL file names one reference lane and one or more candidate lanes under `lanes:`. A lane is
-either taken from an inventory (`lane: NAME`, from `inventory:`, default the repo's
-hosts.yaml; any field given beside it overrides the inventory's) or written inline (`engine`
-and `model` at least). A llama.cpp lane may say `quantize: {type: Q8_0}`: its model is then
-made from the source GGUF with the pinned build's `llama-quantize`, into a cache folder, once.
-
-Every lane runs with speculation off (drafter, speculative settings and speculation flags
-are dropped): tokens accepted from a draft can come back without probabilities, and the
-gate measures the model, not the drafter. Paths are relative to the file that states them.
-Any problem is one `ConfigError` (file, field, fix), so the CLI prints one line and exits 2.
+A lane is taken from an inventory (`lane: NAME`; fields beside it override) or written inline
+(`engine` and `model` at least). `quantize: {type: Q8_0}` makes a llama.cpp lane's model with the
+pinned `llama-quantize`, once, into a cache. Every lane runs with speculation off (drafter and
+speculation flags dropped): drafted tokens can come back without probabilities, and the gate
+measures the model. Paths are relative to the file that states them; any problem is one ConfigError.
 """
 
 from __future__ import annotations
@@ -20,13 +15,10 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, Field, model_validator
 
 from tasks.engines import engine_for
-from tasks.inventory.paths import REPO
 from tasks.inventory.models import BenchPlan, ConfigError, DecodePlan, FileRef, Host, Inventory, Lane
 from tasks.inventory.base import _RefError, _Strict
 from tasks.inventory.config_file import load_model, validate
-from tasks.inventory.load import load_inventory
-
-DEFAULT_INVENTORY = REPO / "hosts.yaml"
+from tasks.inventory.load import DEFAULT_INVENTORY, load_inventory, resolve
 # Text every lane tokenizes before it is trusted: KL compares token ids, so one vocabulary.
 TOKENIZER_PROBE = ("The quick brown fox jumps over the lazy dog. 1234567890 \"quotes\", (parens) "
                    "and\ttabs\nnew lines; def f(x): return x ** 2  # code\n{\"tool\": \"call\"}")
@@ -129,25 +121,15 @@ def load_kl_file(path: str | Path) -> KlFile:
     return spec
 
 
-def resolve(base_dir: Path, p: str) -> Path:
-    q = Path(p).expanduser()
-    return q if q.is_absolute() else (base_dir / q).resolve()
-
-
 def strip_speculation(flags: list[str]) -> tuple[list[str], list[str]]:
     """(kept, dropped): speculation flags go with their value (`--flag value` or `--flag=value`)."""
-    kept, dropped, skip_value = [], [], False
+    kept: list[str] = []
+    dropped: list[str] = []
+    skip_value = False
     for i, flag in enumerate(flags):
-        if skip_value:
-            skip_value = False
-            dropped.append(flag)
-            continue
-        if flag.startswith(_SPEC_FLAGS):
-            dropped.append(flag)
-            nxt = flags[i + 1] if i + 1 < len(flags) else None
-            skip_value = "=" not in flag and nxt is not None and not nxt.startswith("--")
-            continue
-        kept.append(flag)
+        drop = skip_value or flag.startswith(_SPEC_FLAGS)
+        skip_value = not skip_value and drop and "=" not in flag and i + 1 < len(flags) and not flags[i + 1].startswith("--")
+        (dropped if drop else kept).append(flag)
     return kept, dropped
 
 
@@ -170,16 +152,13 @@ def resolve_lanes(spec: KlFile, kl_path: Path) -> dict[str, ResolvedLane]:
             base_dir = inv_path.parent
         else:
             base, base_dir = None, kl_path.parent
-        overrides = {f: getattr(k, f) for f in ("host", "engine", "binary", "port", "context", "threads", "flags",
-                                                 "env", "boot_timeout_s") if getattr(k, f) is not None}
+        overrides = k.model_dump(include={"host", "engine", "binary", "port", "context", "threads", "flags", "env",
+                                          "boot_timeout_s"}, exclude_none=True)
         if k.model is not None:
-            overrides["model"] = k.model.model_copy(update={"path": str(resolve(kl_path.parent, k.model.path))})
-        data = {**(base.model_dump() if base else {"host": "localhost"}), **{
-            key: (v.model_dump() if isinstance(v, BaseModel) else v) for key, v in overrides.items()}}
-        data.update(drafter=None, speculative=None, gates=[], slots=spec.concurrency,
-                    bench=BenchPlan(decode=DecodePlan(prompts=prompts)).model_dump())
-        kept, dropped = strip_speculation(list(data.get("flags") or []))
-        data["flags"] = kept
+            overrides["model"] = {**k.model.model_dump(), "path": str(resolve(kl_path.parent, k.model.path))}
+        data = {**(base.model_dump() if base else {"host": "localhost"}), **overrides, "drafter": None, "speculative": None,
+                "gates": [], "slots": spec.concurrency, "bench": BenchPlan(decode=DecodePlan(prompts=prompts)).model_dump()}
+        data["flags"], dropped = strip_speculation(list(data.get("flags") or []))
         lane = validate(kl_path, Lane, data, under=field)
         if inventory is not None and lane.host in inventory.hosts:
             host = inventory.hosts[lane.host]

@@ -1,9 +1,8 @@
 """The KL gate's lanes, one after another, and the record they leave in the run folder.
 
-`Gate` holds what the flow in flows/kl.py needs between steps: the reference's token ids and
-two scorings, each candidate's scores and outcome. Every server is torn down on every path;
-a candidate that refuses (tokenizer), fails to boot or dies mid-scoring is recorded with its
-reason and, when it died, with the scores it gave before (marked `partial`).
+`Gate` holds what flows/kl.py needs between steps (the reference's token ids and two scorings, each
+candidate's scores and outcome). Every server is torn down on every path; a candidate that refuses
+(tokenizer), fails to boot or dies mid-scoring is recorded with its reason (and its scores, `partial`).
 """
 
 from __future__ import annotations
@@ -79,8 +78,7 @@ class Gate:
 
     @contextmanager
     def _served(self, name: str) -> Iterator[tuple[Server, httpx.Client] | None]:
-        """Serve one lane the way every flow does (host lock, preflight, image pull, boot; teardown
-        always); yields None when it cannot run, with the reason on its record."""
+        """Serve one lane as every flow does (host lock, preflight, pull, boot, teardown); None: it cannot run."""
         rl, record = self.lanes[name], self.run.lane(name)
         with host_lock(every_host(rl.lane), on_wait=lambda m: progress(name, m)) as hold:
             record.host_lock = hold.model_copy()  # as acquired
@@ -88,9 +86,8 @@ class Gate:
                 if served is None:
                     yield None
                     return
-                # One client for the lane, closed before the server stops: connections end on our
-                # side, and no idle keep-alive is left for the server to close (its TIME_WAIT would
-                # hold the port for a minute against the next preflight).
+                # One client, closed before the server stops: no idle keep-alive is left for the server
+                # to close (its TIME_WAIT would hold the port a minute against the next preflight).
                 n = self.spec.concurrency + 1
                 with httpx.Client(limits=httpx.Limits(max_connections=n, max_keepalive_connections=n),
                                   headers=auth.headers(served.server.base_url)) as client:
@@ -186,8 +183,7 @@ class Gate:
     # --- record ------------------------------------------------------------------------------
 
     def finish(self) -> tuple[bool, list[str]]:
-        """Tables (validated), histogram, report.md and Prefect artifacts, in the run folder the flow's
-        lifecycle has finished (flows/lifecycle.py); returns (passed, reasons)."""
+        """Tables (validated), histogram, report.md and Prefect artifacts; returns (passed, reasons)."""
         spec, expected = self.spec, _expected(self.sequences)
         frames: dict[str, pd.DataFrame] = {}
         summary = []
@@ -195,11 +191,10 @@ class Gate:
         ref_name = spec.reference
         ref_out = self.outcomes.get(ref_name)
         if ref_out is not None and ref_out.status == "complete":
-            rows = position_rows(ref_name, self.sequences, self.ref, ref_out.scores)
-            df = self._table(ref_name, rows)
-            summary.append(summary_row(ref_name, "reference", "complete", df, expected,
-                                       "exact" if self.exactness and self.exactness["exact"] else "inexact",
-                                       "" if self.exactness and self.exactness["exact"] else self.run.lane(ref_name).reason))
+            df = self._table(ref_name, position_rows(ref_name, self.sequences, self.ref, ref_out.scores))
+            exact = bool(self.exactness and self.exactness["exact"])
+            summary.append(summary_row(ref_name, "reference", "complete", df, expected, "exact" if exact else "inexact",
+                                       "" if exact else self.run.lane(ref_name).reason))
         else:
             summary.append(summary_row(ref_name, "reference", "failed" if self.sequences else "skipped", pd.DataFrame(),
                                        expected, "no verdict", self.run.lane(ref_name).reason))
@@ -233,9 +228,8 @@ class Gate:
         failed_tables += [e for e in self.run.manifest.artifacts if e.kind == "kl_positions" and e.validation == "failed"]
         if failed_tables:
             reasons.append("expectations failed for " + ", ".join(sorted({e.path for e in failed_tables})) + "; quarantined")
-        plot = None
-        if histogram(frames, self.run.path / GATE_DIR / "kl_hist.png"):
-            plot = f"{GATE_DIR}/kl_hist.png"
+        plot = f"{GATE_DIR}/kl_hist.png" if histogram(frames, self.run.path / GATE_DIR / "kl_hist.png") else None
+        if plot:
             self.run.register(GATE_DIR, plot, "plot")
         for name in self.lanes:
             for raw, kind in (("reference.jsonl", "kl-reference"), ("scores.jsonl", "kl-scores")):
@@ -281,10 +275,7 @@ class Gate:
         return flags
 
     def _table(self, lane: str, rows: list) -> pd.DataFrame:
-        if not rows:
-            return pd.DataFrame()
-        df, _ = self.run.write_table(lane, "kl_positions", rows)
-        return df
+        return self.run.write_table(lane, "kl_positions", rows)[0] if rows else pd.DataFrame()
 
     def _facts(self, headline: str, flags: list[str]) -> dict:
         spec = self.spec
@@ -305,15 +296,10 @@ def _expected(sequences: list[Sequence]) -> int:
 
 def _exactness(first: dict[str, list[ForcedScore]], second: dict[str, list[ForcedScore]], tol: float) -> dict:
     """Two scorings of the same text on the same server, position by position."""
-    diffs, argmax_differs, n = [], 0, 0
-    for pid, a in first.items():
-        for x, y in zip(a, second.get(pid, [])):
-            diffs.append(abs(x.logprob - y.logprob))
-            argmax_differs += x.argmax != y.argmax
-            n += 1
-    worst = max(diffs, default=0.0)
-    differing = sum(d > 0 for d in diffs)
-    return {"positions": n, "max_abs_dlogprob": worst, "differing_positions": differing,
+    pairs = [(x, y) for pid, a in first.items() for x, y in zip(a, second.get(pid, []))]
+    diffs = [abs(x.logprob - y.logprob) for x, y in pairs]
+    argmax_differs, worst = sum(x.argmax != y.argmax for x, y in pairs), max(diffs, default=0.0)
+    return {"positions": len(pairs), "max_abs_dlogprob": worst, "differing_positions": sum(d > 0 for d in diffs),
             "argmax_differs": argmax_differs, "tolerance": tol, "exact": worst <= tol and argmax_differs == 0}
 
 

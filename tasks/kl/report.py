@@ -48,10 +48,8 @@ def histogram(positions: dict[str, pd.DataFrame], path: Path) -> bool:
     for lane, d in data.items():
         ax.hist(np.clip(d, floor, None), bins=bins.tolist(), histtype="step", linewidth=1.6,
                 label=f"{lane} (mean {d.mean():.3f}, n={len(d)})")
-    ax.set_xscale("log")
-    ax.set_xlabel("|Δ logprob| vs reference (nats; values below 1e-7, exact ties included, drawn at 1e-7)")
-    ax.set_ylabel("positions")
-    ax.set_title("Teacher-forced |Δ logprob| per candidate")
+    ax.set(xscale="log", xlabel="|Δ logprob| vs reference (nats; values below 1e-7, exact ties included, drawn at 1e-7)",
+           ylabel="positions", title="Teacher-forced |Δ logprob| per candidate")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path)

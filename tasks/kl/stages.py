@@ -1,11 +1,6 @@
-"""KL gate stages: quantize, tokenizer probe, greedy reference continuations, teacher-forced scoring.
-
-The instrument is the seeds' one: the reference serves and generates greedy tokens; every
-lane then scores exactly those token ids teacher-forced, so per-token log-probabilities can
-be compared position by position. Stages talk to `Engine` adapters only. Scoring keeps what
-it has when a server dies (`LaneDied` carries the scores so far), and every prompt's scores
-are handed to `on_prompt` as they arrive so the run folder keeps them too.
-"""
+"""KL gate stages (the seeds' instrument): quantize, tokenizer probe, the reference's greedy tokens, and
+every lane scoring exactly those ids teacher-forced, through `Engine` adapters only. Scoring keeps
+what it has when a server dies (`LaneDied` carries it), each prompt's scores handed to `on_prompt`."""
 
 from __future__ import annotations
 
@@ -96,10 +91,8 @@ def tokenizer_difference(reference: list[int], other: list[int]) -> str | None:
     if reference == other:
         return None
     i = next((j for j, (a, b) in enumerate(zip(reference, other)) if a != b), min(len(reference), len(other)))
-    ra = reference[i] if i < len(reference) else "end"
-    oa = other[i] if i < len(other) else "end"
-    return (f"the probe text tokenizes to {len(other)} tokens instead of {len(reference)}, "
-            f"first difference at token {i} ({oa} instead of {ra})")
+    return (f"the probe text tokenizes to {len(other)} tokens instead of {len(reference)}, first difference at "
+            f"token {i} ({other[i] if i < len(other) else 'end'} instead of {reference[i] if i < len(reference) else 'end'})")
 
 
 def generate(client: httpx.Client, server: Server, engine: Engine, prompts: list[Prompt], max_tokens: int,
@@ -138,10 +131,8 @@ def _score_one(client: httpx.Client, server: Server, engine: Engine, seq: Sequen
 
 def score(client: httpx.Client, server: Server, engine: Engine, sequences: list[Sequence], concurrency: int,
           on_prompt: Callable[[str, list[ForcedScore], float], None]) -> dict[str, list[ForcedScore]]:
-    """Score every sequence teacher-forced, `concurrency` prompts at a time (one shared client).
-
-    Raises LaneDied with every score obtained (finished prompts and the dying ones' prefix).
-    """
+    """Score every sequence teacher-forced, `concurrency` prompts at a time (one shared client); raises
+    LaneDied with every score obtained (finished prompts and the dying ones' prefix)."""
     done: dict[str, list[ForcedScore]] = {}
     died: list[LaneDied] = []
 
@@ -157,7 +148,7 @@ def score(client: httpx.Client, server: Server, engine: Engine, sequences: list[
         done[seq.prompt_id] = got
         on_prompt(seq.prompt_id, got, time.monotonic() - t0)
 
-    if concurrency == 1:
+    if concurrency == 1:  # in order: a failing prompt stops the scoring at once
         for seq in sequences:
             job(seq)
             if died:

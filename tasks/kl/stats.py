@@ -1,16 +1,9 @@
-"""The numbers of the KL gate: per-lane |Δlogprob| and argmax flips, pairwise, bootstrap, verdict.
-
-Definitions (the seeds' table "mean |Δlogp| vs FP8, median, p95, argmax ≠ FP8"):
-- |Δlogprob| at a position = |log p_lane(token) - log p_ref(token)|, `token` being the
-  reference's greedy token and `log p_ref` its first teacher-forced scoring on the reference.
-- argmax flip: the lane's most likely token at that position is not the reference's token.
-- Mean, median and p95 pool every scored position (as the seeds' table does).
-- Between two candidates a and b: |logprob_a - logprob_b|, the share where their argmaxes
-  differ, and the share where both flip *to the same wrong token* (shared divergence).
-- Gap a-b: mean |Δ|_a - mean |Δ|_b over the positions both scored. Its 95% confidence interval
-  is a paired bootstrap over prompts (prompts are the independent units; positions within a
-  prompt are not): resample prompts with replacement, recompute the pooled gap, take the
-  2.5th and 97.5th percentiles. Seeded, so a rerun gives the same interval.
+"""The numbers of the KL gate (the seeds' table "mean |Δlogp| vs FP8, median, p95, argmax ≠ FP8"):
+- |Δlogprob| = |log p_lane(token) - log p_ref(token)| at the reference's greedy token, p_ref its first
+  scoring; an argmax flip: the lane's most likely token is not that token. Stats pool every position.
+- Between candidates a and b: |logprob_a - logprob_b|, the share of differing argmaxes, and the share
+  where both flip *to the same wrong token*. Gap a-b = mean |Δ|_a - mean |Δ|_b on positions both
+  scored, its 95% interval a seeded paired bootstrap over prompts (the independent units).
 """
 
 from __future__ import annotations

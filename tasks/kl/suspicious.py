@@ -1,10 +1,6 @@
-"""KL verdicts that measure nothing, flagged: a reference that is itself quantized, a candidate
-with the reference's exact bytes, a reference that saw less context than a candidate.
-
-The seeds' KL gate scored NVFP4 candidates against the FP8 original served as an oracle; a
-gate whose reference is another quant measures the distance between two quants, and a
-candidate byte-identical to its reference scores 0 whatever the candidate was meant to be.
-"""
+"""KL verdicts that measure nothing, flagged: a quantized reference (the seeds scored NVFP4 against the
+FP8 original; another quant measures quant to quant), a candidate with the reference's exact bytes
+(scores 0 whatever it was meant to be), a reference that saw less context than a candidate."""
 
 from __future__ import annotations
 

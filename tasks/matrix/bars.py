@@ -1,18 +1,14 @@
-"""Bars: what a drafter must meet, written down before anything is measured.
-
-The seeds set their October pass bars before training ("single-stream prose >= 2.6 at K=4;
-code within -0.2 of incoai at K=7; ...") and published the verdict against them, negative
-as it was. A bar here is one structured line of the matrix file:
+"""Bars: what a drafter must meet, written down before anything is measured (the seeds set theirs
+before training, "prose >= 2.6 at K=4; code within -0.2 of incoai at K=7", and published the verdict,
+negative as it was). One structured line of the matrix file each:
 
     {metric: acceptance_length, class: prose, k: 4, op: ">=", value: 2.6}
     {metric: acceptance_length, class: code, k: 7, relative_to: baseline, within: -0.2}
     {metric: aggregate_tok_s, concurrency: 1, relative_to: baseline, op: ">="}
 
-At the start of a run the bars and the prompt sets are hashed (`Registration`) and the hash
-is written to the manifest before any arm boots. The verdict judges with the registered
-copy read back from the run folder, and refuses if that copy no longer matches its hash,
-so nothing can move a bar once measurement has started. A rerun of the same matrix name
-whose bars differ from the latest earlier run's says so, bar by bar.
+Bars and prompt sets are hashed (`Registration`) into the manifest before any arm boots; the verdict
+judges the registered copy and refuses one that no longer matches its hash, so no bar moves once
+measuring started. A rerun whose bars differ from the latest earlier run's says so, bar by bar.
 """
 
 from __future__ import annotations
@@ -41,12 +37,9 @@ Metric = Literal["acceptance_length", "position_rate", "draft_efficiency", "sing
 
 
 class Bar(BaseModel):
-    """One pass bar. Absolute: `measured op value`. Relative: `measured op baseline + value`.
-
-    `drafter` and `k` select the arms the bar judges (default: every arm; a relative bar
-    never judges the baseline's own arms). `within: -0.2` is the seeds' "within -0.2 of
-    baseline": the same as `op: ">=", value: -0.2` with `relative_to: baseline`.
-    """
+    """One pass bar: `measured op value`, or relative `measured op baseline + value`. `drafter` and `k`
+    select the arms judged (default every arm; never the baseline's own for a relative bar).
+    `within: -0.2` (the seeds' words) is `op: ">=", value: -0.2` with `relative_to: baseline`."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
@@ -88,9 +81,7 @@ class Bar(BaseModel):
     @property
     def margin(self) -> float:
         """The bound's offset: the absolute value, or the allowance against the baseline."""
-        if self.within is not None:
-            return self.within
-        return self.value if self.value is not None else 0.0
+        return self.within if self.within is not None else self.value if self.value is not None else 0.0
 
     def canonical(self) -> dict[str, Any]:
         """The bar as registered: normalized (`within` folded into op/value), no empty fields."""
@@ -122,12 +113,8 @@ class Bar(BaseModel):
         return self.name or f"bar {index + 1}: {self.words(baseline)}"
 
 
-def _canonical_json(data: Any) -> bytes:
-    return json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
-
-
 def _sha(data: Any) -> str:
-    return hashlib.sha256(_canonical_json(data)).hexdigest()
+    return hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 class PromptSetFacts(BaseModel):
@@ -160,9 +147,12 @@ class Registration(BaseModel):
 
     def recomputed(self) -> tuple[str, str]:
         """(bars hash, prompt sets hash) recomputed from this copy's own content."""
-        return (_sha({"baseline": self.baseline, "bars": list(self.bars)}),
-                _sha({"prompts_per_class": self.prompts_per_class,
-                      "sets": {c: f.sha256 for c, f in self.prompt_sets.items()}}))
+        return _hashes(self.baseline, self.bars, self.prompts_per_class, self.prompt_sets)
+
+
+def _hashes(baseline: str, bars: tuple[dict[str, Any], ...], per_class: int, sets: dict[str, PromptSetFacts]) -> tuple[str, str]:
+    return (_sha({"baseline": baseline, "bars": list(bars)}),
+            _sha({"prompts_per_class": per_class, "sets": {c: f.sha256 for c, f in sets.items()}}))
 
 
 def register(name: str, matrix_file: Path, bars: tuple[Bar, ...], baseline: str, prompt_sets: dict[str, Path],
@@ -171,8 +161,7 @@ def register(name: str, matrix_file: Path, bars: tuple[Bar, ...], baseline: str,
     canonical = tuple(b.canonical() for b in bars)
     sets = {c: PromptSetFacts(path=str(p), sha256=file_sha256(p), prompts=prompt_counts[c])
             for c, p in prompt_sets.items()}
-    bars_sha = _sha({"baseline": baseline, "bars": list(canonical)})
-    sets_sha = _sha({"prompts_per_class": prompts_per_class, "sets": {c: f.sha256 for c, f in sets.items()}})
+    bars_sha, sets_sha = _hashes(baseline, canonical, prompts_per_class, sets)
     return Registration(
         matrix=name, matrix_file=str(matrix_file), registered_at=datetime.now(UTC).isoformat(), baseline=baseline,
         bars=canonical, bars_text=tuple(b.words(baseline) for b in bars), prompt_sets=sets,
@@ -233,10 +222,9 @@ def _subject_changes(manifest: Any, drafters: dict[str, str], target: str | None
 
 def earlier_run(artifacts_root: Path, now: Registration, exclude: Path, subject: str | None = None,
                 drafters: dict[str, str] | None = None, target: str | None = None) -> EarlierRun | None:
-    """The latest earlier `*_matrix_*` run that registered bars for the same matrix name, or for
-    the same target and drafter bytes under any name: lowering the bars under a new matrix name
-    must not read as a "first registered run". `drafters` (label -> sha256) and `target` (sha256):
-    what this run measures, so a label whose bytes changed refuses the comparison."""
+    """The latest earlier `*_matrix_*` run with bars for the same matrix name or the same target and
+    drafter bytes (lower bars under a new name must not read as a "first registered run"); `drafters`
+    (label -> sha256) and `target`: what this run measures, so a label whose bytes changed refuses."""
     found: list[tuple[str, Path, Registration, Any]] = []
     for folder, manifest in scan_manifests(artifacts_root, "*_matrix_*"):
         facts = manifest.flow.matrix
@@ -251,9 +239,6 @@ def earlier_run(artifacts_root: Path, now: Registration, exclude: Path, subject:
     if not found:
         return None
     started, folder, reg, earlier = max(found, key=lambda f: (f[0], f[1].name))
-    before_text = list(reg.bars_text)
-    removed = [t for t in before_text if t not in now.bars_text]
-    added = [t for t in now.bars_text if t not in before_text]
     changes = []
     for c in sorted(set(reg.prompt_sets) | set(now.prompt_sets)):
         a, b = reg.prompt_sets.get(c), now.prompt_sets.get(c)
@@ -268,5 +253,6 @@ def earlier_run(artifacts_root: Path, now: Registration, exclude: Path, subject:
     return EarlierRun(run=folder.name, matrix=reg.matrix, started_at=started, bars_sha256=reg.bars_sha256,
                       same_bars=reg.bars_sha256 == now.bars_sha256,
                       same_prompt_sets=reg.prompt_sets_sha256 == now.prompt_sets_sha256,
-                      removed=removed, added=added, prompt_set_changes=changes,
+                      removed=[t for t in reg.bars_text if t not in now.bars_text],
+                      added=[t for t in now.bars_text if t not in reg.bars_text], prompt_set_changes=changes,
                       subject_changes=_subject_changes(earlier, drafters or {}, target))

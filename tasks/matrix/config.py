@@ -1,12 +1,7 @@
-"""The matrix file: drafters x K x prompt class on one target lane, with bars set before the run.
-
-The seeds' October evaluation by hand (five arms booted fresh on one lane, three repeats per
-prompt set, a verdict against bars written before training) stated once; `matrix/README.md`
-documents every field and matrix/rehearsal.yaml is an example. `load_matrix` checks every field
-and cross-reference (lanes, drafters, classes, K, concurrency levels, baseline arms) before
-anything runs; any problem is one `ConfigError` naming file, field and fix. Paths are relative to
-the matrix file; the inventory defaults to the repo's hosts.yaml.
-"""
+"""The matrix file: drafters x K x prompt class on one target lane, with bars set before the run
+(the seeds' October evaluation by hand, stated once; fields in matrix/README.md, example
+matrix/rehearsal.yaml). `load_matrix` checks every field and cross-reference before anything runs;
+any problem is one `ConfigError`. Paths are relative to the matrix file."""
 
 from __future__ import annotations
 
@@ -18,22 +13,19 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from tasks.engines import engine_for
-from tasks.inventory.paths import REPO
 from tasks.inventory.models import _NAME, AcceptancePlan, BenchPlan, ConfigError, DecodePlan, FileRef, Host, Lane, Speculative
 from tasks.inventory.flag_conflicts import flag_values
 from tasks.inventory.base import _Strict
 from tasks.inventory.config_file import config_error, load_model
-from tasks.inventory.load import load_inventory
+from tasks.inventory.load import DEFAULT_INVENTORY, load_inventory, resolve
 from tasks.matrix.bars import METRICS, Bar
 
-DEFAULT_INVENTORY = REPO / "hosts.yaml"
 _DOC = "matrix/README.md"
 
 
 class DrafterRef(_Strict):
-    """A drafter checkpoint: the file (or model folder) and the revision it was cut from
-    (recorded, never guessed). `method` gives the arm its own speculative method (default the
-    matrix's); a model-free method (vLLM's `ngram`, prompt lookup) has no `path`."""
+    """A drafter checkpoint (file or folder) and the revision it was cut from (recorded, never guessed);
+    `method` overrides the matrix's, and a model-free one (vLLM's `ngram`) has no `path`."""
 
     path: str | None = None
     revision: Annotated[str, Field(min_length=1, max_length=80)]
@@ -84,10 +76,8 @@ class MatrixFile(_Strict):
     max_tokens: Annotated[int, Field(ge=1)] = 96  # per acceptance-probe request
     repeats: Annotated[int, Field(ge=1, le=50)] = 3
     speed: SpeedPlan = SpeedPlan()
-    # The target lane's correctness gates (tool gate, needle ladder) on every arm. Off by
-    # default: verification keeps every answer the target's own, so a drafter changes speed,
-    # not answers (the seeds: "a weaker drafter never changes an answer"); the lane's boot
-    # gates and agentic launch settings apply to every arm either way.
+    # The target's correctness gates on every arm; off by default: verification keeps every answer the
+    # target's own ("a weaker drafter never changes an answer"). Boot gates and agentic flags apply anyway.
     correctness: bool = False
     bars: Annotated[list[Bar], Field(min_length=1)]
 
@@ -124,11 +114,6 @@ class Matrix(BaseModel):
     @property
     def base_dir(self) -> Path:
         return self.path.parent
-
-
-def resolve(base_dir: Path, p: str) -> Path:
-    q = Path(p).expanduser()
-    return q if q.is_absolute() else (base_dir / q).resolve()
 
 
 _FIXES = {"extra_forbidden": f"remove it, or check its spelling against the fields documented in {_DOC}",
@@ -221,11 +206,8 @@ def _check_bars(spec: MatrixFile, arms: tuple[Arm, ...], path: Path, speed_level
 
 
 def arm_lane(m: Matrix, arm: Arm) -> Lane:
-    """The target lane as this arm runs it: its drafter and K, the matrix's prompt sets and speed rows.
-
-    Every path is absolute, so the lane flow's base folder does not matter. Validated as a
-    Lane (arm flags go through the same safe-character check as any lane's).
-    """
+    """The target lane as this arm runs it (drafter, K, the matrix's prompt sets and speed rows), every
+    path absolute, validated as any Lane (arm flags get the same safe-character check)."""
     drafter = m.spec.drafters[arm.drafter]
     method = drafter.method or m.spec.method or (m.target.speculative.method if m.target.speculative else "draft-simple")
     data = m.target.model_dump()
@@ -309,16 +291,9 @@ def load_matrix(path: str | Path) -> Matrix:
 
 
 def prompt_class_of(m: Matrix) -> dict[tuple[str, str], str]:
-    """(class field, prompt id) of each probed prompt -> the prompt set it belongs to.
-
-    Raw request records carry the class written in the prompt file; a user set (say a
-    held-out kit) may reuse a class word, so records are mapped back by (class, id).
-    """
-    out = {}
-    for c, p in m.prompt_sets.items():
-        for key in _count_prompts(p, f"prompt_sets.{c}", m.path)[: m.spec.prompts_per_class]:
-            out[key] = c
-    return out
+    """(class field, prompt id) of each probed prompt -> its prompt set (a held-out kit may reuse a class word)."""
+    return {key: c for c, p in m.prompt_sets.items()
+            for key in _count_prompts(p, f"prompt_sets.{c}", m.path)[: m.spec.prompts_per_class]}
 
 
 def _listening(address: str, port: int) -> bool:
@@ -332,12 +307,10 @@ def _listening(address: str, port: int) -> bool:
 def arm_port(address: str, port: int, span: int = 16) -> tuple[int, str]:
     """The port an arm boots on: the lane's own, unless only the previous arm's TIME_WAIT holds it.
 
-    A stopped llama-server leaves its accepted connections in TIME_WAIT for 60 s. The server
-    binds over them (cpp-httplib sets SO_REUSEPORT) but preflight's plain bind() does not, so
-    the next arm would be skipped as "port in use". When nothing listens on the lane's port
-    and a plain bind still fails, the arm moves to the next free port above it (recorded in
-    the manifest and the report). A port someone actually listens on is left to preflight,
-    which skips the arm with that reason.
+    A stopped llama-server leaves its connections in TIME_WAIT for 60 s; the server binds over them
+    (cpp-httplib sets SO_REUSEPORT) but preflight's plain bind() does not. When nothing listens and a
+    plain bind fails, the arm moves to the next free port above (recorded); a port someone listens
+    on is left to preflight, which skips the arm.
     """
     from tasks.stages.preflight import port_free
 

@@ -1,11 +1,6 @@
-"""The matrix report: the verdict first, in plain words, then the numbers behind it.
-
-A verdict someone can publish, negative or not: each drafter's line says whether it passed
-or failed its bars; the bars are shown as registered before the run (with their hash and any
-change since the last run of the same matrix); the arms x bars table carries measured value,
-[min, max] over repeats and pass/fail; the K trade is stated as found (or as not found).
-Plots: per-position acceptance per class with arms overlaid, and tok/s against K.
-"""
+"""The matrix report, publishable negative or not: each drafter's verdict in plain words first, then the
+bars as registered (hash, changes since the last run), arms x bars with [min, max] over repeats, the
+K trade as found or not, and plots (per-position acceptance per class, tok/s against K)."""
 
 from __future__ import annotations
 
@@ -54,10 +49,7 @@ def curves_png(m: Matrix, rows: list[ArmClassRow], path: Path) -> bool:
             tree = f", {r.draft_shape}: path >= i" if r.draft_shape.startswith("tree") else ""
             ax.plot(xs, r.per_position, _STYLES[ks.index(r.k) % len(_STYLES)], marker="o", markersize=3,
                     color=colors[r.drafter], label=f"{r.arm} (AL {r.acceptance_length:.2f}{tree})")
-        ax.set_title(f"{c}: per-position acceptance")
-        ax.set_xlabel("draft position")
-        ax.set_ylim(0, 1.02)
-        ax.set_xticks(range(1, max(ks) + 1))
+        ax.set(title=f"{c}: per-position acceptance", xlabel="draft position", ylim=(0, 1.02), xticks=range(1, max(ks) + 1))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     axes[0][0].set_ylabel("rate (steps accepted to this position / steps)")
@@ -82,50 +74,39 @@ def k_png(m: Matrix, rows: list[ArmClassRow], speed: list[SpeedRow], path: Path)
     if not any(r.acceptance_length is not None for r in rows) and not speed:
         return False
     plt = _plt()
-    classes = list(m.prompt_sets)
-    levels = list(m.spec.speed.concurrency)
+    classes, levels = list(m.prompt_sets), list(m.spec.speed.concurrency)
     cols = max(len(classes), len(levels))
     colors = _colors(list(m.spec.drafters))
     ks = sorted({a.k for a in m.arms})
+    arm_of = {a.name: a for a in m.arms}
     metrics = [("acceptance_length", "acceptance length"), ("draft_efficiency", "draft efficiency (accepted/drafted)"),
                ("single_stream_tok_s", "single-stream tok/s")]
-    fig, axes = plt.subplots(len(metrics) + 1, cols, figsize=(4.4 * cols, 3.0 * (len(metrics) + 1)), dpi=100, squeeze=False)
+    panels: dict[tuple[int, int], tuple[str, str, dict[str, list]]] = {}  # (row, col) -> title, marker, points
     for row_i, (field, label) in enumerate(metrics):
-        for col_i in range(cols):
-            ax = axes[row_i][col_i]
-            if col_i >= len(classes):
+        for col_i, c in enumerate(classes):
+            panels[row_i, col_i] = (f"{c}: {label}", "o", {d: [
+                (r.k, getattr(r, field), getattr(r, field + "_min"), getattr(r, field + "_max"))
+                for r in rows if r.drafter == d and r.prompt_class == c] for d in m.spec.drafters})
+    for col_i, level in enumerate(levels):
+        panels[len(metrics), col_i] = (f"{m.speed_set} decode rows: aggregate tok/s at C={level}", "s", {d: [
+            (arm_of[s.arm].k, s.aggregate_tok_s, s.aggregate_tok_s_min, s.aggregate_tok_s_max)
+            for s in speed if s.arm in arm_of and arm_of[s.arm].drafter == d and s.concurrency == level]
+            for d in m.spec.drafters})
+    fig, axes = plt.subplots(len(metrics) + 1, cols, figsize=(4.4 * cols, 3.0 * (len(metrics) + 1)), dpi=100, squeeze=False)
+    for row_i, row in enumerate(axes):
+        for col_i, ax in enumerate(row):
+            if (row_i, col_i) not in panels:
                 ax.axis("off")
                 continue
-            c = classes[col_i]
-            for d in m.spec.drafters:
-                pts = [(r.k, getattr(r, field), getattr(r, field + "_min"), getattr(r, field + "_max"))
-                       for r in rows if r.drafter == d and r.prompt_class == c]
+            title, marker, points = panels[row_i, col_i]
+            for d, pts in points.items():
                 xs, ys, err = _by_k(pts)
                 if xs:
-                    ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, color=colors[d], label=d)
-            ax.set_title(f"{c}: {label}", fontsize=9)
-            ax.set_xlabel("K (draft width)")
-            ax.set_xticks(ks)
+                    ax.errorbar(xs, ys, yerr=err, marker=marker, capsize=3, color=colors[d], label=d)
+            ax.set_title(title, fontsize=9)
+            ax.set(xlabel="K (draft width)", xticks=ks)
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7)
-    for col_i in range(cols):
-        ax = axes[len(metrics)][col_i]
-        if col_i >= len(levels):
-            ax.axis("off")
-            continue
-        level = levels[col_i]
-        for d in m.spec.drafters:
-            arms = {a.name: a.k for a in m.arms if a.drafter == d}
-            pts = [(arms[s.arm], s.aggregate_tok_s, s.aggregate_tok_s_min, s.aggregate_tok_s_max)
-                   for s in speed if s.arm in arms and s.concurrency == level]
-            xs, ys, err = _by_k(pts)
-            if xs:
-                ax.errorbar(xs, ys, yerr=err, marker="s", capsize=3, color=colors[d], label=d)
-        ax.set_title(f"{m.speed_set} decode rows: aggregate tok/s at C={level}", fontsize=9)
-        ax.set_xlabel("K (draft width)")
-        ax.set_xticks(ks)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
@@ -138,13 +119,9 @@ ALIVE = 0.1
 
 
 def k_trade(m: Matrix, rows: list[ArmClassRow]) -> list[str]:
-    """The seeds' finding, checked per drafter from its smallest to its largest K.
-
-    The trade shows when (a) on the easier class (higher acceptance length at the smallest K)
-    acceptance length rises beyond the repeats' ranges and each added draft position keeps at
-    least ALIVE tokens, and (b) on the harder class each added position keeps less than half
-    of what it keeps on the easier class: verify work spent on drafts the target throws away.
-    """
+    """The seeds' finding, per drafter from its smallest to its largest K: on the easier class (higher
+    acceptance length at the smallest K) acceptance length rises beyond the repeats' ranges with each
+    added position keeping at least ALIVE tokens, while the harder class's keep less than half that."""
     out = []
     for d in m.spec.drafters:
         mine = [r for r in rows if r.drafter == d and r.acceptance_length is not None]
@@ -197,11 +174,9 @@ def k_trade(m: Matrix, rows: list[ArmClassRow]) -> list[str]:
 
 def _arms(m: Matrix, manifest: Manifest, facts: MatrixSection) -> list[str]:
     """Each arm as it ran: status, port, boot and the load at its end."""
-    lanes = manifest.lanes
-    out = ["", "## Arms", ""]
-    arm_rows = []
+    out, arm_rows = ["", "## Arms", ""], []
     for a in m.arms:
-        rec, arm_facts = lanes.get(a.name), facts.arms.get(a.name)
+        rec, arm_facts = manifest.lanes.get(a.name), facts.arms.get(a.name)
         boot = rec.boot_seconds if rec else None
         port, load = (arm_facts.port, arm_facts.load_at_end) if arm_facts else (None, None)
         arm_rows.append([a.name, a.drafter + (" (baseline)" if a.baseline else ""), a.revision, str(a.k),
@@ -210,8 +185,7 @@ def _arms(m: Matrix, manifest: Manifest, facts: MatrixSection) -> list[str]:
                          (rec.reason if rec else "").replace("|", "/")])
     out += table(["arm", "drafter", "revision", "K", "status", "port", "boot s", "1-min load at end", "reason"],
                   arm_rows)
-    moved = [f"{name}: {f.port_note}" for name, f in facts.arms.items() if f.port_note]
-    if moved:
+    if moved := [f"{name}: {f.port_note}" for name, f in facts.arms.items() if f.port_note]:
         out += ["", "Ports:"] + [f"- {line}" for line in moved]
     return out
 
@@ -219,21 +193,13 @@ def _arms(m: Matrix, manifest: Manifest, facts: MatrixSection) -> list[str]:
 def _verdict_grid(m: Matrix, reg: Registration, verdict: list[VerdictRow]) -> list[str]:
     out = ["", "## Verdict: arms x bars", "",
            "Each cell: outcome, measured median [min, max] over repeats. — : the bar does not judge that arm.", ""]
-    header = ["arm"] + [f"bar {i + 1}" for i in range(len(reg.bars_text))]
     grid = []
     for a in m.arms:
-        cells = [a.name]
-        for i in range(len(reg.bars_text)):
-            v = next((v for v in verdict if v.arm == a.name and v.bar_index == i), None)
-            if v is None:
-                cells.append("—")
-            elif v.outcome == "no-data":
-                cells.append("**no data**")
-            else:
-                digits = 1 if v.metric.endswith("tok_s") else 2
-                cells.append(f"**{v.outcome}** {_ranged(v.measured, v.measured_min, v.measured_max, digits)}")
-        grid.append(cells)
-    out += table(header, grid)
+        judged = [next((v for v in verdict if v.arm == a.name and v.bar_index == i), None) for i in range(len(reg.bars_text))]
+        grid.append([a.name, *("—" if v is None else "**no data**" if v.outcome == "no-data" else f"**{v.outcome}** "
+                               f"{_ranged(v.measured, v.measured_min, v.measured_max, 1 if v.metric.endswith('tok_s') else 2)}"
+                               for v in judged)])
+    out += table(["arm"] + [f"bar {i + 1}" for i in range(len(reg.bars_text))], grid)
     out += ["", *table(["bar", "arm", "measured [min, max]", "bound", "baseline", "margin", "outcome", "note"], [
         [str(v.bar_index + 1), v.arm,
          _ranged(v.measured, v.measured_min, v.measured_max, 3),

@@ -1,20 +1,12 @@
 """The matrix verdict: each arm's measurements, and every registered bar judged against them.
 
-Measurements come only from arms that passed (gates held, every table passed its
-expectations); a failed or skipped arm leaves its bars with `no-data`, which never counts
-as a pass. Per arm and prompt class:
-
-- acceptance length and the per-position curve: the lane's acceptance table (counter
-  deltas over the probe window, median over repeats, [min, max]);
-- draft efficiency = accepted / drafted draft tokens, from the probe's raw per-request
-  records (llama.cpp's `draft_n` / `draft_n_accepted`), per repeat, then median and range:
-  the share of verify work spent on draft tokens the target kept. Longer drafts that only
-  add rejected positions show up here first;
-- single-stream tok/s: the probe sends one request at a time, so each request's output tokens
-  over its end-to-end latency is a single-stream speed with speculation on; a repeat counts
-  its median request, and the row reports the median repeat with [min, max].
-
-Per arm and concurrency level: aggregate tok/s from the lane's decode curve (speed prompt set).
+Only arms that passed (gates held, tables passed their expectations) are measured; a failed or
+skipped arm leaves its bars `no-data`, never a pass. Per arm and prompt class: acceptance length
+and the per-position curve from the lane's acceptance table; draft efficiency = accepted / drafted
+draft tokens from the probe's raw records (llama.cpp's `draft_n` / `draft_n_accepted`), where longer
+drafts that only add rejected positions show first; single-stream tok/s, each probe request's output
+over its end-to-end latency (one at a time), a repeat counting its median request. Per arm and
+concurrency level: aggregate tok/s from the lane's decode curve. All medians over repeats, [min, max].
 """
 
 from __future__ import annotations
@@ -50,25 +42,19 @@ def _stats(values: list[float]) -> tuple[float, float, float] | tuple[None, None
 
 
 def _entry_path(run: RunFolder, arm: str, kind: str) -> Path | None:
-    for e in run.manifest.artifacts:
-        if e.lane == arm and e.kind == kind and e.validation == "passed":
-            return run.path / e.path
-    return None
+    return next((run.path / e.path for e in run.manifest.artifacts
+                 if e.lane == arm and e.kind == kind and e.validation == "passed"), None)
 
 
 def _per_request(run: RunFolder, m: Matrix, arm: str) -> dict[str, dict[str, tuple]]:
     """class -> {efficiency, tok_s, drafted}: per-repeat values from the probe's raw records."""
-    path = _entry_path(run, arm, "requests")
-    if path is None:
+    if (path := _entry_path(run, arm, "requests")) is None:
         return {}
     classes = prompt_class_of(m)
     per: dict[tuple[str, int], dict[str, Any]] = {}
     for line in path.read_text().splitlines():
         r = json.loads(line)
-        if r["stage"] != "acceptance" or not r["ok"]:
-            continue
-        c = classes.get((r["prompt_class"], r["prompt_id"]))
-        if c is None:
+        if r["stage"] != "acceptance" or not r["ok"] or (c := classes.get((r["prompt_class"], r["prompt_id"]))) is None:
             continue
         acc = per.setdefault((c, r["repeat"]), {"drafted": 0.0, "accepted": 0.0, "rates": []})
         spec = r.get("spec") or {}
@@ -80,8 +66,7 @@ def _per_request(run: RunFolder, m: Matrix, arm: str) -> dict[str, dict[str, tup
     for c in m.prompt_sets:
         reps = [v for (cc, _), v in sorted(per.items()) if cc == c]
         eff = [v["accepted"] / v["drafted"] for v in reps if v["drafted"] > 0]
-        # A repeat's single-stream speed is the median request's: one stalled request (another
-        # process on a shared box) must not stand for the class.
+        # A repeat's single-stream speed is its median request's: one stalled request must not stand for the class.
         tps = [statistics.median(v["rates"]) for v in reps if v["rates"]]
         out[c] = {"efficiency": _stats(eff), "tok_s": _stats(tps),
                   "drafted": (sum(v["drafted"] for v in reps),), "accepted_req": (sum(v["accepted"] for v in reps),)}
@@ -93,18 +78,14 @@ def collect(run: RunFolder, m: Matrix) -> tuple[list[ArmClassRow], list[SpeedRow
     rows, speed, warnings = [], [], []
     for arm in m.arms:
         record = run.manifest.lanes.get(arm.name)
-        status = record.status if record else "skipped"
-        reason = (record.reason if record else "") or ""
-        acc = pd.DataFrame()
+        status, reason = (record.status, record.reason or "") if record else ("skipped", "")
+        acc, reqs = pd.DataFrame(), {}
         if status == "passed":
-            p = _entry_path(run, arm.name, "acceptance")
-            acc = pd.read_parquet(p) if p else acc
-            p = _entry_path(run, arm.name, "decode")
-            if p:
-                for d in pd.read_parquet(p).itertuples():
-                    speed.append(SpeedRow(arm=arm.name, concurrency=int(d.concurrency), aggregate_tok_s=d.aggregate_tok_s,
-                                          aggregate_tok_s_min=d.aggregate_tok_s_min, aggregate_tok_s_max=d.aggregate_tok_s_max))
-        reqs = _per_request(run, m, arm.name) if status == "passed" else {}
+            acc = pd.read_parquet(p) if (p := _entry_path(run, arm.name, "acceptance")) else acc
+            for d in pd.read_parquet(p).itertuples() if (p := _entry_path(run, arm.name, "decode")) else []:
+                speed.append(SpeedRow(arm=arm.name, concurrency=int(d.concurrency), aggregate_tok_s=d.aggregate_tok_s,
+                                      aggregate_tok_s_min=d.aggregate_tok_s_min, aggregate_tok_s_max=d.aggregate_tok_s_max))
+            reqs = _per_request(run, m, arm.name)
         for c in m.prompt_sets:
             row = ArmClassRow(arm=arm.name, drafter=arm.drafter, revision=arm.revision, k=arm.k, baseline=arm.baseline,
                               status=status, reason=reason, prompt_class=c, k_plus_1=arm.k + 1)
@@ -140,9 +121,8 @@ def collect(run: RunFolder, m: Matrix) -> tuple[list[ArmClassRow], list[SpeedRow
 
 
 def model_drift(run: RunFolder, m: Matrix) -> list[str]:
-    """Arms compare only if they served the same bytes: the target's sha256 must be one value across
-    arms (and now, at the end), each drafter's one value across its arms. Preflight records the
-    sha256 of every file it checks; a file rewritten mid-matrix (a rebuilt checkpoint) shows here."""
+    """Arms compare only if they served the same bytes (preflight's sha256 of every file): one target
+    sha256 across arms and now, one per drafter; a checkpoint rebuilt mid-matrix shows here."""
     from tasks.hosts.files import model_sha256
 
     seen: dict[str, dict[str, list[str]]] = {}  # label -> sha256 -> arms
@@ -165,10 +145,8 @@ def model_drift(run: RunFolder, m: Matrix) -> list[str]:
 
 
 def contention(run: RunFolder, m: Matrix) -> list[str]:
-    """Speed is only comparable across arms measured under the same conditions. An arm's own server
-    keeps about `threads` cores busy; a 1-minute load average well above the host's cores at the
-    end of an arm means other processes competed for the CPU while it was timed. Acceptance (counter
-    deltas, greedy) is unaffected; tok/s is not."""
+    """Speed compares across arms only under the same conditions: a 1-minute load well above the host's
+    cores at an arm's end means other processes competed while it was timed (acceptance is unaffected)."""
     cores = run.manifest.host.cores or 1
     arms = run.manifest.flow.matrix.arms if run.manifest.flow.matrix else {}
     busy = {name: f.load_at_end for name, f in arms.items() if (f.load_at_end or 0) > 1.5 * cores}
@@ -203,10 +181,7 @@ def judge(reg: Registration, m: Matrix, rows: list[ArmClassRow], speed: list[Spe
             base_value = _measure(bar, base, rows, speed)[0] if base else None
             notes = []
             outcome: Literal["pass", "fail", "no-data"]
-            if bar.relative_to:
-                threshold = base_value + bar.margin if base_value is not None else None
-            else:
-                threshold = bar.margin
+            threshold = bar.margin if not bar.relative_to else base_value + bar.margin if base_value is not None else None
             if measured is None or threshold is None:
                 missing = arm if measured is None or base is None else base
                 record = next((r for r in rows if r.arm == missing.name), None)
@@ -245,11 +220,7 @@ class DrafterVerdict(BaseModel):
 
     @property
     def verdict(self) -> str:
-        if self.checks == 0:
-            return "not judged"
-        if self.failed:
-            return "FAILED"
-        return "INCOMPLETE" if self.no_data else "PASSED"
+        return "not judged" if not self.checks else "FAILED" if self.failed else "INCOMPLETE" if self.no_data else "PASSED"
 
     def sentence(self) -> str:
         who = f"Drafter **{self.drafter}** (revision {self.revision}{', the baseline' if self.baseline else ''})"
@@ -260,9 +231,9 @@ class DrafterVerdict(BaseModel):
         if self.checks > 2 and self.passed == 1 and self.failed == self.checks - 1:
             return f"{who} **failed every bar except one**: {self.failed} of {self.checks} checks failed."
         if self.failed:
-            kept = self.passed
             return (f"{who} **failed its bars**: {self.failed} of {self.checks} checks failed"
-                    f"{f', {kept} passed' if kept else ''}{f', {self.no_data} not measured' if self.no_data else ''}.")
+                    f"{f', {self.passed} passed' if self.passed else ''}"
+                    f"{f', {self.no_data} not measured' if self.no_data else ''}.")
         if self.no_data:
             return f"{who} has **no verdict**: {self.no_data} of {self.checks} checks were not measured (see the arms table)."
         return f"{who} **passed every bar**: {self.checks} of {self.checks} checks."
