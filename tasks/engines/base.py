@@ -169,7 +169,8 @@ class Engine(ABC):
         """One server-sent event off the wire: None for a comment (llama-server's `:` ping); an `error`
         event or body is the server's error in its words; malformed JSON raises ValueError."""
         if raw.startswith(b"data: {") and b"\n" not in raw:  # the common event: one data line of JSON
-            return self._parse_data(_loads(raw[6:]), raw[6:], b"message")
+            body = raw[6:]
+            return self._parse_data(_loads(body), body, b"message")
         data_lines, kind = [], b"message"
         for line in raw.split(b"\n"):
             if not line or line.startswith(b":"):

@@ -174,9 +174,11 @@ class VLLM(Engine):
                                prompt_tokens=usage.get("prompt_tokens"))
         choice = choices[0]
         finish = choice.get("finish_reason")
-        usage = (data.get("usage") or {}) if finish is not None else {}
-        return StreamEvent(text=choice.get("text") or "", tokens=len(choice.get("token_ids") or []),
-                           done=finish is not None, completion_tokens=usage.get("completion_tokens"),
+        text, tokens = choice.get("text") or "", len(choice.get("token_ids") or ())
+        if finish is None:  # a token event: one a streamed event, the client's hot path
+            return StreamEvent(text=text, tokens=tokens)
+        usage = data.get("usage") or {}
+        return StreamEvent(text=text, tokens=tokens, done=True, completion_tokens=usage.get("completion_tokens"),
                            prompt_tokens=usage.get("prompt_tokens"), finish_reason=finish)
 
     # `tool_choice: auto` needs `--enable-auto-tool-choice` plus `--tool-call-parser`; `reasoning`
