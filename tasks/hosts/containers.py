@@ -1,22 +1,17 @@
 """Container lanes: pull the engine image by digest, run it, stream its logs, tear it down.
 
-Why the docker CLI over our `Transport`, not docker-py over SSH: docker-py's `ssh://` opens
-its own paramiko client that trusts the system known_hosts and has its own timeouts and
-retries. Going through the transport keeps one host-key policy (the inventory's known_hosts,
-unknown keys refused), one deadline/retry policy (only idempotent commands are retried, every
-command has a wall-clock deadline) and one audit trail of commands, and it works the same for a
-local daemon. Every docker command is an argv; `--host` is passed when the host names a daemon.
+The docker CLI over our `Transport`, not docker-py over SSH: docker-py's `ssh://` opens its own
+paramiko client (system known_hosts, its own timeouts and retries). The transport keeps one
+host-key policy, one deadline/retry policy (only idempotent commands retried) and one audit
+trail of argv commands, the same for a local daemon; `--host` when the host names a daemon.
 
-What each step guards against:
-- pull: a tag can move; a lane pins `repo@sha256:...`, and after the pull the local image's
-  RepoDigests must contain that digest. A registry that does not answer is one clear
-  `ImageError` carrying docker's own message, never a hang (the pull has a deadline).
-- run: `--pull never` (a run never fetches anything behind our back), host network (the bench
-  reaches the server on the host's address), model folders mounted read-only, and a
-  `lanebench.lane` label so a leftover is recognised as ours. The environment is passed as
-  `-e NAME` (the docker CLI takes the value from its own environment, which the transport sets
-  without a command line): a `-e NAME=value` would show an `HF_TOKEN` to `ps` on the host.
-- teardown: `docker stop -t grace` then `docker rm -f`, idempotent; a crashed run's container
+- pull: a tag can move, so a lane pins `repo@sha256:...`, which must be in the pulled image's
+  RepoDigests. A registry that does not answer is one clear `ImageError` with docker's message.
+- run: `--pull never` (nothing fetched behind our back), host network (the bench reaches the
+  server on the host's address), model folders read-only, a `lanebench.lane` label marking a
+  leftover as ours. Env goes as `-e NAME`, the value from the docker CLI's environment: a
+  `-e NAME=value` would show an `HF_TOKEN` to `ps` on the host.
+- teardown: `docker stop -t grace`, then `docker rm -f`, idempotent; a crashed run's container
   under the lane's name is removed before the next boot (`remove_leftover`).
 """
 
@@ -101,7 +96,7 @@ def _message(r: CommandResult) -> str:
 
 
 def _pinned(image_ref: str) -> re.Match[str]:
-    if (m := PINNED.fullmatch(image_ref)) is None:
+    if not (m := PINNED.fullmatch(image_ref)):
         raise ValueError(f"image {image_ref!r} is not pinned as repo@sha256:<64 hex>")
     return m
 
@@ -156,9 +151,8 @@ def pull_by_digest(transport: Transport, docker_host: str | None, image_ref: str
 
 
 def remove_leftover(transport: Transport, docker_host: str | None, name: str) -> bool:
-    """Remove the container a crashed run left under lane `name` (and its log streamer).
-    True when there was one. A container under that name that lanebench did not start is
-    refused, not removed."""
+    """Remove the container (and log streamer) a crashed run left under lane `name`; True when there
+    was one. One under that name that lanebench did not start is refused, not removed."""
     container = container_name(name)
     r = _docker(transport, docker_host, "container", "inspect", "--format",
                 "{{json .Config.Labels}}", container, deadline_s=30)
@@ -178,8 +172,8 @@ def remove_leftover(transport: Transport, docker_host: str | None, name: str) ->
 
 
 class ContainerHandle(Spawned):
-    """A running engine container, behind the same interface as a spawned process. `pid` is the
-    engine's pid on the host (from `docker inspect`), `logs` the `docker logs --follow` streamer."""
+    """A running engine container as a spawned process: `pid` the engine's on the host, `logs` the
+    `docker logs --follow` streamer."""
 
     def __init__(self, transport: Transport, docker_host: str | None, name: str, container_id: str,
                  argv: list[str], pid: int, logs: Spawned, log_path: Path) -> None:
@@ -235,10 +229,9 @@ class ContainerHandle(Spawned):
 def run_container(transport: Transport, docker_host: str | None, name: str, image_ref: str, argv: list[str],
                   settings: ContainerSettings, gpus: int, mounts: list[str], env: dict[str, str],
                   log_path: Path, *, deadline_s: float = 120.0, entrypoint: str | None = None) -> ContainerHandle:
-    """Start the engine container for lane `name` (`argv`: the engine's arguments after the
-    image's entrypoint, or after `entrypoint` when given: engine images differ, vLLM's runs
-    `vllm serve`, SGLang's none) and stream its logs into `log_path`. The image must already be on the
-    host (`pull_by_digest`); a leftover under the lane's name must be gone (`remove_leftover`)."""
+    """Start lane `name`'s engine container, logs streamed into `log_path`. `argv` follows the image's
+    entrypoint or `entrypoint` (vLLM's image runs `vllm serve`, SGLang's none). The image must be on
+    the host (`pull_by_digest`), a leftover gone (`remove_leftover`)."""
     container = container_name(name)
     _pinned(image_ref)
     for arg in argv:

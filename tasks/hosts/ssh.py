@@ -1,27 +1,23 @@
-"""The SSH transport: commands and servers on a remote host over paramiko.
+"""The SSH transport (contract in tasks/hosts/transport.py): commands and servers on a host over paramiko.
+Long because one class implements the whole contract (run, spawn, stop, copy, host keys).
 
-Long because one class implements the whole transport contract (run, spawn, stop, copy, host keys).
-
-Why each rule (see tasks/hosts/transport.py for the contract):
-- Key authentication only, no agent, no password: a benchmark run must not depend on who is
-  logged in where, nor prompt.
-- The host key is checked against a known_hosts file and never silently accepted: an unknown
-  key is refused with its fingerprint and the command that trusts it; a changed key is refused
-  even with trust-on-first-use.
-- Every remote command is `shlex.join`ed and run as `setsid -w sh -c WRAPPER sh ARGV...`: the
-  wrapper reports its pid (= process group) first, so a command past its deadline, or a server
-  being stopped, can be killed as a whole group from a fresh channel.
-- Environment values never ride on the remote command line (`ps` on the host and sshd's logs
-  show it): they are sent on the channel's stdin as `NAME=value` lines ended by an empty line,
-  and the wrapper exports them before running the command (`_READ_ENV`). paramiko's
-  `environment=` would need `AcceptEnv` in every host's sshd_config, so it is not used.
-- A dropped connection leaves a command's fate unknown: it is re-run only when the caller
-  declared it idempotent. Opening the connection (nothing has run yet) is always retried.
+- Key authentication only, no agent, no password: a run must not depend on who is logged in, nor prompt.
+- The host key is checked against a known_hosts file: an unknown key is refused with its
+  fingerprint and the command that trusts it; a changed key is refused even with trust-on-first-use.
+- A remote command runs as `setsid -w sh -c WRAPPER sh ARGV...` (`shlex.join`ed): the wrapper
+  reports its pid (= process group) first, so a command past its deadline, or a server being
+  stopped, is killed as a whole group from a fresh channel.
+- Env values never ride on the command line (`ps`, sshd's logs): `NAME=value` lines on stdin, up
+  to an empty line, exported by the wrapper (`_READ_ENV`). paramiko's `environment=` would need
+  `AcceptEnv` in every host's sshd_config.
+- After a dropped connection a command's fate is unknown: re-run only when declared idempotent.
+  Opening the connection (nothing has run yet) is always retried.
 """
 
 from __future__ import annotations
 
 import atexit
+import getpass
 import os
 import select
 import shlex
@@ -240,7 +236,7 @@ class SSHTransport(Transport):
                  trust_on_first_use: bool = False, keepalive_s: float = 15.0, connect_timeout_s: float = 10.0,
                  attempts: int = 3, backoff_s: float = 0.5) -> None:
         self.host_name, self.address, self.port = host_name, address, port
-        self.user = user or _current_user()
+        self.user = user or getpass.getuser()
         self.identity_file = Path(os.path.expanduser(identity_file))
         self.known_hosts = Path(os.path.expanduser(known_hosts))
         self.trust_on_first_use = trust_on_first_use
@@ -298,14 +294,6 @@ class SSHTransport(Transport):
 
     def _open(self, key: paramiko.PKey) -> paramiko.Transport:
         """One connection; a refused key or host key is a TransportError (never retried)."""
-        try:
-            return self._handshake(key)
-        except paramiko.AuthenticationException as e:
-            raise TransportError(
-                f"{self.host_name}: {self.where} refused key {self.identity_file} ({e}). Fix: add "
-                f"{self.identity_file}.pub to ~{self.user}/.ssh/authorized_keys on the host") from None
-
-    def _handshake(self, key: paramiko.PKey) -> paramiko.Transport:
         sock = socket.create_connection((self.address, self.port), timeout=self.connect_timeout_s)
         conn = paramiko.Transport(sock)
         try:
@@ -322,8 +310,12 @@ class SSHTransport(Transport):
             if not conn.is_authenticated():
                 raise paramiko.AuthenticationException("further authentication required")
             return conn
-        except BaseException:
+        except BaseException as e:
             conn.close()
+            if isinstance(e, paramiko.AuthenticationException):
+                raise TransportError(
+                    f"{self.host_name}: {self.where} refused key {self.identity_file} ({e}). Fix: add "
+                    f"{self.identity_file}.pub to ~{self.user}/.ssh/authorized_keys on the host") from None
             raise
 
     def _known_keys(self) -> dict[str, paramiko.PKey]:
@@ -528,12 +520,6 @@ def _send_stdin(chan: paramiko.Channel, data: bytes) -> None:
 def _negotiated_types(key_type: str) -> list[str]:
     """The host-key algorithms that yield a key of this known_hosts type."""
     return ["rsa-sha2-512", "rsa-sha2-256", "ssh-rsa"] if key_type == "ssh-rsa" else [key_type]
-
-
-def _current_user() -> str:
-    import getpass
-
-    return getpass.getuser()
 
 
 _TRANSPORTS: weakref.WeakSet[SSHTransport] = weakref.WeakSet()
