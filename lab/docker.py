@@ -149,9 +149,21 @@ class Dockerd(Daemon):
                               timeout=timeout, check=False)
 
     def _before_stop(self) -> None:
-        ids = self.docker("ps", "-aq", timeout=30).stdout.split()
-        if ids:
-            self.docker("rm", "-f", *ids, timeout=120)
+        remove_containers(self.docker_host)
+
+
+def remove_containers(docker_host: str) -> list[str]:
+    """Remove every container of the daemon at `docker_host`; returns their ids ([] when it does not answer)."""
+    def docker(*args: str, timeout: float) -> list[str]:
+        return subprocess.run(["docker", "--host", docker_host, *args], capture_output=True, text=True,
+                              timeout=timeout, check=False).stdout.split()
+
+    try:
+        if ids := docker("ps", "-aq", timeout=30):
+            docker("rm", "-f", *ids, timeout=120)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return ids
 
 
 def start_dockerd(state_dir: Path, netns: str | None = None, insecure_registries: Sequence[str] = (),

@@ -121,11 +121,8 @@ class Lab:
 
     def _record(self, **changes: Any) -> None:
         state = self.state()
-        for key, value in changes.items():
-            if isinstance(value, dict) and isinstance(state.get(key), dict):
-                state[key] = {**state[key], **value}
-            else:
-                state[key] = value
+        state |= {k: state[k] | v if isinstance(v, dict) and isinstance(state.get(k), dict) else v
+                  for k, v in changes.items()}
         self.dir.mkdir(parents=True, exist_ok=True)
         tmp = self.state_path.with_suffix(".tmp")
         tmp.write_text(json.dumps(state, indent=2))
@@ -346,7 +343,9 @@ class Lab:
                 self.say(f"lab: stopping pid {daemon.pid} failed ({e}); killing it")
         self._live.clear()
         if state.get("docker_host"):
-            removed += _remove_containers(state["docker_host"])
+            from lab.docker import remove_containers
+
+            removed += [f"container {i}" for i in remove_containers(state["docker_host"])]
         pids = _lab_pids(self.dir, HOSTS) | {p for p in state.get("processes", {}).values() if _same_lab_process(p, self.dir)}
         if pids:
             procs.kill_all(pids, _TERM_GRACE_S, _KILL_GRACE_S)
@@ -414,17 +413,6 @@ def _require_root_and_tools() -> None:
         missing.append("sshd")
     if missing:
         raise LabError(f"missing tools: {', '.join(missing)}. Fix: run ./setup (installs them)")
-
-
-def _remove_containers(docker_host: str) -> list[str]:
-    try:
-        ids = subprocess.run(["docker", "--host", docker_host, "ps", "-aq"], capture_output=True, text=True,
-                             timeout=20).stdout.split()
-        if ids:
-            subprocess.run(["docker", "--host", docker_host, "rm", "-f", *ids], capture_output=True, timeout=120)
-    except (OSError, subprocess.TimeoutExpired):
-        return []
-    return [f"container {i}" for i in ids]
 
 
 def _same_lab_process(pid: int, lab_dir: Path) -> bool:

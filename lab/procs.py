@@ -8,6 +8,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable, Collection, Iterable
+from contextlib import suppress
 from pathlib import Path
 
 _PROC = Path("/proc")
@@ -80,10 +81,8 @@ def alive(pid: int) -> bool:
 def signal_all(pids: Iterable[int], sig: int) -> None:
     """Send `sig` to each pid; one that is already gone is not an error."""
     for pid in pids:
-        try:
+        with suppress(ProcessLookupError):
             os.kill(pid, sig)
-        except ProcessLookupError:
-            pass
 
 
 def kill_all(pids: Collection[int], term_grace_s: float, kill_grace_s: float) -> None:

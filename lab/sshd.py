@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 from dataclasses import dataclass, field
+from contextlib import suppress
 from pathlib import Path
 
 from lab import procs
@@ -50,10 +51,8 @@ class Sshd:
         victims = [*procs.descendants([self.pid]), self.pid] if self._alive() else []
         procs.signal_all(victims, signal.SIGKILL)
         if self._proc is not None:
-            try:
+            with suppress(subprocess.TimeoutExpired):
                 self._proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
         (self.state_dir / "sshd.pid").unlink(missing_ok=True)
 
     def _alive(self) -> bool:

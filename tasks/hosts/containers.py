@@ -28,6 +28,7 @@ from pydantic import BaseModel
 from tasks.inventory.models import _NAME, _SAFE_FLAG, ContainerSettings
 from tasks.hosts.transport import CommandResult, CommandTimeout, Spawned, Transport
 from tasks.hosts.listener import Listeners, listeners
+from tasks.hosts.retry import retrying
 
 PINNED = re.compile(r"^(?P<repo>[a-z0-9._/:-]+)@(?P<digest>sha256:[0-9a-f]{64})$")
 _DOCKER_HOST = re.compile(r"^(unix|tcp)://[A-Za-z0-9_./:-]+$")
@@ -93,6 +94,13 @@ def _docker(transport: Transport, docker_host: str | None, *args: str, deadline_
 
 def _message(r: CommandResult) -> str:
     return (r.stderr.strip() or r.stdout.strip())[-1500:]
+
+
+def _gone_or_ok(r: CommandResult, what: str) -> CommandResult:
+    """`r`, unless docker failed for another reason than the container being gone already."""
+    if r.exit_code != 0 and "No such" not in r.stderr:
+        raise ContainerError(f"{what} failed: {_message(r)}")
+    return r
 
 
 def _pinned(image_ref: str) -> re.Match[str]:
@@ -162,11 +170,9 @@ def remove_leftover(transport: Transport, docker_host: str | None, name: str) ->
         if labels.get(LANE_LABEL) != name:
             raise ContainerError(f"{transport.host_name}: a container named {container} exists without the label "
                                  f"{LANE_LABEL}={name}: lanebench did not start it; remove or rename it yourself")
-        rm = _docker(transport, docker_host, "rm", "-f", container, deadline_s=120)
-        if rm.exit_code != 0:
+        if (rm := _docker(transport, docker_host, "rm", "-f", container, deadline_s=120)).exit_code != 0:
             raise ContainerError(f"{transport.host_name}: docker rm -f {container} failed: {_message(rm)}")
-    elif "No such" not in r.stderr:
-        raise ContainerError(f"{transport.host_name}: docker container inspect {container} failed: {_message(r)}")
+    _gone_or_ok(r, f"{transport.host_name}: docker container inspect {container}")
     transport.stop_leftover(f"{container}-logs")
     return found
 
@@ -186,13 +192,12 @@ class ContainerHandle(Spawned):
         """None while running; the exit code once it has ended (-1 if it vanished unseen)."""
         if self._exit_code is not None:
             return self._exit_code
-        r = _docker(self.transport, self.docker_host, "inspect", "--format",
-                    "{{.State.Running}} {{.State.ExitCode}}", self.container_id, deadline_s=30)
+        r = _gone_or_ok(_docker(self.transport, self.docker_host, "inspect", "--format",
+                                "{{.State.Running}} {{.State.ExitCode}}", self.container_id, deadline_s=30),
+                        f"docker inspect {self.name}")
         if r.exit_code != 0:
-            if "No such" in r.stderr:
-                self._exit_code = -1
-                return self._exit_code
-            raise ContainerError(f"docker inspect {self.name} failed: {_message(r)}")
+            self._exit_code = -1
+            return self._exit_code
         running, code = r.stdout.split()
         if running == "true":
             return None
@@ -211,17 +216,13 @@ class ContainerHandle(Spawned):
         if self._removed:
             return
         grace = max(0, math.ceil(grace_s))
-        r = _docker(self.transport, self.docker_host, "stop", "-t", str(grace), self.container_id,
-                    deadline_s=grace + 60)
-        if r.exit_code != 0 and "No such" not in r.stderr:
-            raise ContainerError(f"docker stop {self.name} failed: {_message(r)}")
+        _gone_or_ok(_docker(self.transport, self.docker_host, "stop", "-t", str(grace), self.container_id,
+                            deadline_s=grace + 60), f"docker stop {self.name}")
         self.poll()  # keep the exit code before the container is gone
-        r = _docker(self.transport, self.docker_host, "rm", "-f", self.container_id, deadline_s=120)
-        if r.exit_code != 0 and "No such" not in r.stderr:
-            raise ContainerError(f"docker rm -f {self.name} failed: {_message(r)}")
-        end = time.monotonic() + 5.0  # `docker logs -f` ends by itself once the container stopped
-        while self.logs.poll() is None and time.monotonic() < end:
-            time.sleep(0.1)
+        _gone_or_ok(_docker(self.transport, self.docker_host, "rm", "-f", self.container_id, deadline_s=120),
+                    f"docker rm -f {self.name}")
+        # `docker logs -f` ends by itself once the container stopped
+        retrying(within_s=5.0, wait_s=0.1, until=lambda code: code is not None)(self.logs.poll)
         self.logs.stop(grace_s=2.0)
         self._removed = True
 

@@ -24,7 +24,7 @@ import json
 import os
 import time
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, suppress
 from datetime import UTC, datetime
 from pathlib import Path
 from uuid import UUID, uuid4
@@ -60,11 +60,9 @@ def _register_holder():
 
     run_id = flow_run.get_id() or str(uuid4())
     folder = _holders()
-    try:
+    with suppress(OSError):
         folder.mkdir(parents=True, exist_ok=True)
         (folder / f"{run_id}.json").write_text(Owner.here().model_dump_json())
-    except OSError:
-        pass
     return ConcurrencyLeaseHolder(type="flow_run", id=UUID(run_id))
 
 
@@ -86,10 +84,8 @@ def ensure_limit(name: str, slots: int = 1) -> bool:
         try:
             limit = client.read_global_concurrency_limit_by_name(name)
         except ObjectNotFound:
-            try:
+            with suppress(ObjectAlreadyExists):  # another flow created it between our read and our write
                 client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=slots))
-            except ObjectAlreadyExists:  # another flow created it between our read and our write
-                pass
             return False
         return limit.active_slots >= limit.limit
 

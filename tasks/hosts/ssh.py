@@ -26,6 +26,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
+from contextlib import suppress
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -360,10 +361,8 @@ class SSHTransport(Transport):
     def _close_conn(self, conn: paramiko.Transport | None = None) -> None:
         """Forget the connection (only `conn`, if given: another thread may have reopened it)."""
         if self._conn is not None and (conn is None or conn is self._conn):
-            try:
+            with suppress(Exception):  # already broken
                 self._conn.close()
-            except Exception:  # noqa: BLE001 - already broken
-                pass
             self._conn = None
 
     def _drop(self, conn: paramiko.Transport) -> None:
@@ -510,11 +509,9 @@ class SSHTransport(Transport):
 
 
 def _send_stdin(chan: paramiko.Channel, data: bytes) -> None:
-    try:
+    with suppress(*_CONNECTION_FAULTS):
         chan.sendall(data)
         chan.shutdown_write()
-    except _CONNECTION_FAULTS:
-        pass
 
 
 def _negotiated_types(key_type: str) -> list[str]:
@@ -532,8 +529,6 @@ def _stop_spawns() -> None:
         if transport._conn is None or not transport._conn.is_active():
             continue  # unreachable now: do not stall the exit; the next boot's stop_leftover cleans up
         for spawned in list(transport._spawns):
-            try:
+            with suppress(Exception):  # exiting anyway
                 spawned.stop(grace_s=1.0)
-            except Exception:  # noqa: BLE001, S110 - exiting anyway
-                pass
         transport.close()

@@ -28,12 +28,14 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from contextlib import suppress
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 from pydantic import BaseModel
 
 from tasks.hosts.owner import Owner
+from tasks.hosts.retry import retrying
 
 if TYPE_CHECKING:
     from tasks.hosts.listener import Listeners
@@ -158,10 +160,8 @@ _LIVE: dict[int, subprocess.Popen] = {}
 
 
 def _killpg(pgid: int, sig: int = signal.SIGKILL) -> None:
-    try:
+    with suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 _PIDFILES: dict[int, Path] = {}  # a spawned group's pidfile, removed with it at exit
@@ -187,13 +187,12 @@ def _pidfile_owner_alive(pidfile: Path) -> bool:
 
 
 def _unrecord(pgid: int) -> None:
-    """Remove the group's pidfile while it still names this group (a newer spawn may own the name)."""
+    """Forget the group; remove its pidfile while it still names it (a newer spawn may own the name)."""
+    _LIVE.pop(pgid, None)
     pidfile = _PIDFILES.pop(pgid, None)
-    try:
-        if pidfile is not None and _pidfile_pgid(pidfile) == pgid:
+    if pidfile is not None and _pidfile_pgid(pidfile) == pgid:
+        with suppress(OSError):
             pidfile.unlink()
-    except OSError:
-        pass
 
 
 @atexit.register
@@ -211,18 +210,14 @@ def _pump(stream: IO[bytes], sink: StreamText) -> None:
 
 
 def _feed_stdin(stream: IO[bytes], data: bytes) -> None:
-    try:
+    with suppress(OSError):
         stream.write(data)
         stream.close()
-    except (BrokenPipeError, OSError):
-        pass
 
 
 def _group_alive(pgid: int) -> bool:
-    try:
+    with suppress(ChildProcessError):
         os.waitpid(pgid, os.WNOHANG)  # reap our own zombie leader, or a zombie counts as alive
-    except ChildProcessError:
-        pass
     try:
         os.killpg(pgid, 0)
         return True
@@ -236,10 +231,7 @@ def _stop_group(pgid: int, grace_s: float) -> None:
     """SIGTERM a process group, SIGKILL it after `grace_s` if anything in it still runs."""
     _killpg(pgid, signal.SIGTERM)
     _killpg(pgid, signal.SIGCONT)  # a stopped (SIGSTOP) process acts on SIGTERM only once continued
-    end = time.monotonic() + grace_s
-    while _group_alive(pgid) and time.monotonic() < end:
-        time.sleep(0.05)
-    if _group_alive(pgid):
+    if retrying(within_s=grace_s, wait_s=0.05, until=lambda alive: not alive)(_group_alive, pgid):
         _killpg(pgid, signal.SIGKILL)
 
 
@@ -248,8 +240,8 @@ def local_pidfile(name: str) -> Path:
 
 
 class LocalSpawned(Spawned):
-    def __init__(self, proc: subprocess.Popen, argv: list[str], pidfile: Path) -> None:
-        self.proc, self.pid, self.argv, self.pidfile = proc, proc.pid, argv, pidfile
+    def __init__(self, proc: subprocess.Popen, argv: list[str]) -> None:
+        self.proc, self.pid, self.argv = proc, proc.pid, argv
 
     def poll(self) -> int | None:
         return self.proc.poll()
@@ -269,10 +261,7 @@ class LocalSpawned(Spawned):
                 _killpg(self.pid, signal.SIGKILL)
                 self.proc.wait(timeout=10)
         _killpg(self.pid)  # children that outlived the leader
-        _LIVE.pop(self.pid, None)
-        _PIDFILES.pop(self.pid, None)
-        if _pidfile_pgid(self.pidfile) == self.pid:
-            self.pidfile.unlink(missing_ok=True)
+        _unrecord(self.pid)
 
 
 class LocalTransport(Transport):
@@ -328,7 +317,7 @@ class LocalTransport(Transport):
         pidfile.parent.mkdir(parents=True, exist_ok=True)
         pidfile.write_text(f"{proc.pid}\n{Owner.here().model_dump_json()}\n")  # pgid, then who spawned it
         _PIDFILES[proc.pid] = pidfile
-        return LocalSpawned(proc, argv, pidfile)
+        return LocalSpawned(proc, argv)
 
     def stop_leftover(self, name: str, grace_s: float = 5.0) -> bool:
         pidfile = local_pidfile(name)
