@@ -1,14 +1,10 @@
 """The rehearsal engine image: the project's own llama.cpp build in a `FROM scratch` image.
 
-No base image from any hub: the build context holds llama-server, rpc-server and exactly the
-shared libraries `ldd` lists for them (plus an empty /tmp), so the image is reproducible from
-the pinned build alone and nothing is fetched. The image carries the build identity as labels
-and is tagged with the first 12 characters of the build's pin; a container lane pins it by the
-manifest digest the registry returns, never by the tag.
-
-The docker CLI runs here; the daemon may be anywhere `docker --host` reaches. The legacy
-builder is asked for explicitly (`DOCKER_BUILDKIT=0`): buildx is not installed, and a scratch
-image with COPY only needs nothing more.
+No base image: the context holds llama-server, rpc-server and exactly the libraries `ldd` lists
+(plus an empty /tmp), so the image comes from the pinned build alone, nothing fetched. Labelled
+with the build identity, tagged with the pin's first 12 characters; a lane pins it by the
+registry's manifest digest, never the tag. The legacy builder (`DOCKER_BUILDKIT=0`): buildx is
+not installed, and a scratch image with COPY needs no more.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """A real OpenSSH server for the lab and the transport tests: no mocks of the thing we talk to.
 
-Each `start_sshd` writes its own config and host key into a state folder (the system's
-/etc/ssh is never read), listens on one address:port, optionally inside a network
-namespace, and logs to `<state_dir>/sshd.log`. `Sshd.stop` kills the server and every
-session process it forked (sshd puts each connection in its own session, so killing the
-server's process group alone would leak them).
+Its own config and host key in a state folder (never /etc/ssh), one address:port, optionally in a
+network namespace. `Sshd.stop` kills the server and every session process it forked (each
+connection has its own session: killing the server's process group would leak them).
 """
 
 from __future__ import annotations

@@ -120,11 +120,11 @@ def _env_block(env: dict[str, str] | None) -> bytes:
 class _FirstLine:
     """Takes the wrapper's `lanebench-pgid N` line off the front of a stream, passes the rest on."""
 
-    def __init__(self, sink: StreamText | None, write: Callable[[bytes], None] | None = None) -> None:
+    def __init__(self, out: Callable[[bytes], None]) -> None:
         self.pgid: int | None = None
         self.done = False
         self._buf = b""
-        self._sink, self._write = sink, write
+        self._out = out
 
     def feed(self, data: bytes) -> None:
         if not self.done:
@@ -140,10 +140,7 @@ class _FirstLine:
                 data = self._buf
             self._buf = b""
         if data:
-            if self._sink is not None:
-                self._sink.feed(data)
-            if self._write is not None:
-                self._write(data)
+            self._out(data)
 
     def flush(self) -> None:
         if not self.done and self._buf:
@@ -172,7 +169,7 @@ class SSHSpawned(Spawned):
                 log.write(data)
                 log.flush()
 
-            first = _FirstLine(None, write)
+            first = _FirstLine(write)
             try:
                 while data := self._chan.recv(65536):
                     if not first.done:
@@ -408,7 +405,7 @@ class SSHTransport(Transport):
         conn, chan = self._channel()
         t0 = time.monotonic()
         out, err = StreamText(on_output), StreamText(on_output)
-        head = _FirstLine(err)
+        head = _FirstLine(err.feed)
         try:
             try:
                 chan.exec_command(_wrap(_RUN_WRAPPER, argv, env))
