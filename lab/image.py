@@ -57,23 +57,16 @@ def _labels(docker_host: str, ref: str) -> dict[str, str] | None:
 
 def _libraries(binary: Path) -> list[Path]:
     out = subprocess.run(["ldd", str(binary)], capture_output=True, text=True, check=True).stdout
-    libs = []
-    for line in out.splitlines():
-        if "not found" in line:
-            raise ImageBuildError(f"{binary}: a shared library is missing: {line.strip()}")
-        m = re.search(r"(?:=>\s*)?(/\S+)\s+\(0x", line)
-        if m:
-            libs.append(Path(m.group(1)))
-    return libs
+    if missing := [line.strip() for line in out.splitlines() if "not found" in line]:
+        raise ImageBuildError(f"{binary}: a shared library is missing: {missing[0]}")
+    return [Path(p) for p in re.findall(r"(?:=>\s*)?(/\S+)\s+\(0x", out)]
 
 
 def _context(bin_dir: Path, folder: Path) -> None:
     rootfs = folder / "rootfs"
     rootfs.mkdir()
     files = {Path("/" + name): bin_dir / name for name in BINARIES}
-    for name in BINARIES:
-        for lib in _libraries(bin_dir / name):
-            files[lib] = lib
+    files |= {lib: lib for name in BINARIES for lib in _libraries(bin_dir / name)}
     for dest, src in files.items():
         target = rootfs / dest.relative_to("/")
         target.parent.mkdir(parents=True, exist_ok=True)

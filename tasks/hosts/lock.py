@@ -96,11 +96,10 @@ def _holders() -> Path:
     return Path(get_current_settings().home) / "lanebench_holders"
 
 
-def _holder_dead(lease: dict) -> bool:
+def _holder_dead(holder: str | None) -> bool:
     """The lease's holder (a flow run of this host) has no process any more."""
-    holder = (lease.get("metadata") or {}).get("holder") or {}
     try:
-        return Owner.model_validate_json((_holders() / f"{holder.get('id')}.json").read_text()).alive() is False
+        return Owner.model_validate_json((_holders() / f"{holder}.json").read_text()).alive() is False
     except (OSError, ValueError):  # a pydantic ValidationError is a ValueError
         return False
 
@@ -119,10 +118,8 @@ def reclaim_expired(names: list[str], grace_s: float = 5.0, on_line: Callable[[s
     with get_client(sync_client=True) as client:
         ids = set()
         for name in names:
-            try:
+            with suppress(Exception):
                 ids.add(str(client.read_global_concurrency_limit_by_name(name).id))
-            except Exception:
-                continue
         for path in folder.glob("*-*-*-*-*.json"):
             try:
                 lease = json.loads(path.read_text())
@@ -131,14 +128,14 @@ def reclaim_expired(names: list[str], grace_s: float = 5.0, on_line: Callable[[s
                 continue
             if not ids & set(lease.get("resource_ids", [])):
                 continue
-            dead = not expired and _holder_dead(lease)
+            holder = ((lease.get("metadata") or {}).get("holder") or {}).get("id")
+            dead = not expired and _holder_dead(holder)
             if expired or dead:
                 client.release_concurrency_slots_with_lease(UUID(lease["id"]))
                 reclaimed += 1
                 if on_line is not None:
-                    holder = (lease.get("metadata") or {}).get("holder") or {}
                     on_line(f"reclaimed: {', '.join(names)} lease of "
-                            + (f"dead flow run {holder.get('id')} released at once" if dead else "an expired holder released"))
+                            + (f"dead flow run {holder} released at once" if dead else "an expired holder released"))
     return reclaimed
 
 
