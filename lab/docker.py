@@ -25,6 +25,7 @@ import httpx
 
 from lab import procs
 from lab.procs import alive as _alive  # tests import these two from here
+from lab.procs import mounts_under as _mounts_under  # noqa: F401
 from tasks.hosts.retry import retrying
 
 _NETNS_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")

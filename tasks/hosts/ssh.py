@@ -341,13 +341,9 @@ class SSHTransport(Transport):
             with self.known_hosts.open("a") as f:
                 f.write(f"{name} {kind} {key.get_base64()}\n")
             return
-        recorded = known.get(kind)
-        if recorded is not None and recorded.asbytes() == key.asbytes():
+        if kind in known and known[kind].asbytes() == key.asbytes():
             return
-        if recorded is None:
-            kind_on_record, recorded = next(iter(known.items()))
-        else:
-            kind_on_record = kind
+        kind_on_record, recorded = (kind, known[kind]) if kind in known else next(iter(known.items()))
         raise HostKeyError(
             f"{self.host_name}: HOST KEY CHANGED for {self.address}:{self.port}: the server presents {kind} {fp}, "
             f"but {self.known_hosts} records {kind_on_record} {recorded.fingerprint} for {name}. Refused (also "
