@@ -19,13 +19,10 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Self
 
 import httpx
 
 from lab import procs
-from lab.procs import alive as _alive  # tests import these two from here
-from lab.procs import mounts_under as _mounts_under  # noqa: F401
 from tasks.hosts.retry import retrying
 
 _NETNS_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
@@ -97,15 +94,6 @@ class Daemon:
         if leftovers := roots | set(procs.descendants(roots)):
             procs.kill_all(leftovers, term_grace_s=5.0, kill_grace_s=5.0)
         procs.unmount_under(self.state_dir)
-
-    def running(self) -> bool:
-        return self._proc.poll() is None if self._proc is not None else _alive(self.pid)
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 def spawn(argv: list[str], log_path: Path, env: dict[str, str] | None = None) -> subprocess.Popen:

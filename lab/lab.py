@@ -152,8 +152,8 @@ class Lab:
     def up(self) -> dict[str, Any]:
         """Bring the whole lab up (tearing a leftover one down first); returns the state record."""
         _require_root_and_tools()
-        if self.leftovers():
-            self.say(f"lab: removing a leftover lab first ({', '.join(self.leftovers())})")
+        if left := self.leftovers():
+            self.say(f"lab: removing a leftover lab first ({', '.join(left)})")
             self.down()
         self.dir.mkdir(parents=True, exist_ok=True)
         self._record(started=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), lab_dir=str(self.dir),
@@ -192,11 +192,10 @@ class Lab:
         """Each host's 'disk': its models (copies of the testbed's, so they are files on that host) and artifacts."""
         models = sorted((REPO / "testbed" / "models").glob("*.gguf"))
         for host in HOSTS:
-            (self.host_dir(host) / "artifacts").mkdir(parents=True, exist_ok=True)
-            target = self.host_dir(host) / "models"
-            target.mkdir(parents=True, exist_ok=True)
+            for folder in ("artifacts", "models"):
+                (self.host_dir(host) / folder).mkdir(parents=True, exist_ok=True)
             for model in models:
-                shutil.copy2(model, target / model.name)
+                shutil.copy2(model, self.host_dir(host) / "models" / model.name)
         self.say(f"lab: copied {len(models)} model files to {self.dir / 'hosts'}/<host>/models")
 
     def _sshds(self) -> None:
@@ -385,12 +384,10 @@ class Lab:
             lines.append("lab: incomplete (up did not finish)")
         present = netns.list_netns()
         for host, address in HOSTS.items():
-            there = host in present
-            ok &= there
+            ok &= (there := host in present)
             lines.append(f"namespace {host}: {'present' if there else 'MISSING'} ({MGMT_IF} {address})")
         for name, pid in state.get("processes", {}).items():
-            alive = procs.alive(pid)
-            ok &= alive
+            ok &= (alive := procs.alive(pid))
             lines.append(f"process {name}: pid {pid} {'running' if alive else 'GONE'}")
         if DIRECT_A[0] in present and DIRECT_B[0] in present:
             a, b = netns.operstate(DIRECT_IF, DIRECT_A[0]), netns.operstate(DIRECT_IF, DIRECT_B[0])
