@@ -219,15 +219,14 @@ def start_registry(state_dir: Path, address: str = "127.0.0.1", port: int = 5000
     daemon = Registry(name=f"registry[{state_dir.name}]", pid=proc.pid, state_dir=state_dir, log_path=log_path,
                       _proc=proc, address=address, port=port)
     url = f"http://{host}:{port}/v2/"
-    if netns is None:
-        def probe() -> bool:
+
+    def probe() -> bool:
+        if netns is None:
             return httpx.get(url, timeout=2.0).status_code == 200
-    else:  # the address may only be reachable inside the namespace
-        def probe() -> bool:
-            code = ("import urllib.request,sys; "
-                    f"sys.exit(0 if urllib.request.urlopen({url!r}, timeout=2).status == 200 else 1)")
-            return subprocess.run([*_netns_prefix(netns), sys.executable, "-c", code], capture_output=True,
-                                  timeout=10, check=False).returncode == 0
+        # the address may only be reachable inside the namespace
+        code = f"import urllib.request,sys; sys.exit(0 if urllib.request.urlopen({url!r}, timeout=2).status == 200 else 1)"
+        return subprocess.run([*_netns_prefix(netns), sys.executable, "-c", code], capture_output=True,
+                              timeout=10, check=False).returncode == 0
 
     _wait(daemon, probe, f"registry GET {url}", deadline_s)
     return daemon

@@ -467,8 +467,8 @@ class SSHTransport(Transport):
         return r.exit_code == 0
 
     def group_alive(self, pgid: int) -> bool:
-        r = self.run(["sh", "-c", 'kill -0 -"$1" 2>/dev/null', "sh", str(pgid)], deadline_s=30.0, idempotent=True)
-        return r.exit_code == 0
+        return self.run(["sh", "-c", 'kill -0 -"$1" 2>/dev/null', "sh", str(pgid)], deadline_s=30.0,
+                        idempotent=True).exit_code == 0
 
     def stop_leftover(self, name: str, grace_s: float = 5.0) -> bool:
         return self.stop_group(0, grace_s, name)

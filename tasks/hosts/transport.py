@@ -178,12 +178,11 @@ def _pidfile_pgid(pidfile: Path) -> int | None:
 def _pidfile_owner_alive(pidfile: Path) -> bool:
     """The lanebench that spawned the group (the pidfile's second line) still runs here. Orchestrators
     with separate Prefect homes share no host lock, so a live owner's server is never reclaimed
-    (preflight then skips the lane: port taken)."""
+    (preflight then skips the lane: port taken). An older or unreadable pidfile: the lock alone judges."""
     try:
-        line = pidfile.read_text().splitlines()[1]
-        return Owner.model_validate_json(line).alive() is True
+        return Owner.model_validate_json(pidfile.read_text().splitlines()[1]).alive() is True
     except (OSError, IndexError, ValueError):
-        return False  # a pidfile of an older lanebench, or unreadable: judged by the lock alone
+        return False
 
 
 def _unrecord(pgid: int) -> None:
