@@ -1,15 +1,12 @@
 """Private docker daemons and a private image registry, started for the lab and the tests.
 
-Each daemon gets its own state folder (socket, data, exec root, config, log), so it never
-touches a system docker, `/etc/docker/daemon.json` or a hub: dockerd reads the config file we
-write, and the registry listens only where we say (loopback or a lab address). Both run in a
-network namespace when asked (`nsenter --net=/run/netns/NETNS` execs, so the pid we hold is
-the daemon's own; only the network namespace changes, mounts stay in the root mount namespace).
+Each daemon has its own state folder (socket, data, exec root, config, log): never the system
+docker, `/etc/docker/daemon.json` or a hub. In a network namespace when asked, via `nsenter`,
+which execs (the pid we hold is the daemon's) and leaves mounts in the root namespace.
 
-`stop()` leaves nothing behind: containers are removed first (a dockerd killed under a running
-container leaves its shim and engine running), then the daemon is stopped, then any process
-that still names the state folder (containerd, shims) and its descendants are killed by pid,
-and mounts left under the state folder are unmounted.
+`stop()` leaves nothing behind: containers first (a dockerd killed under a running container
+leaves its shim and engine running), then the daemon, then every process naming the state
+folder (containerd, shims) with its descendants, then mounts under the folder.
 """
 
 from __future__ import annotations
@@ -22,13 +19,10 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Self
 
 import httpx
 
 from lab import procs
-from lab.procs import alive as _alive  # tests import these two from here
-from lab.procs import mounts_under as _mounts_under
 from tasks.hosts.retry import retrying
 
 _NETNS_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
@@ -60,20 +54,7 @@ def _netns_prefix(netns: str | None) -> list[str]:
 def _pids_naming(folder: Path) -> set[int]:
     """Processes whose command line names `folder` (our daemon, its containerd, the shims)."""
     needle = str(folder).encode() + b"/"
-    found = set()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and int(entry.name) != os.getpid():
-            try:
-                if needle in (entry / "cmdline").read_bytes():
-                    found.add(int(entry.name))
-            except OSError:
-                continue
-    return found
-
-
-def _unmount_under(folder: Path) -> None:
-    for point in _mounts_under(folder):
-        subprocess.run(["umount", "-l", point], capture_output=True, check=False)
+    return procs.matching(lambda _, line: needle in line, skip={os.getpid()})
 
 
 @dataclass
@@ -88,7 +69,7 @@ class Daemon:
     _stopped: bool = field(default=False, repr=False, compare=False, kw_only=True)
 
     def _before_stop(self) -> None:
-        """Hook: what must go before the daemon itself (a dockerd's containers)."""
+        """What must go before the daemon itself (a dockerd's containers)."""
 
     def stop(self, grace_s: float = 20.0) -> None:
         if self._stopped:
@@ -110,22 +91,13 @@ class Daemon:
                 self._proc.wait(timeout=10)
         # containerd, shims and what runs under them outlive a dockerd that was killed.
         roots = _pids_naming(self.state_dir)
-        leftovers = roots | set(procs.descendants(roots))
-        if leftovers:
+        if leftovers := roots | set(procs.descendants(roots)):
             procs.kill_all(leftovers, term_grace_s=5.0, kill_grace_s=5.0)
-        _unmount_under(self.state_dir)
-
-    def running(self) -> bool:
-        return self._proc.poll() is None if self._proc is not None else _alive(self.pid)
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+        procs.unmount_under(self.state_dir)
 
 
-def _spawn(argv: list[str], log_path: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+def spawn(argv: list[str], log_path: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """A daemon in its own session, its output appended to `log_path`."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("ab") as log:
         return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -146,11 +118,10 @@ def _wait(daemon: Daemon, probe, what: str, deadline_s: float) -> None:
             return f"{type(e).__name__}: {e}"
 
     last = retrying(within_s=deadline_s, wait_s=0.2, until=lambda seen: seen is None)(answer)
-    if last is None:
-        return
-    daemon.stop()
-    raise DaemonError(f"{daemon.name}: {what} did not answer within {deadline_s:.0f}s ({last}); "
-                      f"last log lines:\n{_log_tail(daemon.log_path)}")
+    if last is not None:
+        daemon.stop()
+        raise DaemonError(f"{daemon.name}: {what} did not answer within {deadline_s:.0f}s ({last}); "
+                          f"last log lines:\n{_log_tail(daemon.log_path)}")
 
 
 @dataclass
@@ -167,9 +138,21 @@ class Dockerd(Daemon):
                               timeout=timeout, check=False)
 
     def _before_stop(self) -> None:
-        ids = self.docker("ps", "-aq", timeout=30).stdout.split()
-        if ids:
-            self.docker("rm", "-f", *ids, timeout=120)
+        remove_containers(self.docker_host)
+
+
+def remove_containers(docker_host: str) -> list[str]:
+    """Remove every container of the daemon at `docker_host`; returns their ids ([] when it does not answer)."""
+    def docker(*args: str, timeout: float) -> list[str]:
+        return subprocess.run(["docker", "--host", docker_host, *args], capture_output=True, text=True,
+                              timeout=timeout, check=False).stdout.split()
+
+    try:
+        if ids := docker("ps", "-aq", timeout=30):
+            docker("rm", "-f", *ids, timeout=120)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return ids
 
 
 def start_dockerd(state_dir: Path, netns: str | None = None, insecure_registries: Sequence[str] = (),
@@ -190,7 +173,7 @@ def start_dockerd(state_dir: Path, netns: str | None = None, insecure_registries
     argv = [*_netns_prefix(netns), "dockerd", "--config-file", str(config), "--host", f"unix://{sock}",
             "--data-root", str(data_root), "--exec-root", str(exec_root), "--pidfile", str(state_dir / "docker.pid"),
             "--iptables=false", "--ip6tables=false", "--bridge=none"]
-    proc = _spawn(argv, log_path)
+    proc = spawn(argv, log_path)
     daemon = Dockerd(name=f"dockerd[{state_dir.name}]", pid=proc.pid, state_dir=state_dir, log_path=log_path,
                      _proc=proc, socket=sock)
 
@@ -232,19 +215,18 @@ def start_registry(state_dir: Path, address: str = "127.0.0.1", port: int = 5000
     }))
     log_path = state_dir / "registry.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("REGISTRY_")}  # no overrides from outside
-    proc = _spawn([*_netns_prefix(netns), "/usr/bin/docker-registry", "serve", str(config)], log_path, env=env)
+    proc = spawn([*_netns_prefix(netns), "/usr/bin/docker-registry", "serve", str(config)], log_path, env=env)
     daemon = Registry(name=f"registry[{state_dir.name}]", pid=proc.pid, state_dir=state_dir, log_path=log_path,
                       _proc=proc, address=address, port=port)
     url = f"http://{host}:{port}/v2/"
-    if netns is None:
-        def probe() -> bool:
+
+    def probe() -> bool:
+        if netns is None:
             return httpx.get(url, timeout=2.0).status_code == 200
-    else:  # the address may only be reachable inside the namespace
-        def probe() -> bool:
-            code = ("import urllib.request,sys; "
-                    f"sys.exit(0 if urllib.request.urlopen({url!r}, timeout=2).status == 200 else 1)")
-            return subprocess.run([*_netns_prefix(netns), sys.executable, "-c", code], capture_output=True,
-                                  timeout=10, check=False).returncode == 0
+        # the address may only be reachable inside the namespace
+        code = f"import urllib.request,sys; sys.exit(0 if urllib.request.urlopen({url!r}, timeout=2).status == 200 else 1)"
+        return subprocess.run([*_netns_prefix(netns), sys.executable, "-c", code], capture_output=True,
+                              timeout=10, check=False).returncode == 0
 
     _wait(daemon, probe, f"registry GET {url}", deadline_s)
     return daemon

@@ -1,14 +1,10 @@
 """The rehearsal engine image: the project's own llama.cpp build in a `FROM scratch` image.
 
-No base image from any hub: the build context holds llama-server, rpc-server and exactly the
-shared libraries `ldd` lists for them (plus an empty /tmp), so the image is reproducible from
-the pinned build alone and nothing is fetched. The image carries the build identity as labels
-and is tagged with the first 12 characters of the build's pin; a container lane pins it by the
-manifest digest the registry returns, never by the tag.
-
-The docker CLI runs here; the daemon may be anywhere `docker --host` reaches. The legacy
-builder is asked for explicitly (`DOCKER_BUILDKIT=0`): buildx is not installed, and a scratch
-image with COPY only needs nothing more.
+No base image: the context holds llama-server, rpc-server and exactly the libraries `ldd` lists
+(plus an empty /tmp), so the image comes from the pinned build alone, nothing fetched. Labelled
+with the build identity, tagged with the pin's first 12 characters; a lane pins it by the
+registry's manifest digest, never the tag. The legacy builder (`DOCKER_BUILDKIT=0`): buildx is
+not installed, and a scratch image with COPY needs no more.
 """
 
 from __future__ import annotations
@@ -61,23 +57,16 @@ def _labels(docker_host: str, ref: str) -> dict[str, str] | None:
 
 def _libraries(binary: Path) -> list[Path]:
     out = subprocess.run(["ldd", str(binary)], capture_output=True, text=True, check=True).stdout
-    libs = []
-    for line in out.splitlines():
-        if "not found" in line:
-            raise ImageBuildError(f"{binary}: a shared library is missing: {line.strip()}")
-        m = re.search(r"(?:=>\s*)?(/\S+)\s+\(0x", line)
-        if m:
-            libs.append(Path(m.group(1)))
-    return libs
+    if missing := [line.strip() for line in out.splitlines() if "not found" in line]:
+        raise ImageBuildError(f"{binary}: a shared library is missing: {missing[0]}")
+    return [Path(p) for p in re.findall(r"(?:=>\s*)?(/\S+)\s+\(0x", out)]
 
 
 def _context(bin_dir: Path, folder: Path) -> None:
     rootfs = folder / "rootfs"
     rootfs.mkdir()
     files = {Path("/" + name): bin_dir / name for name in BINARIES}
-    for name in BINARIES:
-        for lib in _libraries(bin_dir / name):
-            files[lib] = lib
+    files |= {lib: lib for name in BINARIES for lib in _libraries(bin_dir / name)}
     for dest, src in files.items():
         target = rootfs / dest.relative_to("/")
         target.parent.mkdir(parents=True, exist_ok=True)

@@ -22,13 +22,13 @@ import os
 import shutil
 import string
 import subprocess
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from lab import netns, procs
+from tasks.hosts.retry import retrying
 from tasks.inventory.paths import REPO
 
 LAB_DIR = REPO / ".lab"
@@ -81,19 +81,13 @@ def lab_lock(wait_s: float = 0.0) -> Iterator[None]:
         yield
         return
     fd = os.open(LOCK_PATH, os.O_RDWR | os.O_CREAT, 0o644)
-    deadline = time.monotonic() + wait_s
     try:
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    holder = _lock_holder()
-                    what = _cmdline(holder).replace(b"\0", b" ").decode(errors="replace")[:100] if holder else "?"
-                    raise LabBusy(f"the lab is in use by pid {holder} ({what.strip()}). "
-                                  "Fix: wait for it to finish") from None
-                time.sleep(1.0)
+        try:
+            retrying(within_s=wait_s, wait_s=1.0, on=BlockingIOError)(fcntl.flock, fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _lock_holder()
+            what = procs.cmdline(holder).replace(b"\0", b" ").decode(errors="replace")[:100] if holder else "?"
+            raise LabBusy(f"the lab is in use by pid {holder} ({what.strip()}). Fix: wait for it to finish") from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         try:
@@ -127,11 +121,8 @@ class Lab:
 
     def _record(self, **changes: Any) -> None:
         state = self.state()
-        for key, value in changes.items():
-            if isinstance(value, dict) and isinstance(state.get(key), dict):
-                state[key] = {**state[key], **value}
-            else:
-                state[key] = value
+        state |= {k: state[k] | v if isinstance(v, dict) and isinstance(state.get(k), dict) else v
+                  for k, v in changes.items()}
         self.dir.mkdir(parents=True, exist_ok=True)
         tmp = self.state_path.with_suffix(".tmp")
         tmp.write_text(json.dumps(state, indent=2))
@@ -161,8 +152,8 @@ class Lab:
     def up(self) -> dict[str, Any]:
         """Bring the whole lab up (tearing a leftover one down first); returns the state record."""
         _require_root_and_tools()
-        if self.leftovers():
-            self.say(f"lab: removing a leftover lab first ({', '.join(self.leftovers())})")
+        if left := self.leftovers():
+            self.say(f"lab: removing a leftover lab first ({', '.join(left)})")
             self.down()
         self.dir.mkdir(parents=True, exist_ok=True)
         self._record(started=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), lab_dir=str(self.dir),
@@ -201,34 +192,27 @@ class Lab:
         """Each host's 'disk': its models (copies of the testbed's, so they are files on that host) and artifacts."""
         models = sorted((REPO / "testbed" / "models").glob("*.gguf"))
         for host in HOSTS:
-            (self.host_dir(host) / "artifacts").mkdir(parents=True, exist_ok=True)
-            target = self.host_dir(host) / "models"
-            target.mkdir(parents=True, exist_ok=True)
+            for folder in ("artifacts", "models"):
+                (self.host_dir(host) / folder).mkdir(parents=True, exist_ok=True)
             for model in models:
-                shutil.copy2(model, target / model.name)
+                shutil.copy2(model, self.host_dir(host) / "models" / model.name)
         self.say(f"lab: copied {len(models)} model files to {self.dir / 'hosts'}/<host>/models")
 
     def _sshds(self) -> None:
-        from lab.sshd import make_keypair, start_sshd
+        from lab.sshd import make_keypair
 
-        pub = make_keypair(self.identity_file, "lanebench-lab")
-        authorized = self.dir / "authorized_keys"
-        authorized.write_text(pub + "\n")
+        (self.dir / "authorized_keys").write_text(make_keypair(self.identity_file, "lanebench-lab") + "\n")
         lines = []
         for host, address in HOSTS.items():
-            sshd = start_sshd(self.dir / host / "sshd", address, SSH_PORT, authorized, netns=host)
-            self._live.append(sshd)
-            self._record(processes={f"sshd-{host}": sshd.pid})
+            sshd = self.start_sshd(host)
             lines.append(sshd.known_hosts_line())
             self.say(f"lab: sshd in {host} on {address}:{SSH_PORT} (pid {sshd.pid})")
         self.known_hosts.write_text("\n".join(lines) + "\n")
 
     def _docker(self) -> tuple[Any, Any]:
-        from lab.docker import start_dockerd, start_registry
+        from lab.docker import start_dockerd
 
-        registry = start_registry(self.dir / "registry", ORCHESTRATOR, REGISTRY_PORT)
-        self._live.append(registry)
-        self._record(processes={"registry": registry.pid}, registry=registry.url)
+        registry = self.start_registry()
         self.say(f"lab: registry on {registry.url} (pid {registry.pid})")
         dockerd = start_dockerd(self.dir / "gb300" / "docker", netns="gb300", insecure_registries=[registry.url])
         self._live.insert(0, dockerd)  # stopped first: its containers go before anything else
@@ -292,37 +276,32 @@ class Lab:
     def restore_link(self) -> None:
         netns.set_link(DIRECT_IF, True, netns=DIRECT_A[0])
         # a veth reports UP on both ends a moment after the admin change
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:
-            if all(netns.operstate(DIRECT_IF, netns=ns) == "UP" for ns in (DIRECT_A[0], DIRECT_B[0])):
-                return
-            time.sleep(0.05)
+        retrying(within_s=5.0, wait_s=0.05, until=bool)(
+            lambda: all(netns.operstate(DIRECT_IF, netns=ns) == "UP" for ns in (DIRECT_A[0], DIRECT_B[0])))
 
     # ---- a host's sshd killed, and started again ------------------------------------------------
     def kill_sshd(self, host: str) -> int:
         """SIGKILL a host's sshd, its listener and every connection it serves (what an OOM kill or
         `pkill -9 sshd` does): clients lose their sessions and cannot reconnect. The processes the
         sessions started are left as they are. Returns how many sshd processes were killed."""
-        import signal
-
-        from lab.sshd import _comm
+        from lab.sshd import kill_sessions
 
         pid = int(self.state()["processes"][f"sshd-{host}"])
-        victims = [p for p in procs.descendants([pid]) if _comm(p) in ("sshd", "sshd-session")]
-        procs.signal_all([pid, *victims], signal.SIGKILL)
+        killed = kill_sessions(pid, pid)
         for daemon in self._live:  # reap it if this process started it
             if getattr(daemon, "pid", None) == pid and getattr(daemon, "_proc", None) is not None:
                 daemon._proc.wait(timeout=10)
-        return 1 + len(victims)
+        return 1 + killed
 
-    def start_sshd(self, host: str) -> None:
-        """Start a host's sshd again (the same host key, so known_hosts still holds)."""
+    def start_sshd(self, host: str) -> Any:
+        """Start a host's sshd (again: the same host key, so known_hosts still holds)."""
         from lab.sshd import start_sshd
 
         old = self.state().get("processes", {}).get(f"sshd-{host}")
         sshd = start_sshd(self.dir / host / "sshd", HOSTS[host], SSH_PORT, self.dir / "authorized_keys", netns=host)
-        self._live = [d for d in self._live if getattr(d, "pid", None) != old] + [sshd]
+        self._live = [d for d in self._live if old is None or getattr(d, "pid", None) != old] + [sshd]
         self._record(processes={f"sshd-{host}": sshd.pid})
+        return sshd
 
     # ---- faults for tests: the registry down, an image the host does not have ----------------
     def stop_registry(self) -> None:
@@ -332,20 +311,20 @@ class Lab:
             procs.kill_all({int(pid)}, _TERM_GRACE_S, _KILL_GRACE_S)
         self._live = [d for d in self._live if getattr(d, "pid", None) != pid]
 
-    def start_registry(self) -> None:
+    def start_registry(self) -> Any:
         from lab.docker import start_registry
 
         registry = start_registry(self.dir / "registry", ORCHESTRATOR, REGISTRY_PORT)
         self._live.append(registry)
-        self._record(processes={"registry": registry.pid})
+        self._record(processes={"registry": registry.pid}, registry=registry.url)
+        return registry
 
     def drop_image(self) -> None:
         """Remove the pinned image from gb300's daemon, as on a host that never pulled it."""
         state = self.state()
-        for ref in (state.get("image"),):
-            if ref:
-                subprocess.run(["docker", "--host", state["docker_host"], "image", "rm", "--force", ref],
-                               capture_output=True, timeout=60, check=False)
+        if state.get("image"):
+            subprocess.run(["docker", "--host", state["docker_host"], "image", "rm", "--force", state["image"]],
+                           capture_output=True, timeout=60, check=False)
 
     # ---- down --------------------------------------------------------------------------------
     def down(self) -> list[str]:
@@ -363,14 +342,14 @@ class Lab:
                 self.say(f"lab: stopping pid {daemon.pid} failed ({e}); killing it")
         self._live.clear()
         if state.get("docker_host"):
-            removed += _remove_containers(state["docker_host"])
+            from lab.docker import remove_containers
+
+            removed += [f"container {i}" for i in remove_containers(state["docker_host"])]
         pids = _lab_pids(self.dir, HOSTS) | {p for p in state.get("processes", {}).values() if _same_lab_process(p, self.dir)}
         if pids:
             procs.kill_all(pids, _TERM_GRACE_S, _KILL_GRACE_S)
             removed.append(f"killed {len(pids)} processes ({', '.join(str(p) for p in sorted(pids))})")
-        for point in procs.mounts_under(self.dir):
-            subprocess.run(["umount", "-l", point], capture_output=True, timeout=30)
-            removed.append(f"unmounted {point}")
+        removed += [f"unmounted {point}" for point in procs.unmount_under(self.dir)]
         for host in HOSTS:
             if host in netns.list_netns():
                 netns.del_netns(host)
@@ -382,14 +361,13 @@ class Lab:
         if self.inventory_path.exists():
             self.inventory_path.unlink()
             removed.append(f"file {self.inventory_path}")
-        if self.dir.exists() and any(e.name not in KEEP for e in self.dir.iterdir()):
-            for entry in self.dir.iterdir():
-                if entry.name in KEEP:
-                    continue
-                if entry.is_dir() and not entry.is_symlink():
-                    shutil.rmtree(entry, ignore_errors=True)
-                else:
-                    entry.unlink(missing_ok=True)
+        doomed = [e for e in self.dir.iterdir() if e.name not in KEEP] if self.dir.exists() else []
+        for entry in doomed:
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+        if doomed:
             removed.append(f"files under {self.dir}")
         for line in removed:
             self.say(f"lab: removed {line}")
@@ -406,12 +384,10 @@ class Lab:
             lines.append("lab: incomplete (up did not finish)")
         present = netns.list_netns()
         for host, address in HOSTS.items():
-            there = host in present
-            ok &= there
+            ok &= (there := host in present)
             lines.append(f"namespace {host}: {'present' if there else 'MISSING'} ({MGMT_IF} {address})")
         for name, pid in state.get("processes", {}).items():
-            alive = procs.alive(pid)
-            ok &= alive
+            ok &= (alive := procs.alive(pid))
             lines.append(f"process {name}: pid {pid} {'running' if alive else 'GONE'}")
         if DIRECT_A[0] in present and DIRECT_B[0] in present:
             a, b = netns.operstate(DIRECT_IF, DIRECT_A[0]), netns.operstate(DIRECT_IF, DIRECT_B[0])
@@ -436,61 +412,29 @@ def _require_root_and_tools() -> None:
         raise LabError(f"missing tools: {', '.join(missing)}. Fix: run ./setup (installs them)")
 
 
-def _remove_containers(docker_host: str) -> list[str]:
-    try:
-        ids = subprocess.run(["docker", "--host", docker_host, "ps", "-aq"], capture_output=True, text=True,
-                             timeout=20).stdout.split()
-        if ids:
-            subprocess.run(["docker", "--host", docker_host, "rm", "-f", *ids], capture_output=True, timeout=120)
-    except (OSError, subprocess.TimeoutExpired):
-        return []
-    return [f"container {i}" for i in ids]
-
-
-def _cmdline(pid: int) -> bytes:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return b""
-
-
 def _same_lab_process(pid: int, lab_dir: Path) -> bool:
     """A recorded pid still names the lab (pids are reused: never kill one that does not)."""
-    return str(lab_dir).encode() in _cmdline(pid)
+    return str(lab_dir).encode() in procs.cmdline(pid)
 
 
 def _ancestors() -> set[int]:
-    out, pid = set(), os.getpid()
-    while pid > 1:
+    out: set[int] = set()
+    pid: int | None = os.getpid()
+    while pid is not None and pid > 1:
         out.add(pid)
-        parent = procs.ppid(pid)
-        if parent is None:
-            break
-        pid = parent
+        pid = procs.ppid(pid)
     return out
 
 
-def lab_processes(lab_dir: Path = LAB_DIR, hosts: dict[str, str] = HOSTS) -> dict[int, str]:
+def _lab_pids(lab_dir: Path, hosts: dict[str, str]) -> set[int]:
     """Processes of the lab: running in a lab namespace, or naming the lab folder on their command line."""
     inodes = {i for i in (netns.netns_inode(h) for h in hosts) if i is not None}
     needle = str(Path(lab_dir).resolve()).encode()
-    mine = _ancestors()
-    found: dict[int, str] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) in mine:
-            continue
-        pid = int(entry.name)
-        line = _cmdline(pid)
-        if not line:
-            continue  # kernel thread or gone
+
+    def in_lab(folder: Path, line: bytes) -> bool:
         try:
-            in_ns = os.stat(entry / "ns" / "net").st_ino in inodes
+            return os.stat(folder / "ns" / "net").st_ino in inodes or needle in line
         except OSError:
-            in_ns = False
-        if in_ns or needle in line:
-            found[pid] = line.replace(b"\0", b" ").decode(errors="replace").strip()
-    return found
+            return needle in line
 
-
-def _lab_pids(lab_dir: Path, hosts: dict[str, str]) -> set[int]:
-    return set(lab_processes(lab_dir, hosts))
+    return procs.matching(in_lab, skip=_ancestors())

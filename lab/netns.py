@@ -44,13 +44,7 @@ def ip(*args: str, netns: str | None = None, check: bool = True) -> subprocess.C
 
 def list_netns() -> list[str]:
     done = ip("-j", "netns", "list", check=False)
-    if done.returncode != 0 or not done.stdout.strip():
-        return []
-    return [entry["name"] for entry in json.loads(done.stdout)]
-
-
-def netns_exists(name: str) -> bool:
-    return _name(name) in list_netns()
+    return [entry["name"] for entry in json.loads(done.stdout)] if done.returncode == 0 and done.stdout.strip() else []
 
 
 def add_netns(name: str) -> None:
@@ -61,8 +55,8 @@ def add_netns(name: str) -> None:
 
 def del_netns(name: str) -> None:
     """Remove a namespace (its interfaces and their veth peers go with it); absent is fine."""
-    if netns_exists(name):
-        ip("netns", "del", _name(name))
+    if _name(name) in list_netns():
+        ip("netns", "del", name)
 
 
 def netns_inode(name: str) -> int | None:
@@ -78,14 +72,15 @@ def link_exists(ifname: str, netns: str | None = None) -> bool:
 
 
 def del_link(ifname: str, netns: str | None = None) -> None:
-    """Remove a link; absent is fine. A veth whose peer was in a namespace just deleted vanishes
-    a moment later (the kernel tears namespaces down asynchronously), so it may go between the
-    check and the `del`: only a link that is still there after a failed `del` is an error."""
+    """Remove a link; absent is fine. A veth whose peer's namespace was just deleted vanishes a
+    moment later (namespaces are torn down asynchronously): only a link still there after a failed
+    `del` is an error."""
     if link_exists(ifname, netns):
-        done = ip("link", "del", "dev", _name(ifname), netns=netns, check=False)
-        if done.returncode != 0 and link_exists(ifname, netns):
-            where = f"-n {netns} " if netns else ""
-            raise NetnsError(f"ip {where}link del dev {ifname}: {done.stderr.strip() or f'exit {done.returncode}'}")
+        try:
+            ip("link", "del", "dev", _name(ifname), netns=netns)
+        except NetnsError:
+            if link_exists(ifname, netns):
+                raise
 
 
 def add_bridge(name: str, cidr: str) -> None:
@@ -126,12 +121,9 @@ def set_mtu(ifname: str, mtu: int, netns: str | None = None) -> None:
 
 def operstate(ifname: str, netns: str | None = None) -> str | None:
     done = ip("-j", "link", "show", "dev", _name(ifname), netns=netns, check=False)
-    if done.returncode != 0:
-        return None
-    return json.loads(done.stdout)[0].get("operstate")
+    return json.loads(done.stdout)[0].get("operstate") if done.returncode == 0 else None
 
 
 def root_links() -> list[str]:
     """Interface names in this (the root) namespace."""
-    done = ip("-j", "link", "show")
-    return [entry["ifname"] for entry in json.loads(done.stdout)]
+    return [entry["ifname"] for entry in json.loads(ip("-j", "link", "show").stdout)]

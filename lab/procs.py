@@ -1,15 +1,14 @@
-"""Small /proc utilities the lab's daemons share: parents and descendants, liveness, killing a set
-of pids, and the mounts under a folder. Linux only; every reader tolerates a process that exits
-while it is being read (it simply is not found).
-"""
+"""/proc utilities the lab's daemons share (Linux only); a process that exits while read is simply not found."""
 
 from __future__ import annotations
 
 import os
 import re
 import signal
+import subprocess
 import time
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
+from contextlib import suppress
 from pathlib import Path
 
 _PROC = Path("/proc")
@@ -17,11 +16,8 @@ _OCTAL_ESCAPE = re.compile(r"\\([0-7]{3})")
 
 
 def _stat_tail(pid: int) -> list[str]:
-    """The fields of /proc/PID/stat after the command name: [0] is the state, [1] the ppid.
-
-    The name is in parentheses and may itself hold spaces and ')' (a process can call itself
-    anything), so the fields are split after the *last* ')', never by position from the start.
-    Raises OSError when the process is gone."""
+    """The fields of /proc/PID/stat after the command name ([0] state, [1] ppid): split after the
+    *last* ')', as the name may hold spaces and ')'. OSError when the process is gone."""
     return (_PROC / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
 
 
@@ -34,8 +30,7 @@ def ppid(pid: int) -> int | None:
 
 
 def parent_map() -> dict[int, list[int]]:
-    """Every process's children, keyed by parent pid, from one pass over /proc (the kernel keeps
-    no child list we can read for all processes at once)."""
+    """Every process's children, keyed by parent pid, from one pass over /proc."""
     kids: dict[int, list[int]] = {}
     for entry in _PROC.iterdir():
         if entry.name.isdigit() and (parent := ppid(int(entry.name))) is not None:
@@ -43,32 +38,40 @@ def parent_map() -> dict[int, list[int]]:
     return kids
 
 
-def children(pid: int) -> list[int]:
-    """The direct children of `pid`."""
-    return parent_map().get(pid, [])
-
-
 def descendants(roots: Iterable[int]) -> list[int]:
-    """Every process below `roots` (not the roots themselves), parents before their children.
+    """Every process below `roots`, parents first: by the ppid chain, as a daemon's sessions and
+    shims each sit in their own session (a group or session kill would miss them)."""
+    kids, top = parent_map(), set(roots)
+    found = list(top)
+    for pid in found:  # grows while walked
+        found += [k for k in kids.get(pid, []) if k not in found]
+    return found[len(top):]
 
-    From one snapshot of the parent map: a daemon's sessions and shims are each in their own
-    session, so a process group or session kill would miss them; only the ppid chain finds them."""
-    kids = parent_map()
-    seen = set(roots)
-    found: list[int] = []
-    todo = list(seen)
-    while todo:
-        for kid in kids.get(todo.pop(), []):
-            if kid not in seen:
-                seen.add(kid)
-                found.append(kid)
-                todo.append(kid)
-    return found
+
+def cmdline(pid: int) -> bytes:
+    """The process's argv, NUL-separated; empty for a kernel thread or a process gone."""
+    try:
+        return (_PROC / str(pid) / "cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def matching(test: Callable[[Path, bytes], bool], skip: Collection[int] = ()) -> set[int]:
+    """The pids (not in `skip`, no kernel thread) whose /proc folder and command line pass `test`."""
+    pids = {int(e.name) for e in _PROC.iterdir() if e.name.isdigit() and int(e.name) not in skip}
+    return {pid for pid in pids if (line := cmdline(pid)) and test(_PROC / str(pid), line)}
+
+
+def unmount_under(folder: Path) -> list[str]:
+    """Lazily unmount everything at or below `folder`; returns the mount points."""
+    points = mounts_under(folder)
+    for point in points:
+        subprocess.run(["umount", "-l", point], capture_output=True, timeout=30, check=False)
+    return points
 
 
 def alive(pid: int) -> bool:
-    """`pid` exists and is not a zombie: a killed child of someone else stays in /proc as 'Z'
-    until it is reaped, but it is dead for every purpose of ours."""
+    """`pid` exists and is not a zombie (a killed child of someone else stays 'Z' until reaped)."""
     try:
         return _stat_tail(pid)[0] != "Z"
     except (OSError, IndexError):
@@ -78,16 +81,13 @@ def alive(pid: int) -> bool:
 def signal_all(pids: Iterable[int], sig: int) -> None:
     """Send `sig` to each pid; one that is already gone is not an error."""
     for pid in pids:
-        try:
+        with suppress(ProcessLookupError):
             os.kill(pid, sig)
-        except ProcessLookupError:
-            pass
 
 
 def kill_all(pids: Collection[int], term_grace_s: float, kill_grace_s: float) -> None:
-    """SIGTERM first (daemons clean up after themselves: sockets, mounts, their own children),
-    then SIGKILL whatever still lives after `term_grace_s`; waits up to `kill_grace_s` for that.
-    Returns as soon as none is alive."""
+    """SIGTERM (daemons clean up their sockets, mounts, children), SIGKILL what lives after
+    `term_grace_s`, then wait up to `kill_grace_s`; returns once none is alive."""
     for sig, wait_s in ((signal.SIGTERM, term_grace_s), (signal.SIGKILL, kill_grace_s)):
         signal_all(pids, sig)
         end = time.monotonic() + wait_s
@@ -98,10 +98,7 @@ def kill_all(pids: Collection[int], term_grace_s: float, kill_grace_s: float) ->
 
 
 def mounts_under(folder: Path) -> list[str]:
-    """Mount points at or below `folder` (resolved), deepest first so they can be unmounted in order.
-
-    Read from /proc/self/mountinfo, where the mount point (5th field) has space, tab, newline and
-    backslash written as octal escapes (`\\040`...) so the fields stay space-separated."""
+    """Mount points at or below `folder`, deepest first; mountinfo's 5th field octal-escapes blanks (`\\040`)."""
     prefix = str(Path(folder).resolve())
     points = []
     for line in (_PROC / "self" / "mountinfo").read_text().splitlines():

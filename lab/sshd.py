@@ -1,24 +1,24 @@
 """A real OpenSSH server for the lab and the transport tests: no mocks of the thing we talk to.
 
-Each `start_sshd` writes its own config and host key into a state folder (the system's
-/etc/ssh is never read), listens on one address:port, optionally inside a network
-namespace, and logs to `<state_dir>/sshd.log`. `Sshd.stop` kills the server and every
-session process it forked (sshd puts each connection in its own session, so killing the
-server's process group alone would leak them).
+Its own config and host key in a state folder (never /etc/ssh), one address:port, optionally in a
+network namespace. `Sshd.stop` kills the server and every session process it forked (each
+connection has its own session: killing the server's process group would leak them).
 """
 
 from __future__ import annotations
 
-import shutil
 import signal
 import socket
 import subprocess
 import sys
 from dataclasses import dataclass, field
+from contextlib import suppress
 from pathlib import Path
 
 from lab import procs
+from lab.docker import spawn
 from tasks.hosts.retry import retrying
+from tasks.hosts.ssh import host_key_name
 
 SSHD = "/usr/sbin/sshd"
 
@@ -33,44 +33,30 @@ class Sshd:
     _proc: subprocess.Popen | None = field(default=None, repr=False)
 
     def known_hosts_line(self) -> str:
-        """The line a client's known_hosts needs for this server (OpenSSH's `[addr]:port` form off 22)."""
         return f"{host_key_name(self.address, self.port)} {self.host_key_line}"
 
     def log(self) -> str:
         path = self.state_dir / "sshd.log"
         return path.read_text(errors="replace") if path.exists() else ""
 
-    def session_pids(self) -> list[int]:
-        """The per-connection processes sshd forked (killing one drops that connection)."""
-        return procs.children(self.pid)
-
     def drop_connections(self) -> int:
-        """Kill every sshd process serving a connection (not the listener): clients see the
-        connection drop mid-command, as when a cable is pulled. Returns how many were killed."""
-        victims = [p for p in procs.descendants([self.pid]) if _comm(p) in ("sshd", "sshd-session")]
-        procs.signal_all(victims, signal.SIGKILL)
-        return len(victims)
+        """SIGKILL every sshd process serving a connection (not the listener), as a pulled cable
+        drops them mid-command; returns how many."""
+        return kill_sessions(self.pid)
 
     def stop(self) -> None:
         """Kill the server and all its descendants, and wait; idempotent."""
         victims = [*procs.descendants([self.pid]), self.pid] if self._alive() else []
         procs.signal_all(victims, signal.SIGKILL)
         if self._proc is not None:
-            try:
+            with suppress(subprocess.TimeoutExpired):
                 self._proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
         (self.state_dir / "sshd.pid").unlink(missing_ok=True)
 
     def _alive(self) -> bool:
         if self._proc is not None:
             return self._proc.poll() is None
         return Path(f"/proc/{self.pid}").exists()
-
-
-def host_key_name(address: str, port: int) -> str:
-    """How known_hosts names a host: the bare address on port 22, `[address]:port` otherwise."""
-    return address if port == 22 else f"[{address}]:{port}"
 
 
 def make_keypair(path: Path, comment: str = "lanebench") -> str:
@@ -118,10 +104,7 @@ def start_sshd(state_dir: Path, address: str, port: int, authorized_keys: Path, 
     if netns is not None:
         argv = ["ip", "netns", "exec", netns, *argv]  # `ip netns exec` execs: the pid is sshd's own
     (state_dir / "sshd.pid").unlink(missing_ok=True)
-    log_path = state_dir / "sshd.log"
-    with log_path.open("ab") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
+    proc = spawn(argv, state_dir / "sshd.log")
     sshd = Sshd(address=address, port=port, pid=proc.pid, state_dir=state_dir,
                 host_key_line=" ".join(host_pub.split()[:2]), _proc=proc)
     def accepts() -> bool:
@@ -143,8 +126,15 @@ def _accepts(address: str, port: int, netns: str | None) -> bool:
         except OSError:
             return False
     probe = f"import socket; socket.create_connection(({address!r}, {port}), timeout=1.0).close()"
-    return subprocess.run(["ip", "netns", "exec", netns, sys.executable or shutil.which("python3") or "python3",
-                           "-c", probe], capture_output=True, timeout=10).returncode == 0
+    return subprocess.run(["ip", "netns", "exec", netns, sys.executable, "-c", probe], capture_output=True,
+                          timeout=10).returncode == 0
+
+
+def kill_sessions(pid: int, *also: int) -> int:
+    """SIGKILL the sshd processes serving connections below listener `pid` (and `also`); returns how many."""
+    victims = [p for p in procs.descendants([pid]) if _comm(p) in ("sshd", "sshd-session")]
+    procs.signal_all([*also, *victims], signal.SIGKILL)
+    return len(victims)
 
 
 def _comm(pid: int) -> str:

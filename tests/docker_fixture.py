@@ -9,7 +9,9 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lab.docker import Daemon, Dockerd, Registry, _alive, _mounts_under, _pids_naming, start_dockerd, start_registry
+from lab.docker import Daemon, Dockerd, Registry, _pids_naming, start_dockerd, start_registry
+from lab.procs import alive as _alive
+from lab.procs import mounts_under as _mounts_under
 
 
 def free_loopback_port(candidates: range | None = None) -> int:

@@ -20,7 +20,7 @@ import pytest
 from conftest import REPO, no_llama_server_left
 from docker_fixture import DockerLab, free_loopback_port
 
-from lab.docker import _alive
+from lab.procs import alive as _alive
 from lab.image import LABEL_BUILD, REPOSITORY, build_and_push, build_identity
 from tasks.inventory.models import ContainerSettings
 from tasks.hosts.containers import (

@@ -1,11 +1,9 @@
 """Host preflight: the host a lane boots on is reachable and ready, checked where it lives.
 
-Each fact is read on the host through its `Transport` (the same path boot will take), so a
-check that passes here cannot pass for a different machine: reachable (`true`), the docker
-daemon answering (container lanes), GPU count and idle memory (`nvidia-smi`, where GPUs are
-declared), free disk at the models and artifacts paths, and model files with the declared
-bytes and sha256. Hashing a 100 GB checkpoint over SSH takes minutes, so the sha256 is cached
-(tasks/hosts/files.py) by (host, address, path, size, mtime): a file replaced or touched is hashed again.
+Each fact is read through the host's `Transport` (boot's path), so it cannot pass for another
+machine: reachable, docker answering (container lanes), GPU count and memory, free disk at the
+models and artifacts paths, model files with the declared bytes and sha256. Hashing a 100 GB
+checkpoint over SSH takes minutes, so the sha256 is cached by (host, address, path, size, mtime).
 """
 
 from __future__ import annotations
@@ -75,12 +73,9 @@ def host_folder(host: Host, path: str, base_dir: Path | None) -> str:
 
 
 def host_path(host: Host, path: str, base_dir: Path | None) -> str:
-    """A model file on the host: absolute as given; relative to the inventory's folder on a local
-    host (as the rehearsal lane has it), to the host's models folder on a remote one."""
-    if posixpath.isabs(path):
-        return path
-    if host.transport == "local":
-        return str(((base_dir or Path.cwd()) / path).resolve())
+    """A model file on the host: as `host_folder`, but relative to the models folder on a remote host."""
+    if posixpath.isabs(path) or host.transport == "local":
+        return host_folder(host, path, base_dir)
     return posixpath.join(host.paths.models, path)
 
 
@@ -88,26 +83,26 @@ def _run(t: Transport, argv: list[str], deadline_s: float = 30.0) -> CommandResu
     return t.run(argv, deadline_s=deadline_s, idempotent=True)
 
 
+def _why(r: CommandResult, default: str = "") -> str:
+    return (r.stderr.strip().splitlines() or [default or f"exit {r.exit_code}"])[-1]
+
+
 def _docker(host_name: str, host: Host, t: Transport) -> str:
     argv = ["docker", *(["--host", host.docker_host] if host.docker_host else []),
             "version", "--format", "{{.Server.Version}}"]
     r = _run(t, argv)
-    version = r.stdout.strip()
-    if r.exit_code != 0 or not version:
-        why = (r.stderr.strip().splitlines() or [f"exit {r.exit_code}"])[-1]
-        raise _Fail(f"docker daemon on {host_name} ({host.docker_host or 'default socket'}) not answering: {why}")
+    if r.exit_code != 0 or not (version := r.stdout.strip()):
+        raise _Fail(f"docker daemon on {host_name} ({host.docker_host or 'default socket'}) not answering: {_why(r)}")
     return version
 
 
 def _gpus(host_name: str, host: Host, t: Transport) -> list[GpuFacts]:
     r = _run(t, ["nvidia-smi", "--query-gpu=index,name,memory.total,memory.used", "--format=csv,noheader,nounits"])
     if r.exit_code != 0:
-        why = (r.stderr.strip().splitlines() or [f"exit {r.exit_code}"])[-1]
-        raise _Fail(f"{host_name} declares {host.gpus} GPU(s) but nvidia-smi failed: {why}")
-    gpus = []
-    for line in r.stdout.strip().splitlines():
-        index, name, total, used = (part.strip() for part in line.split(","))
-        gpus.append(GpuFacts(index=int(index), name=name, memory_total_mib=int(total), memory_used_mib=int(used)))
+        raise _Fail(f"{host_name} declares {host.gpus} GPU(s) but nvidia-smi failed: {_why(r)}")
+    columns = ("index", "name", "memory_total_mib", "memory_used_mib")
+    gpus = [GpuFacts(**dict(zip(columns, (p.strip() for p in line.split(",")), strict=True)))
+            for line in r.stdout.strip().splitlines()]
     if len(gpus) != host.gpus:
         raise _Fail(f"{host_name} declares {host.gpus} GPU(s), nvidia-smi lists {len(gpus)}")
     return gpus
@@ -121,7 +116,7 @@ def _disk(host_name: str, role: str, path: str, t: Transport, must_exist: bool, 
         if r.exit_code == 0:
             break
         if must_exist or at in ("/", ""):
-            raise _Fail(f"{role} path {path} on {host_name}: {(r.stderr.strip().splitlines() or ['df failed'])[-1]}")
+            raise _Fail(f"{role} path {path} on {host_name}: {_why(r, 'df failed')}")
         at = posixpath.dirname(at.rstrip("/")) or "/"
     avail = int(r.stdout.split()[-1])
     if avail < min_free:

@@ -35,12 +35,9 @@ class Reach:
     @classmethod
     def of(cls, host_name: str, lane: Lane, host: Host, base_dir: Path, inventory: Inventory | None) -> Reach:
         hosts = {host_name: host}
-        if inventory is not None:
-            for name in every_host(lane)[1:]:  # its RPC workers and nodes: the hosts its lock holds
-                hosts[name] = inventory.hosts[name]
-            for link in inventory.links:
-                if link.name in lane_links(lane):
-                    hosts |= {link.a.host: inventory.hosts[link.a.host], link.b.host: inventory.hosts[link.b.host]}
+        if inventory is not None:  # its RPC workers and nodes (the hosts its lock holds), its links' ends
+            ends = [h for link in inventory.links if link.name in lane_links(lane) for h in (link.a.host, link.b.host)]
+            hosts |= {name: inventory.hosts[name] for name in [*every_host(lane)[1:], *ends]}
         return cls(host_name, {name: transport_for(name, h, base_dir) for name, h in hosts.items()})
 
     def close(self) -> None:

@@ -1,22 +1,17 @@
 """Container lanes: pull the engine image by digest, run it, stream its logs, tear it down.
 
-Why the docker CLI over our `Transport`, not docker-py over SSH: docker-py's `ssh://` opens
-its own paramiko client that trusts the system known_hosts and has its own timeouts and
-retries. Going through the transport keeps one host-key policy (the inventory's known_hosts,
-unknown keys refused), one deadline/retry policy (only idempotent commands are retried, every
-command has a wall-clock deadline) and one audit trail of commands, and it works the same for a
-local daemon. Every docker command is an argv; `--host` is passed when the host names a daemon.
+The docker CLI over our `Transport`, not docker-py over SSH: docker-py's `ssh://` opens its own
+paramiko client (system known_hosts, its own timeouts and retries). The transport keeps one
+host-key policy, one deadline/retry policy (only idempotent commands retried) and one audit
+trail of argv commands, the same for a local daemon; `--host` when the host names a daemon.
 
-What each step guards against:
-- pull: a tag can move; a lane pins `repo@sha256:...`, and after the pull the local image's
-  RepoDigests must contain that digest. A registry that does not answer is one clear
-  `ImageError` carrying docker's own message, never a hang (the pull has a deadline).
-- run: `--pull never` (a run never fetches anything behind our back), host network (the bench
-  reaches the server on the host's address), model folders mounted read-only, and a
-  `lanebench.lane` label so a leftover is recognised as ours. The environment is passed as
-  `-e NAME` (the docker CLI takes the value from its own environment, which the transport sets
-  without a command line): a `-e NAME=value` would show an `HF_TOKEN` to `ps` on the host.
-- teardown: `docker stop -t grace` then `docker rm -f`, idempotent; a crashed run's container
+- pull: a tag can move, so a lane pins `repo@sha256:...`, which must be in the pulled image's
+  RepoDigests. A registry that does not answer is one clear `ImageError` with docker's message.
+- run: `--pull never` (nothing fetched behind our back), host network (the bench reaches the
+  server on the host's address), model folders read-only, a `lanebench.lane` label marking a
+  leftover as ours. Env goes as `-e NAME`, the value from the docker CLI's environment: a
+  `-e NAME=value` would show an `HF_TOKEN` to `ps` on the host.
+- teardown: `docker stop -t grace`, then `docker rm -f`, idempotent; a crashed run's container
   under the lane's name is removed before the next boot (`remove_leftover`).
 """
 
@@ -33,6 +28,7 @@ from pydantic import BaseModel
 from tasks.inventory.models import _NAME, _SAFE_FLAG, ContainerSettings
 from tasks.hosts.transport import CommandResult, CommandTimeout, Spawned, Transport
 from tasks.hosts.listener import Listeners, listeners
+from tasks.hosts.retry import retrying
 
 PINNED = re.compile(r"^(?P<repo>[a-z0-9._/:-]+)@(?P<digest>sha256:[0-9a-f]{64})$")
 _DOCKER_HOST = re.compile(r"^(unix|tcp)://[A-Za-z0-9_./:-]+$")
@@ -100,8 +96,15 @@ def _message(r: CommandResult) -> str:
     return (r.stderr.strip() or r.stdout.strip())[-1500:]
 
 
+def _gone_or_ok(r: CommandResult, what: str) -> CommandResult:
+    """`r`, unless docker failed for another reason than the container being gone already."""
+    if r.exit_code != 0 and "No such" not in r.stderr:
+        raise ContainerError(f"{what} failed: {_message(r)}")
+    return r
+
+
 def _pinned(image_ref: str) -> re.Match[str]:
-    if (m := PINNED.fullmatch(image_ref)) is None:
+    if not (m := PINNED.fullmatch(image_ref)):
         raise ValueError(f"image {image_ref!r} is not pinned as repo@sha256:<64 hex>")
     return m
 
@@ -156,9 +159,8 @@ def pull_by_digest(transport: Transport, docker_host: str | None, image_ref: str
 
 
 def remove_leftover(transport: Transport, docker_host: str | None, name: str) -> bool:
-    """Remove the container a crashed run left under lane `name` (and its log streamer).
-    True when there was one. A container under that name that lanebench did not start is
-    refused, not removed."""
+    """Remove the container (and log streamer) a crashed run left under lane `name`; True when there
+    was one. One under that name that lanebench did not start is refused, not removed."""
     container = container_name(name)
     r = _docker(transport, docker_host, "container", "inspect", "--format",
                 "{{json .Config.Labels}}", container, deadline_s=30)
@@ -168,18 +170,16 @@ def remove_leftover(transport: Transport, docker_host: str | None, name: str) ->
         if labels.get(LANE_LABEL) != name:
             raise ContainerError(f"{transport.host_name}: a container named {container} exists without the label "
                                  f"{LANE_LABEL}={name}: lanebench did not start it; remove or rename it yourself")
-        rm = _docker(transport, docker_host, "rm", "-f", container, deadline_s=120)
-        if rm.exit_code != 0:
+        if (rm := _docker(transport, docker_host, "rm", "-f", container, deadline_s=120)).exit_code != 0:
             raise ContainerError(f"{transport.host_name}: docker rm -f {container} failed: {_message(rm)}")
-    elif "No such" not in r.stderr:
-        raise ContainerError(f"{transport.host_name}: docker container inspect {container} failed: {_message(r)}")
+    _gone_or_ok(r, f"{transport.host_name}: docker container inspect {container}")
     transport.stop_leftover(f"{container}-logs")
     return found
 
 
 class ContainerHandle(Spawned):
-    """A running engine container, behind the same interface as a spawned process. `pid` is the
-    engine's pid on the host (from `docker inspect`), `logs` the `docker logs --follow` streamer."""
+    """A running engine container as a spawned process: `pid` the engine's on the host, `logs` the
+    `docker logs --follow` streamer."""
 
     def __init__(self, transport: Transport, docker_host: str | None, name: str, container_id: str,
                  argv: list[str], pid: int, logs: Spawned, log_path: Path) -> None:
@@ -192,13 +192,12 @@ class ContainerHandle(Spawned):
         """None while running; the exit code once it has ended (-1 if it vanished unseen)."""
         if self._exit_code is not None:
             return self._exit_code
-        r = _docker(self.transport, self.docker_host, "inspect", "--format",
-                    "{{.State.Running}} {{.State.ExitCode}}", self.container_id, deadline_s=30)
+        r = _gone_or_ok(_docker(self.transport, self.docker_host, "inspect", "--format",
+                                "{{.State.Running}} {{.State.ExitCode}}", self.container_id, deadline_s=30),
+                        f"docker inspect {self.name}")
         if r.exit_code != 0:
-            if "No such" in r.stderr:
-                self._exit_code = -1
-                return self._exit_code
-            raise ContainerError(f"docker inspect {self.name} failed: {_message(r)}")
+            self._exit_code = -1
+            return self._exit_code
         running, code = r.stdout.split()
         if running == "true":
             return None
@@ -217,17 +216,13 @@ class ContainerHandle(Spawned):
         if self._removed:
             return
         grace = max(0, math.ceil(grace_s))
-        r = _docker(self.transport, self.docker_host, "stop", "-t", str(grace), self.container_id,
-                    deadline_s=grace + 60)
-        if r.exit_code != 0 and "No such" not in r.stderr:
-            raise ContainerError(f"docker stop {self.name} failed: {_message(r)}")
+        _gone_or_ok(_docker(self.transport, self.docker_host, "stop", "-t", str(grace), self.container_id,
+                            deadline_s=grace + 60), f"docker stop {self.name}")
         self.poll()  # keep the exit code before the container is gone
-        r = _docker(self.transport, self.docker_host, "rm", "-f", self.container_id, deadline_s=120)
-        if r.exit_code != 0 and "No such" not in r.stderr:
-            raise ContainerError(f"docker rm -f {self.name} failed: {_message(r)}")
-        end = time.monotonic() + 5.0  # `docker logs -f` ends by itself once the container stopped
-        while self.logs.poll() is None and time.monotonic() < end:
-            time.sleep(0.1)
+        _gone_or_ok(_docker(self.transport, self.docker_host, "rm", "-f", self.container_id, deadline_s=120),
+                    f"docker rm -f {self.name}")
+        # `docker logs -f` ends by itself once the container stopped
+        retrying(within_s=5.0, wait_s=0.1, until=lambda code: code is not None)(self.logs.poll)
         self.logs.stop(grace_s=2.0)
         self._removed = True
 
@@ -235,10 +230,9 @@ class ContainerHandle(Spawned):
 def run_container(transport: Transport, docker_host: str | None, name: str, image_ref: str, argv: list[str],
                   settings: ContainerSettings, gpus: int, mounts: list[str], env: dict[str, str],
                   log_path: Path, *, deadline_s: float = 120.0, entrypoint: str | None = None) -> ContainerHandle:
-    """Start the engine container for lane `name` (`argv`: the engine's arguments after the
-    image's entrypoint, or after `entrypoint` when given: engine images differ, vLLM's runs
-    `vllm serve`, SGLang's none) and stream its logs into `log_path`. The image must already be on the
-    host (`pull_by_digest`); a leftover under the lane's name must be gone (`remove_leftover`)."""
+    """Start lane `name`'s engine container, logs streamed into `log_path`. `argv` follows the image's
+    entrypoint or `entrypoint` (vLLM's image runs `vllm serve`, SGLang's none). The image must be on
+    the host (`pull_by_digest`), a leftover gone (`remove_leftover`)."""
     container = container_name(name)
     _pinned(image_ref)
     for arg in argv:

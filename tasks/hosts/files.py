@@ -1,8 +1,7 @@
 """File facts for the manifest: bytes and sha256, with the hash cached by size and mtime.
 
-`file_sha256` is the one way lanebench hashes a file's bytes (artifacts, manifests, seals'
-files, wheels, prompt sets, copies in a store): every other module calls it. `Sha256Cache` is
-the one cache of digests, for files here and on the hosts (tasks/hosts/checks.py).
+`file_sha256` is the one way lanebench hashes a file's bytes; `Sha256Cache` the one cache of
+digests, for files here and on the hosts (tasks/hosts/checks.py).
 """
 
 from __future__ import annotations
@@ -20,8 +19,7 @@ _CACHE = CACHE / "sha256.json"
 
 
 def file_sha256(source: str | Path | BinaryIO) -> str:
-    """sha256 (hex) of a file's bytes as they are now, read in 1 MiB chunks: a path, or a file
-    opened for binary reading (an fsspec store's file, say), read from where it stands."""
+    """sha256 (hex) of a file's bytes: a path, or a binary file object (an fsspec store's) read from where it stands."""
     if not isinstance(source, (str, Path)):
         digest = hashlib.sha256()
         while chunk := source.read(1 << 20):
@@ -70,18 +68,11 @@ def sha256_of(path: str | Path) -> str:
     return digest
 
 
-def folder_files(path: str | Path) -> list[Path]:
-    """The regular files of a model folder (a Hugging Face checkpoint), sorted, hidden ones left out."""
-    root = Path(path)
-    return sorted(p for p in root.rglob("*") if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root).parts))
-
-
 def folder_sha256(path: str | Path) -> tuple[int, str]:
-    """Bytes and sha256 of a model folder: the sha256 of its `sha256sum`-style listing (one
-    "<sha256>  <relative path>" line per file, sorted), so one changed, added or removed file
-    changes it, and `sha256sum` over the folder's files reproduces it."""
+    """Bytes and sha256 of a model folder (a Hugging Face checkpoint): the sha256 of its sorted
+    `sha256sum`-style listing of the files, hidden ones left out, so `sha256sum` reproduces it."""
     root = Path(path)
-    files = folder_files(root)
+    files = sorted(p for p in root.rglob("*") if p.is_file() and not any(x.startswith(".") for x in p.relative_to(root).parts))
     listing = "".join(f"{sha256_of(f)}  {f.relative_to(root).as_posix()}\n" for f in files)
     return sum(f.stat().st_size for f in files), hashlib.sha256(listing.encode()).hexdigest()
 

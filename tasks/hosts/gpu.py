@@ -1,13 +1,9 @@
 """GPU host facts, read from `nvidia-smi` on the host, and the idle-GPU gate.
 
-The seeds measured lanes on GPUs that other jobs were using and only found out from the
-numbers. So a GPU host's facts (model, memory total and in use, driver and CUDA versions,
-clocks, power) go into the manifest before and after each lane, and preflight refuses to boot
-while other processes hold more than the host's declared share of a GPU's memory.
-
-The query is `nvidia-smi --query-gpu=... --format=csv,noheader,nounits` (one CSV row per GPU);
-the CUDA version is only in the plain `nvidia-smi` banner ("CUDA Version: 13.0"); the
-processes holding memory come from `--query-compute-apps`.
+The seeds measured lanes on GPUs other jobs were using and only found out from the numbers. So a
+GPU host's facts (model, memory, driver and CUDA versions, clocks, power) go into the manifest
+before and after each lane, and preflight refuses to boot while others hold more than the host's
+declared share of a GPU's memory. The CUDA version is only in the plain `nvidia-smi` banner.
 """
 
 from __future__ import annotations
@@ -22,6 +18,9 @@ from tasks.hosts.transport import Transport, TransportError
 
 QUERY = ("index,name,uuid,memory.total,memory.used,driver_version,pstate,clocks.sm,clocks.mem,"
          "clocks.max.sm,clocks.max.mem,power.draw,power.limit,utilization.gpu,temperature.gpu")
+_FIELDS = ("index", "name", "uuid", "memory_total_mib", "memory_used_mib", "driver_version", "pstate", "clock_sm_mhz",
+           "clock_mem_mhz", "clock_max_sm_mhz", "clock_max_mem_mhz", "power_draw_w", "power_limit_w",
+           "utilization_pct", "temperature_c")  # QUERY's columns
 APPS = "gpu_uuid,pid,process_name,used_memory"
 _CUDA = re.compile(r"CUDA Version:\s*([0-9.]+)")
 
@@ -63,7 +62,6 @@ class GpuHostFacts(BaseModel):
 
 
 def _num(value: str) -> float | None:
-    value = value.strip()
     try:
         return float(value)
     except ValueError:  # "[N/A]", "[Not Supported]"
@@ -76,25 +74,11 @@ def parse_query(text: str) -> list[Gpu]:
     for row in csv.reader(io.StringIO(text)):
         if not row or not row[0].strip():
             continue
-        f = [c.strip() for c in row]
-        if len(f) != len(QUERY.split(",")):
-            raise ValueError(f"nvidia-smi gave {len(f)} fields, expected {len(QUERY.split(','))}: {row}")
-        gpus.append(Gpu(
-            index=int(f[0]), name=f[1], uuid=f[2], memory_total_mib=float(f[3]), memory_used_mib=float(f[4]),
-            driver_version=f[5], pstate=f[6] or None, clock_sm_mhz=_num(f[7]), clock_mem_mhz=_num(f[8]),
-            clock_max_sm_mhz=_num(f[9]), clock_max_mem_mhz=_num(f[10]), power_draw_w=_num(f[11]),
-            power_limit_w=_num(f[12]), utilization_pct=_num(f[13]), temperature_c=_num(f[14]),
-        ))
+        if len(row) != len(_FIELDS):
+            raise ValueError(f"nvidia-smi gave {len(row)} fields, expected {len(_FIELDS)}: {row}")
+        f = dict(zip(_FIELDS, (c.strip() for c in row), strict=True))
+        gpus.append(Gpu(**f | {"pstate": f["pstate"] or None} | {k: _num(f[k]) for k in _FIELDS[7:]}))
     return gpus
-
-
-def parse_apps(text: str, gpus: list[Gpu]) -> None:
-    """Attach `--query-compute-apps=APPS` rows to their GPU (by uuid)."""
-    by_uuid = {g.uuid: g for g in gpus}
-    for row in csv.reader(io.StringIO(text)):
-        f = [c.strip() for c in row]
-        if len(f) == 4 and f[0] in by_uuid and f[1].isdigit():
-            by_uuid[f[0]].apps.append(GpuApp(pid=int(f[1]), name=f[2], used_mib=_num(f[3])))
 
 
 def gpu_facts(t: Transport) -> GpuHostFacts:
@@ -106,17 +90,19 @@ def gpu_facts(t: Transport) -> GpuHostFacts:
         gpus = parse_query(q.stdout)
         apps = t.run(["nvidia-smi", f"--query-compute-apps={APPS}", "--format=csv,noheader,nounits"],
                      deadline_s=30, idempotent=True)
-        if apps.exit_code == 0:
-            parse_apps(apps.stdout, gpus)
+        by_uuid = {g.uuid: g for g in gpus}
+        for row in csv.reader(io.StringIO(apps.stdout if apps.exit_code == 0 else "")):
+            f = [c.strip() for c in row]
+            if len(f) == 4 and f[0] in by_uuid and f[1].isdigit():  # the processes holding memory, by GPU uuid
+                by_uuid[f[0]].apps.append(GpuApp(pid=int(f[1]), name=f[2], used_mib=_num(f[3])))
         banner = t.run(["nvidia-smi"], deadline_s=30, idempotent=True)
     except (TransportError, OSError) as e:  # OSError: no nvidia-smi on a local host
         return GpuHostFacts(ok=False, reason=f"nvidia-smi could not run: {e}")
     except ValueError as e:
         return GpuHostFacts(ok=False, reason=str(e))
     cuda = _CUDA.search(banner.stdout or "")
-    if not gpus:
-        return GpuHostFacts(ok=False, reason="nvidia-smi lists no GPU", cuda_version=cuda[1] if cuda else None)
-    return GpuHostFacts(ok=True, cuda_version=cuda[1] if cuda else None, gpus=gpus)
+    return GpuHostFacts(ok=bool(gpus), reason="" if gpus else "nvidia-smi lists no GPU",
+                        cuda_version=cuda[1] if cuda else None, gpus=gpus)
 
 
 def idle_gpu_gate(facts: GpuHostFacts, declared_gpus: int, max_busy_share: float) -> str | None:
@@ -136,23 +122,18 @@ def idle_gpu_gate(facts: GpuHostFacts, declared_gpus: int, max_busy_share: float
 
 
 def server_gpu_memory(facts: GpuHostFacts, binary: str, pids: set[int] | None = None) -> float | None:
-    """MiB the lane's server holds on the host's GPUs: what was actually offloaded, whatever the
-    flags asked. With `pids` (the server's process group on its host) only those processes
-    count: lanes on two hosts of one box run at once, and another lane's server of the same
-    binary is not this one's. Without, nvidia-smi's process name (the binary's path) decides.
-    None when no such process holds GPU memory (a CPU lane, or nvidia-smi cannot see processes)."""
+    """MiB the lane's server holds on the host's GPUs (what was offloaded, whatever the flags asked);
+    None when no such process does. With `pids` (its process group) only those count: another
+    lane of the same binary may run on the same box. Without, nvidia-smi's process name decides."""
     name = binary.rsplit("/", 1)[-1]
-    if pids:
-        held = [a.used_mib or 0.0 for g in facts.gpus for a in g.apps if a.pid in pids]
-    else:
-        held = [a.used_mib or 0.0 for g in facts.gpus for a in g.apps
-                if a.name == binary or a.name.rsplit("/", 1)[-1] == name]
+    held = [a.used_mib or 0.0 for g in facts.gpus for a in g.apps
+            if (a.pid in pids if pids else a.name == binary or a.name.rsplit("/", 1)[-1] == name)]
     return sum(held) if held else None
 
 
 def group_pids(t: Transport, pgid: int) -> set[int]:
-    """The processes of one process group on the host (read from /proc: procps may be absent),
-    empty when they cannot be read. /proc/PID/stat: `pid (comm) state ppid pgrp ...`."""
+    """The processes of one process group on the host, from /proc/PID/stat (`pid (comm) state ppid
+    pgrp ...`; procps may be absent); empty when unreadable."""
     try:
         r = t.run(["sh", "-c", "cat /proc/[0-9]*/stat 2>/dev/null; true"], deadline_s=30, idempotent=True)
     except (TransportError, OSError):
@@ -167,9 +148,7 @@ def group_pids(t: Transport, pgid: int) -> set[int]:
 
 
 def cpu_lane_on_gpu(held_mib: float) -> str:
-    """The flag for a lane on a host declared `gpus: 0` whose server holds GPU memory anyway
-    (a CUDA build that made a context on a GPU it was told not to use): its numbers are not a
-    CPU lane's."""
+    """The flag for a lane on a `gpus: 0` host whose server holds GPU memory anyway: not a CPU lane's numbers."""
     return (f"GPU memory held by a lane declared CPU-only: its server holds {held_mib:.0f} MiB on the host's GPUs "
             "although the host says gpus: 0 (a CUDA build that saw the GPU; set CUDA_VISIBLE_DEVICES= or "
             "declare the GPUs)")

@@ -1,12 +1,11 @@
 """Network-link preflight: a lane that needs a direct cable runs only when the cable works.
 
 A Spark pair with its direct link down, at the wrong MTU or slow does not fail loudly: the
-tensor-parallel or RPC lane boots over whatever path is left and reports numbers of a
-different machine. So before such a lane boots, each end is read where it lives (operstate,
-carrier, MTU, the declared address), the peer is pinged over the link from end a (also with a
-full-MTU unfragmentable packet when an MTU is declared), and, with `min_gbps`, bandwidth is
-measured where a probe tool exists on both hosts (iperf3, else ib_write_bw). The first problem
-becomes the lane's skip reason, naming host, interface and state.
+tensor-parallel or RPC lane boots over whatever path is left and reports another machine's
+numbers. So each end is read where it lives (operstate, carrier, MTU, address), the peer pinged
+over the link from end a (also full-MTU, unfragmentable, when an MTU is declared), and with
+`min_gbps` bandwidth measured (iperf3, else ib_write_bw, where on both hosts). The first problem
+is the lane's skip reason, naming host, interface and state.
 """
 
 from __future__ import annotations
@@ -65,13 +64,9 @@ class LinkCheck(BaseModel):
 
 
 def lane_links(lane: Lane) -> list[str]:
-    """The links a lane needs: its `links` plus its RPC plan's link."""
-    names = list(lane.links)
-    if lane.rpc is not None and lane.rpc.link not in names:
-        names.append(lane.rpc.link)
-    if lane.nodes is not None and lane.nodes.link is not None and lane.nodes.link not in names:
-        names.append(lane.nodes.link)
-    return names
+    """The links a lane needs: its `links` plus its RPC plan's and its nodes' link."""
+    extra = [lane.rpc.link if lane.rpc else None, lane.nodes.link if lane.nodes else None]
+    return [*lane.links, *(n for n in dict.fromkeys(extra) if n is not None and n not in lane.links)]
 
 
 def _run(t: Transport, argv: list[str], deadline_s: float = 20.0):
@@ -151,6 +146,7 @@ def _iperf3(link: Link, ta: Transport, tb: Transport) -> Bandwidth | str:
                         "-p", str(IPERF_PORT), "-I", pidfile])
     if started.exit_code != 0:
         return f"iperf3 server on {link.b.host} did not start: {started.stderr.strip()[-200:]}"
+
     def client() -> Bandwidth | str:
         r = _run(ta, ["iperf3", "-c", link.b.address, "-B", link.a.address, "-p", str(IPERF_PORT),
                       "-t", "1", "-J"], deadline_s=30)
@@ -158,11 +154,10 @@ def _iperf3(link: Link, ta: Transport, tb: Transport) -> Bandwidth | str:
             data = json.loads(r.stdout)
         except ValueError:
             data = {}
-        if r.exit_code == 0 and "end" in data:
-            end = data["end"]
-            bps = (end.get("sum_received") or end.get("sum_sent") or {}).get("bits_per_second")
-            if bps is not None:
-                return Bandwidth(tool="iperf3", gbps=bps / 1e9, seconds=1.0)
+        end = data.get("end") or {}
+        bps = (end.get("sum_received") or end.get("sum_sent") or {}).get("bits_per_second")
+        if r.exit_code == 0 and bps is not None:
+            return Bandwidth(tool="iperf3", gbps=bps / 1e9)
         return data.get("error") or r.stderr.strip() or r.stdout.strip()[-200:]
 
     try:  # the daemon listens a moment after it forks
@@ -186,7 +181,7 @@ def _ib_write_bw(link: Link, ta: Transport, tb: Transport) -> Bandwidth | str:
         r = _run(ta, ["ib_write_bw", "--report_gbits", "-F", "-p", str(IB_PORT), "-D", "1", link.b.address], deadline_s=30)
         m = _IB_LINE.findall(r.stdout)
         if r.exit_code == 0 and m:
-            return Bandwidth(tool="ib_write_bw", gbps=float(m[-1]), seconds=1.0)
+            return Bandwidth(tool="ib_write_bw", gbps=float(m[-1]))
         return (r.stderr or r.stdout).strip()[-200:]
 
     time.sleep(1.0)  # the server listens a moment after it starts
@@ -201,45 +196,39 @@ def check_link(link: Link, transports: dict[str, Transport]) -> LinkCheck:
     a, b = end_facts(link.a, ta), end_facts(link.b, tb)
     check = LinkCheck(link=link.name, ok=False, a=a, b=b)
     try:
-        return _probe(link, check, ta, tb)
+        fault = _fault(link, check, ta, tb)
     except TransportError as e:  # a host dropped out between the steps
-        check.ok, check.reason = False, f"link {link.name}: a host stopped answering during the check ({e})"
-        return check
+        fault = f"a host stopped answering during the check ({e})"
+    check.ok, check.reason = not fault, f"link {link.name}: {fault}" if fault else ""
+    return check
 
 
-def _probe(link: Link, check: LinkCheck, ta: Transport, tb: Transport) -> LinkCheck:
-    a, b = check.a, check.b
-    problems = _end_problems(link, a) + _end_problems(link, b)
-    if problems:
-        check.reason = f"link {link.name}: " + "; ".join(problems)
-        return check
+def _fault(link: Link, check: LinkCheck, ta: Transport, tb: Transport) -> str:
+    """The link's first fault, "" when none; the facts go into `check` on the way."""
+    if problems := _end_problems(link, check.a) + _end_problems(link, check.b):
+        return "; ".join(problems)
     check.ping_ok, check.rtt_ms = _ping(ta, link.a.interface, link.b.address)
     if not check.ping_ok:
-        check.reason = f"link {link.name}: {link.b.host} {link.b.address} unreachable from {link.a.host} over {link.a.interface}"
-        return check
+        return f"{link.b.host} {link.b.address} unreachable from {link.a.host} over {link.a.interface}"
     if link.mtu is not None:
         payload = link.mtu - (48 if ":" in link.b.address else 28)  # IP + ICMP headers
         check.mtu_ping_ok, _ = _ping(ta, link.a.interface, link.b.address, size=payload)
         if not check.mtu_ping_ok:
-            check.reason = (f"link {link.name}: {link.mtu}-byte packets do not pass from {link.a.host} to "
-                            f"{link.b.host} {link.b.address} over {link.a.interface} (a smaller MTU on the path)")
-            return check
-    if link.min_gbps is not None:
-        if _has(ta, "iperf3") and _has(tb, "iperf3"):
-            measured = _iperf3(link, ta, tb)
-        elif _has(ta, "ib_write_bw") and _has(tb, "ib_write_bw"):
-            measured = _ib_write_bw(link, ta, tb)
-        else:
-            measured = None
-            check.bandwidth_note = f"neither iperf3 nor ib_write_bw is on both {link.a.host} and {link.b.host}: not measured"
-        if isinstance(measured, str):
-            check.reason = f"link {link.name}: bandwidth probe failed: {measured}"
-            return check
-        if measured is not None:
-            check.bandwidth = measured
-            if measured.gbps < link.min_gbps:
-                check.reason = (f"link {link.name}: {measured.gbps:.3g} Gbit/s from {link.a.host} to {link.b.host} "
-                                f"over {link.a.interface} ({measured.tool}), below the declared minimum {link.min_gbps:g}")
-                return check
-    check.ok = True
-    return check
+            return (f"{link.mtu}-byte packets do not pass from {link.a.host} to {link.b.host} {link.b.address} "
+                    f"over {link.a.interface} (a smaller MTU on the path)")
+    if link.min_gbps is None:
+        return ""
+    if _has(ta, "iperf3") and _has(tb, "iperf3"):
+        measured = _iperf3(link, ta, tb)
+    elif _has(ta, "ib_write_bw") and _has(tb, "ib_write_bw"):
+        measured = _ib_write_bw(link, ta, tb)
+    else:
+        check.bandwidth_note = f"neither iperf3 nor ib_write_bw is on both {link.a.host} and {link.b.host}: not measured"
+        return ""
+    if isinstance(measured, str):
+        return f"bandwidth probe failed: {measured}"
+    check.bandwidth = measured
+    if measured.gbps < link.min_gbps:
+        return (f"{measured.gbps:.3g} Gbit/s from {link.a.host} to {link.b.host} over {link.a.interface} "
+                f"({measured.tool}), below the declared minimum {link.min_gbps:g}")
+    return ""

@@ -1,13 +1,11 @@
 """Who listens on a lane's port: the server lanebench started, or an impostor.
 
-A field report (issue 27): another process took the lane's port between preflight and boot;
-llama-server logged `couldn't bind HTTP server socket` and exited, and lanebench measured the
-impostor that answered. So boot asks the host, before each health request, which process owns
-the listening socket: the socket's inode from /proc/net/tcp{,6}, then the process whose fd links
-to `socket:[inode]`. The same small `sh` script runs here, over SSH, or inside the lane's
-container (host network: the host's sockets, the container's processes), so every transport
-answers alike. A socket held by another user's process shows its inode with no owner we can
-see: never ours either, since the server runs as us.
+Issue 27: another process took the lane's port between preflight and boot; llama-server exited
+(`couldn't bind HTTP server socket`) and lanebench measured the impostor. So before each health
+request boot asks the host who owns the listening socket: its inode from /proc/net/tcp{,6}, then
+the process whose fd links to `socket:[inode]`. One `sh` script, run here, over SSH or inside the
+lane's container (host network), so every transport answers alike. Another user's socket shows
+no owner we can see: never ours, since the server runs as us.
 """
 
 from __future__ import annotations
@@ -18,8 +16,7 @@ from pydantic import BaseModel
 
 
 class Runs(Protocol):
-    """What this module needs of a transport (tasks/hosts/transport.py, which calls it back:
-    a structural type keeps the two modules from importing each other)."""
+    """A transport, structurally: transport.py calls this module back, so neither imports the other."""
 
     def run(self, argv: list[str], *, deadline_s: float = ..., idempotent: bool = ...) -> Any: ...
 
@@ -61,12 +58,6 @@ class Listeners(BaseModel):
         return f"port {self.port} is held by {who}"
 
 
-def script_argv(port: int) -> list[str]:
-    if not 0 < port < 65536:
-        raise ValueError(f"port {port} is not a TCP port")
-    return ["sh", "-c", LISTENER_SCRIPT, "sh", str(port)]
-
-
 def parse(port: int, text: str) -> Listeners:
     found = Listeners(port=port)
     for line in text.splitlines():
@@ -81,8 +72,10 @@ def parse(port: int, text: str) -> Listeners:
 def listeners(transport: Runs, port: int, prefix: list[str] | None = None) -> Listeners | None:
     """Ask the host (or, with `prefix` such as `docker exec NAME`, a container) who listens on `port`.
     None when it cannot be asked there (no `sh`, `awk` or `find` in an image): boot then goes by
-    health alone, as before, rather than never booting."""
-    r = transport.run([*(prefix or []), *script_argv(port)], deadline_s=30.0, idempotent=True)
+    health alone rather than never booting."""
+    if not 0 < port < 65536:
+        raise ValueError(f"port {port} is not a TCP port")
+    r = transport.run([*(prefix or []), "sh", "-c", LISTENER_SCRIPT, "sh", str(port)], deadline_s=30.0, idempotent=True)
     if r.exit_code != 0:
         return None
     return parse(port, r.stdout)

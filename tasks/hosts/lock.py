@@ -1,31 +1,21 @@
 """One job per GPU host: a Prefect global concurrency limit `gpu:<host>` of one slot, held strict.
 
-Two lanes on one GPU box measure each other: both boot, both fight for memory and compute, and
-both report numbers that belong to neither. So every lane holds its host's limit from before
-preflight (the port check, the boot) to after teardown, and a second flow aimed at the same host
-waits in line.
+Two lanes on one GPU box measure each other, so a lane holds its host's limit from before
+preflight to after teardown, and another flow aimed at that host waits in line.
 
-Why `strict=True`: in Prefect 3.9 `concurrency()` on a limit that does not exist silently does
-nothing, which would turn this lock into a no-op after a fresh server install. The limit is
-created here on first use, so no setup step is needed, and strict makes a missing one an error
-rather than a silent pass. Strict also means a lost lease (the server unreachable for longer than
-the lease) stops the lane instead of letting it run on unguarded.
+`strict=True`: in Prefect 3.9 `concurrency()` on a missing limit silently does nothing. The limit
+is created here on first use, and strict makes a missing one an error; a lost lease (server
+unreachable past the lease) then stops the lane instead of letting it run unguarded.
 
-A holder that dies without letting go (SIGKILL, power) leaves its slot taken. A full Prefect
-server's repossessor service frees it once the lease expires; the ephemeral server runs no such
-service, and Prefect 3.9 keeps leases in the server's memory by default, so the slot would stay
-taken forever in PREFECT_HOME's database and every later nightly would wait for nothing. Hence:
-leases are kept on disk (`PREFECT_SERVER_CONCURRENCY_LEASE_STORAGE`, defaulted below before any
-server starts), and a waiting lane hands back, through Prefect's own release-with-lease call,
-the slots of leases on this host's PREFECT_HOME that expired: what the repossessor would do.
+A holder that dies (SIGKILL, power) keeps its slot. A full server's repossessor frees it when the
+lease expires; the ephemeral server runs none, and Prefect 3.9 keeps leases in memory by default,
+so the slot would stay taken in PREFECT_HOME's database forever. Hence leases on disk
+(tasks/hosts/lock_storage.py), and a waiting lane releases, through Prefect's release-with-lease
+call, the expired leases on this PREFECT_HOME (the repossessor's job). A holder's process (host,
+boot id, pid, start time) is written beside the lease files: one dead on this host is released
+at once, with a line saying so (`reclaim_expired`).
 
-A holder that died on this host is not waited for at all: each lease names its holder (the
-flow run), and the holder's process (host, boot id, pid and start time) is written beside the
-lease files; a waiting lane whose holder's process is gone releases that lease at once, with a
-line saying so (`reclaim_expired`).
-
-An operator may raise a host's limit (a box whose GPUs run independent lanes); an existing limit
-is respected as it is, never reset.
+An operator may raise a host's limit (GPUs running independent lanes); an existing limit is never reset.
 """
 
 from __future__ import annotations
@@ -34,9 +24,10 @@ import json
 import os
 import time
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, suppress
 from datetime import UTC, datetime
 from pathlib import Path
+from uuid import UUID, uuid4
 
 from pydantic import BaseModel
 
@@ -64,18 +55,14 @@ class Hold(BaseModel):
 
 def _register_holder():
     """The lease holder (this flow run, or a fresh id outside one), its process written beside the leases."""
-    from uuid import UUID, uuid4
-
     from prefect.client.schemas.objects import ConcurrencyLeaseHolder
     from prefect.runtime import flow_run
 
     run_id = flow_run.get_id() or str(uuid4())
     folder = _holders()
-    try:
+    with suppress(OSError):
         folder.mkdir(parents=True, exist_ok=True)
         (folder / f"{run_id}.json").write_text(Owner.here().model_dump_json())
-    except OSError:
-        pass
     return ConcurrencyLeaseHolder(type="flow_run", id=UUID(run_id))
 
 
@@ -97,10 +84,8 @@ def ensure_limit(name: str, slots: int = 1) -> bool:
         try:
             limit = client.read_global_concurrency_limit_by_name(name)
         except ObjectNotFound:
-            try:
+            with suppress(ObjectAlreadyExists):  # another flow created it between our read and our write
                 client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=slots))
-            except ObjectAlreadyExists:  # another flow created it between our read and our write
-                pass
             return False
         return limit.active_slots >= limit.limit
 
@@ -111,22 +96,17 @@ def _holders() -> Path:
     return Path(get_current_settings().home) / "lanebench_holders"
 
 
-def _holder_dead(lease: dict) -> bool:
+def _holder_dead(holder: str | None) -> bool:
     """The lease's holder (a flow run of this host) has no process any more."""
-    holder = (lease.get("metadata") or {}).get("holder") or {}
     try:
-        return Owner.model_validate_json((_holders() / f"{holder.get('id')}.json").read_text()).alive() is False
+        return Owner.model_validate_json((_holders() / f"{holder}.json").read_text()).alive() is False
     except (OSError, ValueError):  # a pydantic ValidationError is a ValueError
         return False
 
 
 def reclaim_expired(names: list[str], grace_s: float = 5.0, on_line: Callable[[str], None] | None = None) -> int:
-    """Hand back the slots of expired leases on `names` found in this PREFECT_HOME's lease files,
-    and at once those whose holder's process died on this host.
-
-    Only leases stored on disk under the local PREFECT_HOME are visible (the ephemeral server's,
-    or a server started by `lanebench serve` with this home); others are the server's business.
-    """
+    """Hand back the slots of expired leases on `names`, and at once those whose holder died on this
+    host. Only lease files under this PREFECT_HOME are seen (the ephemeral server's or `lanebench serve`'s)."""
     from prefect.client.orchestration import get_client
     from prefect.settings import get_current_settings
 
@@ -138,10 +118,8 @@ def reclaim_expired(names: list[str], grace_s: float = 5.0, on_line: Callable[[s
     with get_client(sync_client=True) as client:
         ids = set()
         for name in names:
-            try:
+            with suppress(Exception):
                 ids.add(str(client.read_global_concurrency_limit_by_name(name).id))
-            except Exception:
-                continue
         for path in folder.glob("*-*-*-*-*.json"):
             try:
                 lease = json.loads(path.read_text())
@@ -150,36 +128,25 @@ def reclaim_expired(names: list[str], grace_s: float = 5.0, on_line: Callable[[s
                 continue
             if not ids & set(lease.get("resource_ids", [])):
                 continue
-            dead = not expired and _holder_dead(lease)
+            holder = ((lease.get("metadata") or {}).get("holder") or {}).get("id")
+            dead = not expired and _holder_dead(holder)
             if expired or dead:
-                from uuid import UUID
-
                 client.release_concurrency_slots_with_lease(UUID(lease["id"]))
                 reclaimed += 1
                 if on_line is not None:
-                    holder = (lease.get("metadata") or {}).get("holder") or {}
                     on_line(f"reclaimed: {', '.join(names)} lease of "
-                            + (f"dead flow run {holder.get('id')} released at once" if dead else "an expired holder released"))
+                            + (f"dead flow run {holder} released at once" if dead else "an expired holder released"))
     return reclaimed
 
 
 @contextmanager
 def host_lock(host: str | list[str], timeout_s: float | None = None,
               on_wait: Callable[[str], None] | None = None) -> Iterator[Hold]:
-    """Hold `gpu:<host>` for the body; waits (up to `timeout_s`, or forever) while another job has it.
+    """Hold `gpu:<host>` for the body, waiting (up to `timeout_s`, or forever; then TimeoutError).
 
-    Usage, in any flow that boots a server on a host (nightly lanes, matrix arms):
-
-        with host_lock(lane.host) as hold:
-            lane_flow(...)
-
-    A lane spread over several hosts (tensor parallel over a cable) passes them all; Prefect
-    takes every slot or none, so two such lanes cannot deadlock each holding one host.
-
-    `hold` records the wait and the hold interval for the run's manifest. Its `released_at` is
-    stamped just before the slot is handed back, so recorded intervals of two jobs never overlap
-    when the lock works. Raises TimeoutError when `timeout_s` passes without the host.
-    """
+    A lane over several hosts passes them all: Prefect takes every slot or none, so two such lanes
+    cannot deadlock. `hold` records wait and interval for the manifest; `released_at` is stamped
+    before the slot goes back, so two jobs' recorded intervals never overlap when the lock works."""
     from prefect.concurrency.sync import concurrency
 
     names = [limit_name(h) for h in ([host] if isinstance(host, str) else host)]

@@ -1,12 +1,10 @@
 """Reclaim what a dead run left on a host: its server, its RPC workers, its container.
 
-A lanebench killed mid-run (SIGKILL, a power cut of the orchestrator) leaves its server
-listening: the next nightly would find the port taken and skip the lane. Every spawn records
-its process group in a pidfile named after lane and port on the host it runs on
-(tasks/hosts/transport.py `PIDFILE_DIR`, the SSH spawn wrapper), and every engine container
-carries the lane's label (tasks/hosts/containers.py). A lane holds its host's lock before it
-gets here, so whatever those name belongs to a run that is gone: stopped, with a line saying so,
-before preflight looks at the port.
+A lanebench killed mid-run leaves its server listening, and the next nightly would skip the lane
+(port taken). Every spawn records its process group in a pidfile named after lane and port
+(`PIDFILE_DIR`), every engine container carries the lane's label; a lane holds its host's lock
+before it gets here, so what those name belongs to a gone run: stopped, with a line, before
+preflight looks at the port.
 """
 
 from __future__ import annotations
@@ -27,8 +25,8 @@ def worker_spawn_name(lane_name: str, lane: Lane, i: int) -> str:
 
 def reclaim_leftovers(lane_name: str, lane: Lane, host: Host, transports: dict[str, Transport],
                       host_name: str) -> list[str]:
-    """Stop a dead run's server, workers and container for this lane; one line per thing reclaimed.
-    A host that cannot be reached is left to preflight, which says so."""
+    """Stop a dead run's server, workers and container for this lane; one line each. An unreachable
+    host is left to preflight, which says so."""
     lines: list[str] = []
     main = transports.get(host_name)
     try:

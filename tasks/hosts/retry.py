@@ -1,12 +1,9 @@
-"""The one retry policy (tenacity) for every step that waits out a transient fault: an SSH
-connection and a re-run, a server's health, a link test's listener, a webhook, an API server
-or lab daemon coming up.
+"""The one retry policy (tenacity) for every step that waits out a transient fault (an SSH
+connection, a server's health, a link probe, a webhook, a daemon coming up).
 
 A step says how many tries or how long, which faults are transient (`on`) or which result is
-good (`until`), and how far apart the tries are (`wait_s`, growing by `growth` up to
-`max_wait_s`); what to say when the tries run out stays with the step. A fault not in `on`
-ends the tries at once. When they run out, the last fault is raised as it was, or the last
-result is returned for the step to judge.
+good (`until`), and the waits; a fault not in `on` ends the tries at once. When they run out, the
+last fault is raised as it was, or the last result returned for the step to judge.
 """
 
 from __future__ import annotations
@@ -42,10 +39,8 @@ def retrying(*, tries: int | None = None, within_s: float | None = None, wait_s:
     wait is `wait_s * growth**(n-1)`, at most `max_wait_s`. Call it with the step and its
     arguments (`retrying(...)(step, *args)`), or iterate it (`for attempt in retrying(...)`)."""
     stop: stop_base = stop_never
-    if tries is not None:
-        stop = stop | stop_after_attempt(tries)
-    if within_s is not None:
-        stop = stop | stop_after_delay(within_s)
+    stop |= stop_after_attempt(tries) if tries is not None else stop_never
+    stop |= stop_after_delay(within_s) if within_s is not None else stop_never
     retry: retry_base = retry_if_exception_type(on)
     if until is not None:
         retry = retry | retry_if_result(lambda result: not until(result))

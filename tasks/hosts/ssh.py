@@ -1,27 +1,23 @@
-"""The SSH transport: commands and servers on a remote host over paramiko.
+"""The SSH transport (contract in tasks/hosts/transport.py): commands and servers on a host over paramiko.
+Long because one class implements the whole contract (run, spawn, stop, copy, host keys).
 
-Long because one class implements the whole transport contract (run, spawn, stop, copy, host keys).
-
-Why each rule (see tasks/hosts/transport.py for the contract):
-- Key authentication only, no agent, no password: a benchmark run must not depend on who is
-  logged in where, nor prompt.
-- The host key is checked against a known_hosts file and never silently accepted: an unknown
-  key is refused with its fingerprint and the command that trusts it; a changed key is refused
-  even with trust-on-first-use.
-- Every remote command is `shlex.join`ed and run as `setsid -w sh -c WRAPPER sh ARGV...`: the
-  wrapper reports its pid (= process group) first, so a command past its deadline, or a server
-  being stopped, can be killed as a whole group from a fresh channel.
-- Environment values never ride on the remote command line (`ps` on the host and sshd's logs
-  show it): they are sent on the channel's stdin as `NAME=value` lines ended by an empty line,
-  and the wrapper exports them before running the command (`_READ_ENV`). paramiko's
-  `environment=` would need `AcceptEnv` in every host's sshd_config, so it is not used.
-- A dropped connection leaves a command's fate unknown: it is re-run only when the caller
-  declared it idempotent. Opening the connection (nothing has run yet) is always retried.
+- Key authentication only, no agent, no password: a run must not depend on who is logged in, nor prompt.
+- The host key is checked against a known_hosts file: an unknown key is refused with its
+  fingerprint and the command that trusts it; a changed key is refused even with trust-on-first-use.
+- A remote command runs as `setsid -w sh -c WRAPPER sh ARGV...` (`shlex.join`ed): the wrapper
+  reports its pid (= process group) first, so a command past its deadline, or a server being
+  stopped, is killed as a whole group from a fresh channel.
+- Env values never ride on the command line (`ps`, sshd's logs): `NAME=value` lines on stdin, up
+  to an empty line, exported by the wrapper (`_READ_ENV`). paramiko's `environment=` would need
+  `AcceptEnv` in every host's sshd_config.
+- After a dropped connection a command's fate is unknown: re-run only when declared idempotent.
+  Opening the connection (nothing has run yet) is always retried.
 """
 
 from __future__ import annotations
 
 import atexit
+import getpass
 import os
 import select
 import shlex
@@ -30,6 +26,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
+from contextlib import suppress
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -123,11 +120,11 @@ def _env_block(env: dict[str, str] | None) -> bytes:
 class _FirstLine:
     """Takes the wrapper's `lanebench-pgid N` line off the front of a stream, passes the rest on."""
 
-    def __init__(self, sink: StreamText | None, write: Callable[[bytes], None] | None = None) -> None:
+    def __init__(self, out: Callable[[bytes], None]) -> None:
         self.pgid: int | None = None
         self.done = False
         self._buf = b""
-        self._sink, self._write = sink, write
+        self._out = out
 
     def feed(self, data: bytes) -> None:
         if not self.done:
@@ -143,10 +140,7 @@ class _FirstLine:
                 data = self._buf
             self._buf = b""
         if data:
-            if self._sink is not None:
-                self._sink.feed(data)
-            if self._write is not None:
-                self._write(data)
+            self._out(data)
 
     def flush(self) -> None:
         if not self.done and self._buf:
@@ -175,7 +169,7 @@ class SSHSpawned(Spawned):
                 log.write(data)
                 log.flush()
 
-            first = _FirstLine(None, write)
+            first = _FirstLine(write)
             try:
                 while data := self._chan.recv(65536):
                     if not first.done:
@@ -240,7 +234,7 @@ class SSHTransport(Transport):
                  trust_on_first_use: bool = False, keepalive_s: float = 15.0, connect_timeout_s: float = 10.0,
                  attempts: int = 3, backoff_s: float = 0.5) -> None:
         self.host_name, self.address, self.port = host_name, address, port
-        self.user = user or _current_user()
+        self.user = user or getpass.getuser()
         self.identity_file = Path(os.path.expanduser(identity_file))
         self.known_hosts = Path(os.path.expanduser(known_hosts))
         self.trust_on_first_use = trust_on_first_use
@@ -298,14 +292,6 @@ class SSHTransport(Transport):
 
     def _open(self, key: paramiko.PKey) -> paramiko.Transport:
         """One connection; a refused key or host key is a TransportError (never retried)."""
-        try:
-            return self._handshake(key)
-        except paramiko.AuthenticationException as e:
-            raise TransportError(
-                f"{self.host_name}: {self.where} refused key {self.identity_file} ({e}). Fix: add "
-                f"{self.identity_file}.pub to ~{self.user}/.ssh/authorized_keys on the host") from None
-
-    def _handshake(self, key: paramiko.PKey) -> paramiko.Transport:
         sock = socket.create_connection((self.address, self.port), timeout=self.connect_timeout_s)
         conn = paramiko.Transport(sock)
         try:
@@ -322,8 +308,12 @@ class SSHTransport(Transport):
             if not conn.is_authenticated():
                 raise paramiko.AuthenticationException("further authentication required")
             return conn
-        except BaseException:
+        except BaseException as e:
             conn.close()
+            if isinstance(e, paramiko.AuthenticationException):
+                raise TransportError(
+                    f"{self.host_name}: {self.where} refused key {self.identity_file} ({e}). Fix: add "
+                    f"{self.identity_file}.pub to ~{self.user}/.ssh/authorized_keys on the host") from None
             raise
 
     def _known_keys(self) -> dict[str, paramiko.PKey]:
@@ -351,13 +341,9 @@ class SSHTransport(Transport):
             with self.known_hosts.open("a") as f:
                 f.write(f"{name} {kind} {key.get_base64()}\n")
             return
-        recorded = known.get(kind)
-        if recorded is not None and recorded.asbytes() == key.asbytes():
+        if kind in known and known[kind].asbytes() == key.asbytes():
             return
-        if recorded is None:
-            kind_on_record, recorded = next(iter(known.items()))
-        else:
-            kind_on_record = kind
+        kind_on_record, recorded = (kind, known[kind]) if kind in known else next(iter(known.items()))
         raise HostKeyError(
             f"{self.host_name}: HOST KEY CHANGED for {self.address}:{self.port}: the server presents {kind} {fp}, "
             f"but {self.known_hosts} records {kind_on_record} {recorded.fingerprint} for {name}. Refused (also "
@@ -368,10 +354,8 @@ class SSHTransport(Transport):
     def _close_conn(self, conn: paramiko.Transport | None = None) -> None:
         """Forget the connection (only `conn`, if given: another thread may have reopened it)."""
         if self._conn is not None and (conn is None or conn is self._conn):
-            try:
+            with suppress(Exception):  # already broken
                 self._conn.close()
-            except Exception:  # noqa: BLE001 - already broken
-                pass
             self._conn = None
 
     def _drop(self, conn: paramiko.Transport) -> None:
@@ -417,7 +401,7 @@ class SSHTransport(Transport):
         conn, chan = self._channel()
         t0 = time.monotonic()
         out, err = StreamText(on_output), StreamText(on_output)
-        head = _FirstLine(err)
+        head = _FirstLine(err.feed)
         try:
             try:
                 chan.exec_command(_wrap(_RUN_WRAPPER, argv, env))
@@ -483,8 +467,8 @@ class SSHTransport(Transport):
         return r.exit_code == 0
 
     def group_alive(self, pgid: int) -> bool:
-        r = self.run(["sh", "-c", 'kill -0 -"$1" 2>/dev/null', "sh", str(pgid)], deadline_s=30.0, idempotent=True)
-        return r.exit_code == 0
+        return self.run(["sh", "-c", 'kill -0 -"$1" 2>/dev/null', "sh", str(pgid)], deadline_s=30.0,
+                        idempotent=True).exit_code == 0
 
     def stop_leftover(self, name: str, grace_s: float = 5.0) -> bool:
         return self.stop_group(0, grace_s, name)
@@ -518,22 +502,14 @@ class SSHTransport(Transport):
 
 
 def _send_stdin(chan: paramiko.Channel, data: bytes) -> None:
-    try:
+    with suppress(*_CONNECTION_FAULTS):
         chan.sendall(data)
         chan.shutdown_write()
-    except _CONNECTION_FAULTS:
-        pass
 
 
 def _negotiated_types(key_type: str) -> list[str]:
     """The host-key algorithms that yield a key of this known_hosts type."""
     return ["rsa-sha2-512", "rsa-sha2-256", "ssh-rsa"] if key_type == "ssh-rsa" else [key_type]
-
-
-def _current_user() -> str:
-    import getpass
-
-    return getpass.getuser()
 
 
 _TRANSPORTS: weakref.WeakSet[SSHTransport] = weakref.WeakSet()
@@ -546,8 +522,6 @@ def _stop_spawns() -> None:
         if transport._conn is None or not transport._conn.is_active():
             continue  # unreachable now: do not stall the exit; the next boot's stop_leftover cleans up
         for spawned in list(transport._spawns):
-            try:
+            with suppress(Exception):  # exiting anyway
                 spawned.stop(grace_s=1.0)
-            except Exception:  # noqa: BLE001, S110 - exiting anyway
-                pass
         transport.close()

@@ -1,25 +1,19 @@
 """How lanebench runs a command on a host: here (`local`) or over SSH (`ssh`, paramiko).
 
-Every stage that touches a host goes through a `Transport`, so preflight, image pull, boot
-and teardown read the same whether the host is this machine or a GB300 across the room.
-
-Contract (both implementations):
-- `run` executes an argv (never a shell string: each value is quoted with `shlex.join` on
-  the way to a remote shell) with a wall-clock deadline, returning exit code and output.
-- `env` (of `run` and `spawn`) never reaches a command line: an argv is visible to every
-  user of the host (`ps`, /proc/PID/cmdline) and a remote one to sshd's logs, and env values
-  carry secrets (`HF_TOKEN`). Locally it is the process's environment; over SSH it is sent
-  on the channel's stdin and exported by the remote wrapper before the command starts.
-  A non-zero exit code is a result, not an exception.
-- Connection-level faults (refused, reset, dropped, keepalive timeout) raise
-  `TransportError`. `run` retries them with backoff only when the caller declares the
-  command idempotent; otherwise it raises, and the command is never silently re-run.
-- An unknown or changed host key raises `HostKeyError` (never retried) with a message
-  that says how to trust the host. Trust-on-first-use only when the host opts in.
-- `spawn` starts a long-running process (a server) in its own session/process group,
-  streaming its output into a local log file, and returns a handle that can poll and stop
-  it. A remote spawn records its pid in a pidfile named after the lane, so a crashed run's
-  leftover can be found and stopped before the next boot.
+Every stage that touches a host goes through a `Transport`, so preflight, image pull, boot and
+teardown read the same for this machine and a GB300 across the room. The contract:
+- `run` executes an argv (never a shell string; `shlex.join`ed for a remote shell) with a
+  wall-clock deadline. A non-zero exit code is a result, not an exception.
+- `env` never reaches a command line, which every user sees (`ps`, /proc/PID/cmdline, sshd's
+  logs) while env carries secrets (`HF_TOKEN`): locally the process's environment; over SSH
+  sent on stdin and exported by the remote wrapper.
+- Connection faults (refused, reset, dropped, keepalive) raise `TransportError`; `run` retries
+  them only for a command declared idempotent, never silently re-running another.
+- An unknown or changed host key raises `HostKeyError` (never retried), saying how to trust the
+  host; trust-on-first-use only when the host opts in.
+- `spawn` starts a server in its own session, its output streamed into a local log, and returns
+  a handle to poll and stop it. The pid goes into a pidfile named after the lane, so a crashed
+  run's leftover is found and stopped before the next boot.
 """
 
 from __future__ import annotations
@@ -34,12 +28,14 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from contextlib import suppress
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 from pydantic import BaseModel
 
 from tasks.hosts.owner import Owner
+from tasks.hosts.retry import retrying
 
 if TYPE_CHECKING:
     from tasks.hosts.listener import Listeners
@@ -89,13 +85,11 @@ class Spawned(ABC):
         """SIGTERM the process group, SIGKILL after `grace_s`; idempotent."""
 
     def listeners(self, port: int) -> Listeners | None:
-        """Who listens on `port` where this process runs (tasks/hosts/listener.py); None: this
-        kind of spawn cannot be asked."""
+        """Who listens on `port` where this process runs; None: this kind of spawn cannot be asked."""
         return None
 
     def owns(self, found: Listeners) -> bool:
-        """Whether a listener's owners include this process's group (the pid a spawn reports is
-        its process group: a server started through a wrapper is in it)."""
+        """A listener's owners include this spawn's process group (its pid), wrapper or not."""
         return any(o.pgid == self.pid for o in found.owners)
 
 
@@ -106,8 +100,7 @@ class Transport(ABC):
     def run(self, argv: list[str], *, deadline_s: float = 60.0, idempotent: bool = False,
             stdin: bytes | None = None, on_output: OutputCallback | None = None,
             env: dict[str, str] | None = None) -> CommandResult:
-        """Run argv to completion within the deadline; `on_output` sees stdout/stderr text as it comes;
-        `env` is added to its environment (never to its command line)."""
+        """Run argv within the deadline; `on_output` sees stdout/stderr text as it comes."""
 
     @abstractmethod
     def spawn(self, argv: list[str], log_path: Path, *, name: str, env: dict[str, str] | None = None) -> Spawned:
@@ -115,8 +108,7 @@ class Transport(ABC):
 
     @abstractmethod
     def stop_leftover(self, name: str, grace_s: float = 5.0) -> bool:
-        """Stop the process group recorded in spawn `name`'s pidfile by an earlier (crashed) run.
-        True when one was still running."""
+        """Stop the group a crashed run recorded in spawn `name`'s pidfile; True when it was running."""
 
     def close(self) -> None:  # noqa: B027 - nothing to close for local
         """Release connections."""
@@ -130,8 +122,7 @@ def check_spawn_name(name: str) -> str:
 
 
 def check_env(env: dict[str, str] | None) -> dict[str, str]:
-    """Environment names must be plain identifiers; values may hold anything but a newline or NUL
-    (over SSH they travel one `NAME=value` line each on stdin, and no environment holds a NUL)."""
+    """Names plain identifiers; values anything but newline (one `NAME=value` line each over SSH) or NUL."""
     env = dict(env or {})
     for key, value in env.items():
         if not _ENV_KEY.fullmatch(key):
@@ -169,10 +160,8 @@ _LIVE: dict[int, subprocess.Popen] = {}
 
 
 def _killpg(pgid: int, sig: int = signal.SIGKILL) -> None:
-    try:
+    with suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 _PIDFILES: dict[int, Path] = {}  # a spawned group's pidfile, removed with it at exit
@@ -187,31 +176,27 @@ def _pidfile_pgid(pidfile: Path) -> int | None:
 
 
 def _pidfile_owner_alive(pidfile: Path) -> bool:
-    """Whether the lanebench that spawned the group (the pidfile's second line) still runs here.
-    Two orchestrators with separate Prefect homes share no host lock, so the lock alone cannot say
-    a pidfile is a dead run's: a live owner's server is never reclaimed (preflight then finds the
-    port taken and skips the lane with that reason)."""
+    """The lanebench that spawned the group (the pidfile's second line) still runs here. Orchestrators
+    with separate Prefect homes share no host lock, so a live owner's server is never reclaimed
+    (preflight then skips the lane: port taken). An older or unreadable pidfile: the lock alone judges."""
     try:
-        line = pidfile.read_text().splitlines()[1]
-        return Owner.model_validate_json(line).alive() is True
+        return Owner.model_validate_json(pidfile.read_text().splitlines()[1]).alive() is True
     except (OSError, IndexError, ValueError):
-        return False  # a pidfile of an older lanebench, or unreadable: judged by the lock alone
+        return False
 
 
 def _unrecord(pgid: int) -> None:
-    """Remove the group's pidfile while it still names this group (a newer spawn may own the name)."""
+    """Forget the group; remove its pidfile while it still names it (a newer spawn may own the name)."""
+    _LIVE.pop(pgid, None)
     pidfile = _PIDFILES.pop(pgid, None)
-    try:
-        if pidfile is not None and _pidfile_pgid(pidfile) == pgid:
+    if pidfile is not None and _pidfile_pgid(pidfile) == pgid:
+        with suppress(OSError):
             pidfile.unlink()
-    except OSError:
-        pass
 
 
 @atexit.register
 def _kill_live() -> None:
-    """Teardown on every path: a crashed or interrupted run leaves no local process group behind,
-    nor a pidfile naming one (a stale pidfile outlived a Ctrl-C'd run: issue 27)."""
+    """No local process group, nor a pidfile naming one, outlives a crashed or Ctrl-C'd run (issue 27)."""
     for pgid in list(_LIVE):
         _killpg(pgid)
         _unrecord(pgid)
@@ -224,18 +209,14 @@ def _pump(stream: IO[bytes], sink: StreamText) -> None:
 
 
 def _feed_stdin(stream: IO[bytes], data: bytes) -> None:
-    try:
+    with suppress(OSError):
         stream.write(data)
         stream.close()
-    except (BrokenPipeError, OSError):
-        pass
 
 
 def _group_alive(pgid: int) -> bool:
-    try:
+    with suppress(ChildProcessError):
         os.waitpid(pgid, os.WNOHANG)  # reap our own zombie leader, or a zombie counts as alive
-    except ChildProcessError:
-        pass
     try:
         os.killpg(pgid, 0)
         return True
@@ -249,10 +230,7 @@ def _stop_group(pgid: int, grace_s: float) -> None:
     """SIGTERM a process group, SIGKILL it after `grace_s` if anything in it still runs."""
     _killpg(pgid, signal.SIGTERM)
     _killpg(pgid, signal.SIGCONT)  # a stopped (SIGSTOP) process acts on SIGTERM only once continued
-    end = time.monotonic() + grace_s
-    while _group_alive(pgid) and time.monotonic() < end:
-        time.sleep(0.05)
-    if _group_alive(pgid):
+    if retrying(within_s=grace_s, wait_s=0.05, until=lambda alive: not alive)(_group_alive, pgid):
         _killpg(pgid, signal.SIGKILL)
 
 
@@ -261,8 +239,8 @@ def local_pidfile(name: str) -> Path:
 
 
 class LocalSpawned(Spawned):
-    def __init__(self, proc: subprocess.Popen, argv: list[str], pidfile: Path) -> None:
-        self.proc, self.pid, self.argv, self.pidfile = proc, proc.pid, argv, pidfile
+    def __init__(self, proc: subprocess.Popen, argv: list[str]) -> None:
+        self.proc, self.pid, self.argv = proc, proc.pid, argv
 
     def poll(self) -> int | None:
         return self.proc.poll()
@@ -282,10 +260,7 @@ class LocalSpawned(Spawned):
                 _killpg(self.pid, signal.SIGKILL)
                 self.proc.wait(timeout=10)
         _killpg(self.pid)  # children that outlived the leader
-        _LIVE.pop(self.pid, None)
-        _PIDFILES.pop(self.pid, None)
-        if _pidfile_pgid(self.pidfile) == self.pid:
-            self.pidfile.unlink(missing_ok=True)
+        _unrecord(self.pid)
 
 
 class LocalTransport(Transport):
@@ -341,7 +316,7 @@ class LocalTransport(Transport):
         pidfile.parent.mkdir(parents=True, exist_ok=True)
         pidfile.write_text(f"{proc.pid}\n{Owner.here().model_dump_json()}\n")  # pgid, then who spawned it
         _PIDFILES[proc.pid] = pidfile
-        return LocalSpawned(proc, argv, pidfile)
+        return LocalSpawned(proc, argv)
 
     def stop_leftover(self, name: str, grace_s: float = 5.0) -> bool:
         pidfile = local_pidfile(name)
