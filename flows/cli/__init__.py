@@ -120,8 +120,8 @@ def cmd_nightly(args: argparse.Namespace) -> int:
     return closing_verdict(state, folder, "nightly")
 
 
-def _inventory(args: argparse.Namespace) -> Any:
-    """The --hosts inventory with its prompt files checked and every --lane in it, or the one-line problem."""
+def _inventory(args: argparse.Namespace, files: bool) -> Any:
+    """The --hosts inventory holding every --lane (`files`: its input files checked first), or the one-line problem."""
     from tasks.inventory.models import ConfigError
     from tasks.inventory.load import load_inventory
     from tasks.stages.input_files import check_prompt_files
@@ -129,7 +129,8 @@ def _inventory(args: argparse.Namespace) -> Any:
     hosts = Path(args.hosts)
     try:
         inventory = load_inventory(hosts)
-        check_prompt_files(inventory, hosts)
+        if files:
+            check_prompt_files(inventory, hosts)
     except ConfigError as e:
         return str(e)
     unknown = [name for name in args.lane or [] if name not in inventory.lanes]
@@ -141,8 +142,10 @@ def _inventory(args: argparse.Namespace) -> Any:
 def _refused_nightly(args: argparse.Namespace) -> int | None:
     """Exit 2 with one line for an inventory the nightly cannot run; None when it can."""
     from tasks.engines import engine_for, planned
+    from tasks.inventory.models import ConfigError
+    from tasks.stages.input_files import check_prompt_files
 
-    if isinstance(inventory := _inventory(args), str):
+    if isinstance(inventory := _inventory(args, files=False), str):
         return _bad_input(inventory)
     # A lane whose own config caps running requests below its bench (and gates on capacity) fails
     # for sure: said before anything is pulled or booted (`lanebench plan` shows the computation).
@@ -150,6 +153,10 @@ def _refused_nightly(args: argparse.Namespace) -> int | None:
         lane = inventory.lanes[name]
         if (reason := planned.check(lane, engine_for(lane.engine).planned_cap(lane))) is not None:
             return _bad_input(f"{Path(args.hosts)}: lanes.{name}.flags: {reason}")
+    try:
+        check_prompt_files(inventory, Path(args.hosts))
+    except ConfigError as e:
+        return _bad_input(str(e))
     return None
 
 
@@ -220,7 +227,7 @@ def cmd_matrix(args: argparse.Namespace) -> int:
 
 def _tool_lanes(args: argparse.Namespace) -> list[str] | str:
     """`lanebench tools`: the lanes to run, or the one-line problem with them."""
-    if isinstance(inventory := _inventory(args), str):
+    if isinstance(inventory := _inventory(args, files=True), str):
         return inventory
     hosts = Path(args.hosts)
     gated = [n for n, lane in inventory.lanes.items() if lane.correctness and lane.correctness.tool_gate]

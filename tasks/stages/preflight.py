@@ -1,9 +1,7 @@
 """Preflight: everything a lane needs, checked before an expensive boot.
 
-A failed precondition is not an error of the run: the lane is skipped with the reason and
-every other lane goes on. In order, cheapest and most telling first (the seeds lost a lane to
-an unplugged cable that nothing reported): the links the lane needs, its host (reachable,
-docker answering, GPUs, disk, model files), its RPC workers, the engine binary, the port.
+A failed precondition skips the lane with the reason. Cheapest and most telling first (a lane was
+lost to an unplugged cable nothing reported): links, host, RPC workers, engine binary, port.
 """
 
 from __future__ import annotations
@@ -51,8 +49,7 @@ def resolve(base_dir: Path, path: str) -> Path:
 
 
 def _check_file(role: str, ref: FileRef, base_dir: Path) -> ModelFacts | str:
-    """A GGUF file, or a Hugging Face folder (vLLM, SGLang): bytes and sha256 of the folder's
-    files taken together (tasks/hosts/files.py folder_sha256)."""
+    """A GGUF file, or a Hugging Face folder (its files' bytes and sha256 taken together)."""
     path = resolve(base_dir, ref.path)
     what = "folder" if path.is_dir() else "file"
     if path.is_dir():
@@ -87,8 +84,7 @@ def _remote_port_free(t: Transport, port: int) -> bool:
 
 
 def _local_binary(lane: Lane) -> tuple[str, dict[str, str]] | str:
-    """The lane's `binary`, or the engine's own local build (llama.cpp's pinned build, vLLM's
-    CPU environment); a build that cannot be had here is the lane's reason to be skipped."""
+    """The lane's `binary`, or the engine's own local build; one that cannot be had is the lane's skip reason."""
     if lane.binary is None:
         try:
             return engine_for(lane.engine).local_build()
@@ -101,8 +97,7 @@ def _local_binary(lane: Lane) -> tuple[str, dict[str, str]] | str:
 
 
 def _remote_binary(t: Transport, host_name: str, path: str) -> tuple[str, dict[str, str]] | str:
-    """An engine executable on another host: the lane's `binary`, else the pinned build's path
-    (the same path there: a host that shares the build, like the lab's namespaces)."""
+    """An engine executable on another host (the lane's `binary`, else the pinned build's path there)."""
     r = t.run(["sha256sum", "--", path], deadline_s=60, idempotent=True)
     if r.exit_code != 0 or not r.stdout.strip():
         return f"engine binary {path} is missing on {host_name} (set the lane's 'binary' to its path there)"
@@ -186,8 +181,7 @@ def _remote(lane_name: str, lane: Lane, host: Host, base_dir: Path, inventory: I
 
 
 def _check_nodes(lane: Lane, base_dir: Path, inventory: Inventory, reach: Reach, pre: Preflight) -> str | None:
-    """Every worker node of a multi-node lane: reachable, docker (container lanes) or the engine
-    binary (bare ones), the model files at their path there. The link was checked first."""
+    """Every worker node: reachable, docker or the engine binary, the model files at their path there."""
     pre.master = topology.master_address(lane, inventory)
     files = [f for f in (lane.model, lane.drafter) if f is not None]
     for _, name in topology.worker_ranks(lane):
@@ -214,8 +208,8 @@ def _needs_reach(lane: Lane, host: Host) -> bool:
 
 @task(name="preflight", cache_policy=NO_CACHE)
 def preflight(lane_name: str, lane: Lane, host: Host, base_dir: Path, inventory: Inventory | None = None) -> Preflight:
-    """Links, host, workers, binary, model files with declared bytes (and sha256), port free; a
-    remote lane's checks go through the transports its served lane holds (tasks/serving/live.py)."""
+    """Links, host, workers, binary, model files with declared bytes (and sha256), port free; remote checks
+    through the served lane's transports."""
     try:
         api_key.resolve(lane, base_dir)  # its value stays here: Preflight is a task result
     except api_key.KeyUnavailable as e:
