@@ -17,6 +17,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -205,13 +206,9 @@ def worker(env: dict[str, str], pool: str, log: Path, queues: list[str] | None =
 def serve(host: str, port: int, home: Path | None, prefect_file: Path, pool: str, api_url: str | None,
           start_worker: bool = True, say=print, database: str | None = None, queues: list[str] | None = None) -> int:
     """Run the stack until SIGINT/SIGTERM, or until the server or worker dies (exit 1)."""
-    stopping: dict[str, int | None] = {"signal": None}
-
-    def on_signal(signum: int, _frame: object) -> None:
-        stopping["signal"] = signum
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    stopping = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stopping.set())
     logs = home or Path(os.environ.get("PREFECT_HOME", Path.home() / ".prefect"))
 
     def run(url: str) -> int:
@@ -222,7 +219,7 @@ def serve(host: str, port: int, home: Path | None, prefect_file: Path, pool: str
         say(f"{'worker running' if proc else 'no worker started'}; logs in {logs}; Ctrl-C stops")
         misses, last_check = 0, time.monotonic()
         try:
-            while stopping["signal"] is None:
+            while not stopping.is_set():
                 if proc is not None and proc.poll() is not None:
                     say(f"worker exited with code {proc.returncode}")
                     return 1
@@ -235,7 +232,7 @@ def serve(host: str, port: int, home: Path | None, prefect_file: Path, pool: str
                     if misses >= 3:
                         say(f"prefect server at {url} stopped answering")
                         return 1
-                time.sleep(0.5)
+                stopping.wait(0.5)
         finally:
             stop(proc)
         return 0

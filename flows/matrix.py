@@ -126,7 +126,7 @@ def _arm(run: RunFolder, m: Matrix, arm: Arm) -> None:
             facts.load_at_start = round(os.getloadavg()[0], 2)
         if why:
             progress(job.name, why)
-        return job.model_copy(update={"lane": job.lane.model_copy(update={"port": port})})
+        return _on(job, port)
 
     job = LaneJob(name=arm.name, lane=arm_lane(m, arm), host=m.host, base_dir=str(m.inventory_path.parent),
                   stages=MATRIX_ARM)
@@ -150,13 +150,14 @@ def _no_speculation_arm(run: RunFolder, m: Matrix) -> None:
     data.update(drafter=None, speculative=None, flags=flags, bench={**data["bench"], "acceptance": None},
                 gates=[g for g in data["gates"] if g.get("kind") != "counter"])
 
-    def on_port(job: LaneJob) -> LaneJob:
-        port, _ = arm_port(m.host.address, m.target.port)
-        return job.model_copy(update={"lane": job.lane.model_copy(update={"port": port})})
-
     job = LaneJob(name=NO_SPEC, lane=Lane.model_validate(data), host=m.host, base_dir=str(m.inventory_path.parent),
                   stages=MATRIX_ARM)
-    run_lane(str(run.path), job, before=on_port)
+    run_lane(str(run.path), job, before=lambda job: _on(job, arm_port(m.host.address, m.target.port)[0]))
+
+
+def _on(job: LaneJob, port: int) -> LaneJob:
+    """The job with its lane on `port` (picked under the host lock: only then does a free port stay free)."""
+    return job.model_copy(update={"lane": job.lane.model_copy(update={"port": port})})
 
 
 def against_no_speculation(run: RunFolder, speed: list) -> list[str]:
