@@ -1,12 +1,9 @@
 """The Prefect API server a CLI run talks to, started in its own session so Ctrl-C spares it.
 
-Prefect's ephemeral server is a child in lanebench's own process group: the SIGINT a terminal
-sends to the whole group on Ctrl-C kills it first, and the run then retries a dead API while
-it should be tearing down. This starts the same server (the same uvicorn command Prefect's
-`SubprocessASGIServer` runs, so startup costs the same) in a new session, points
-PREFECT_API_URL at it for the run, and stops it when the run ends. The kernel stops it too if
-lanebench itself is killed (PR_SET_PDEATHSIG), so a SIGKILLed run leaves no server behind.
-With PREFECT_API_URL already set, that server is used and nothing is started.
+Prefect's ephemeral server shares lanebench's process group, so Ctrl-C kills it first and the
+run retries a dead API while it should tear down. This runs the same uvicorn command in a new
+session for the run; PR_SET_PDEATHSIG stops it if lanebench is killed. With PREFECT_API_URL set,
+that server is used.
 """
 
 from __future__ import annotations
@@ -38,12 +35,8 @@ def _free_port() -> int:
 
 
 def launch() -> tuple[subprocess.Popen, str] | None:
-    """Start the server process now, before Prefect, GX or the flows are imported: its seconds
-    of booting then overlap theirs on the other core. None when PREFECT_API_URL names a server.
-
-    Nothing of Prefect is imported here (that alone is ~2 s); a server configured in a profile
-    or a prefect.toml is seen once Prefect is imported, and `api_server` then stops this one.
-    """
+    """Start the server now, before Prefect (~2 s to import), GX or the flows: its boot overlaps
+    theirs. None when PREFECT_API_URL names a server; one in a profile is seen later (`api_server`)."""
     import importlib.util
 
     if os.environ.get("PREFECT_API_URL"):
@@ -82,8 +75,7 @@ def stop(launched: tuple[subprocess.Popen, str] | None) -> None:
 @contextlib.contextmanager
 def api_server(launched: tuple[subprocess.Popen, str] | None = None, timeout_s: float | None = None
                ) -> Iterator[str | None]:
-    """Run the body against a Prefect server of its own (`launched`, or launched now), or the
-    configured one (yields None)."""
+    """Run the body against a Prefect server of its own (`launched`, or launched now), or the configured one (None)."""
     from prefect.settings import PREFECT_API_URL, PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
     launched = launched or launch()
@@ -100,9 +92,8 @@ def api_server(launched: tuple[subprocess.Popen, str] | None = None, timeout_s: 
 
         wait_healthy(url, proc, timeout_s, poll_s=0.1)  # the same wait `lanebench serve` uses
         os.environ["PREFECT_API_URL"] = url  # for subprocesses (tests, tools) started by this run
-        # No flow-run heartbeats: they tell a long-lived server that a run is alive, and this one
-        # stops with the run. Their thread sleeps in 1 s steps and each flow run's exit waits for
-        # it: up to a second per flow run (the nightly and each lane), measured at 0.56 s a lane.
+        # No flow-run heartbeats (this server stops with the run): each flow run's exit waits for
+        # their thread's 1 s sleep, measured at 0.56 s a lane.
         with temporary_settings(updates={PREFECT_API_URL: url, PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
             yield url
     finally:

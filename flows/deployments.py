@@ -1,28 +1,14 @@
 """`lanebench serve`: the deployments of prefect.yaml on a real Prefect server, with a process worker.
 
-Without a server, `lanebench nightly` uses Prefect's ephemeral one, which cannot run a
-schedule. A nightly needs something that is up at 02:00: `prefect server start`, the
-deployments from prefect.yaml (the nightly on its cron, the matrix and the KL gate on demand),
-a process work pool and a worker that runs each flow run as a process in this checkout.
-`serve` does the documented steps (docs/nightly.md) and stops what it started on Ctrl-C or
-SIGTERM. The two long-running daemons are Prefect's own commands; the work pool and the
-deployments are made through Prefect's Python API (`create_work_pool`, `Flow.from_source(...)
-.deploy(...)`) from prefect.yaml's entries, so there is no CLI output to parse:
+The ephemeral server cannot run a schedule, so a nightly needs `prefect server start`, the
+deployments of prefect.yaml, a process work pool and a worker (docs/nightly.md). The two daemons
+are Prefect's own commands, each in its own process group (stopped by its group, so no flow run
+or llama-server outlives `serve`); pool and deployments go through Prefect's Python API, so there
+is no CLI output to parse. A deployment whose entrypoint cannot be loaded is left out with a message.
 
-    prefect server start --host H --port P                   (a process, its own group)
-    work pool `lanebench` of type process                   (client.create_work_pool)
-    nightly (cron), matrix and kl from prefect.yaml          (Flow.from_source(...).deploy(...))
-    prefect worker start --pool lanebench --type process    (a process, its own group)
-
-A deployment whose entrypoint cannot be loaded yet (its module is missing) is left out with a
-message rather than failing the others. Every process runs in its own process group and is
-stopped by its group, so no flow run (or the llama-server it started) outlives `serve`.
-
-`--database`: SQLite under PREFECT_HOME is right for one machine; a team's server (several
-workers, people launching matrices, a nightly) writes from many connections at once, where
-SQLite answers 503 "database is locked" and PostgreSQL does not. Prefect takes either through
-PREFECT_API_DATABASE_CONNECTION_URL with an async driver in the URL; users write the plain
-`postgresql://` form and `connection_url` adds the driver.
+`--database`: a team's server writes from many connections at once, where SQLite answers 503
+"database is locked" and PostgreSQL does not; users write `postgresql://`, `connection_url`
+adds the async driver Prefect needs.
 """
 
 from __future__ import annotations
@@ -31,6 +17,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -96,11 +83,10 @@ def stop(proc: subprocess.Popen | None, grace_s: float = 30) -> None:
     for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10)):
         try:
             os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
             proc.wait(timeout=wait)
             break
+        except ProcessLookupError:
+            return
         except subprocess.TimeoutExpired:
             continue
     with suppress(ProcessLookupError, PermissionError):  # the group may outlive its leader (a flow run tearing down)
@@ -124,8 +110,7 @@ def wait_healthy(api_url: str, proc: subprocess.Popen | None, timeout_s: float, 
 @contextmanager
 def server(host: str, port: int, home: Path | None, timeout_s: float = 180,
            extra_env: dict[str, str] | None = None, database: str | None = None) -> Iterator[str]:
-    """`prefect server start` on host:port (SQLite under PREFECT_HOME, or `database`); yields its API
-    URL; stopped on exit."""
+    """`prefect server start` on host:port (SQLite under PREFECT_HOME, or `database`); yields its API URL."""
     from tasks.hosts.lock import FILE_LEASES, LEASE_STORAGE_ENV
 
     api_url = f"http://{host}:{port}/api"
@@ -151,7 +136,7 @@ def deployments(prefect_file: Path) -> list[dict]:
 
 
 def _loaded(entrypoint: str) -> tuple[Flow | None, str]:
-    """The flow behind an entrypoint, or why it cannot be loaded (e.g. its module is not written yet)."""
+    """The flow behind an entrypoint, or why it cannot be loaded."""
     from prefect.flows import load_flow_from_entrypoint
 
     if not (REPO / entrypoint.partition(":")[0]).is_file():
@@ -166,17 +151,14 @@ def _schedules(spec: dict) -> list:
     """prefect.yaml's cron schedules as Prefect schedule objects."""
     from prefect.schedules import Cron
 
-    out = []
-    for s in spec.get("schedules") or []:
-        if "cron" not in s:
-            raise ValueError(f"deployment {spec['name']}: only cron schedules are supported, got {s}")
-        out.append(Cron(s["cron"], timezone=s.get("timezone", "UTC"), active=s.get("active", True)))
-    return out
+    if bad := [s for s in spec.get("schedules") or [] if "cron" not in s]:
+        raise ValueError(f"deployment {spec['name']}: only cron schedules are supported, got {bad[0]}")
+    return [Cron(s["cron"], timezone=s.get("timezone", "UTC"), active=s.get("active", True))
+            for s in spec.get("schedules") or []]
 
 
 def ensure_pool(env: dict[str, str], pool: str = POOL, queues: list[str] | None = None) -> None:
-    """The process work pool and its `queues` (a site's or host group's) on the server `env` names,
-    created when missing; existing ones are left as they are."""
+    """The process work pool and its `queues` (a site's or host group's) on the server `env` names, created when missing."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import WorkPoolCreate
     from prefect.exceptions import ObjectAlreadyExists
@@ -193,8 +175,7 @@ def ensure_pool(env: dict[str, str], pool: str = POOL, queues: list[str] | None 
 
 def deploy(env: dict[str, str], prefect_file: Path = PREFECT_FILE, pool: str = POOL,
            say=print, queues: list[str] | None = None) -> list[str]:
-    """Create the process pool and its `queues` (a site's or host group's) if missing and deploy
-    every loadable deployment of `prefect_file`, through Prefect's Python API against the server `env` names."""
+    """The pool (ensure_pool), then every loadable deployment of `prefect_file`, on the server `env` names."""
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     names = []
@@ -205,8 +186,7 @@ def deploy(env: dict[str, str], prefect_file: Path = PREFECT_FILE, pool: str = P
             if flow is None:
                 say(f"deployment {spec['name']} left out: {spec['entrypoint']}: {why}")
                 continue
-            # The code is this checkout: each flow run's working folder is the repository.
-            # called sync: the flow, not a coroutine
+            # The code is this checkout: each flow run's working folder is the repository (called sync).
             sourced = cast("Flow", flow.from_source(source=str(REPO), entrypoint=spec["entrypoint"]))
             work_pool = spec.get("work_pool") or {}
             sourced.deploy(name=spec["name"], work_pool_name=work_pool.get("name", pool),
@@ -218,8 +198,7 @@ def deploy(env: dict[str, str], prefect_file: Path = PREFECT_FILE, pool: str = P
 
 
 def worker(env: dict[str, str], pool: str, log: Path, queues: list[str] | None = None) -> subprocess.Popen:
-    """A process worker on `pool` (only `queues` of it, when given: a site's or host group's runs):
-    each flow run becomes a process in this checkout, with this environment."""
+    """A process worker on `pool` (only `queues` of it, when given): each flow run a process in this checkout."""
     picks = [arg for q in queues or [] for arg in ("--work-queue", q)]
     return _spawn(["worker", "start", "--pool", pool, "--type", "process", *picks], env, log)
 
@@ -227,13 +206,9 @@ def worker(env: dict[str, str], pool: str, log: Path, queues: list[str] | None =
 def serve(host: str, port: int, home: Path | None, prefect_file: Path, pool: str, api_url: str | None,
           start_worker: bool = True, say=print, database: str | None = None, queues: list[str] | None = None) -> int:
     """Run the stack until SIGINT/SIGTERM, or until the server or worker dies (exit 1)."""
-    stopping: dict[str, int | None] = {"signal": None}
-
-    def on_signal(signum: int, _frame: object) -> None:
-        stopping["signal"] = signum
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    stopping = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stopping.set())
     logs = home or Path(os.environ.get("PREFECT_HOME", Path.home() / ".prefect"))
 
     def run(url: str) -> int:
@@ -244,7 +219,7 @@ def serve(host: str, port: int, home: Path | None, prefect_file: Path, pool: str
         say(f"{'worker running' if proc else 'no worker started'}; logs in {logs}; Ctrl-C stops")
         misses, last_check = 0, time.monotonic()
         try:
-            while stopping["signal"] is None:
+            while not stopping.is_set():
                 if proc is not None and proc.poll() is not None:
                     say(f"worker exited with code {proc.returncode}")
                     return 1
@@ -257,7 +232,7 @@ def serve(host: str, port: int, home: Path | None, prefect_file: Path, pool: str
                     if misses >= 3:
                         say(f"prefect server at {url} stopped answering")
                         return 1
-                time.sleep(0.5)
+                stopping.wait(0.5)
         finally:
             stop(proc)
         return 0

@@ -5,15 +5,9 @@
     tokenizer probe, teacher-forced scoring of the same token ids -> tables (GX), histogram,
     report.md, Prefect artifacts                                   (teardown on every path)
 
-The seeds' "Which NVFP4? Measured, not vibes", made rerunnable for every new checkpoint. The
-gate refuses to judge when the instrument is not exact (the reference's two scorings of its
+The gate refuses to judge when the instrument is not exact (the reference's two scorings of its
 own text differ) and refuses a candidate whose tokenizer differs; a candidate that dies
-mid-scoring keeps its partial results, marked, and fails. Every lane, local, SSH, container
-or across hosts, is served through the same lifecycle as the nightly's (tasks/stages/serve.py)
-under its host lock.
-
-Run it with `lanebench kl FILE` (flows/cli checks the file first) or as the `kl`
-deployment of prefect.yaml.
+mid-scoring keeps its partial results, marked, and fails.
 """
 
 from __future__ import annotations
@@ -28,14 +22,12 @@ from tasks.client.prompts import load_prompts
 from tasks.kl.config import load_kl_file, resolve, resolve_lanes
 from tasks.kl.gate import Gate
 from tasks.record.interrupted import raise_if_stopped
-from tasks.record.run_folder import RunFolder
 
 
 @flow(name="kl", flow_run_name="kl-{kl_file}", **NOTIFY)
 def kl_gate(kl_file: str, artifacts_root: str = "artifacts", prompt_count: int | None = None) -> State:
-    """One KL run of `kl_file` into a new run folder under `artifacts_root`; `prompt_count`
-    scores only the first N prompts (a quick check, said in the report's title). A store URL as
-    `artifacts_root` gets the run folder published (tasks/record/store.py)."""
+    """One KL run of `kl_file` into a new run folder under `artifacts_root` (or a store URL);
+    `prompt_count` scores only the first N prompts (said in the report's title)."""
     return in_artifacts("kl", artifacts_root, lambda root: _kl_gate(kl_file, root, prompt_count))
 
 
@@ -47,7 +39,9 @@ def _kl_gate(kl_file: str, artifacts_root: str, prompt_count: int | None) -> Sta
     title = path.name + (f" (first {len(prompts)} prompts only)" if prompt_count else "")
     run = open_run("kl", artifacts_root, path)
     gate = Gate(run, spec, lanes, prompts, title)
-    closing = Closing(report=lambda _: gate.finish(), verdict=_verdict, finish_after_report=True)
+    closing = Closing(report=lambda _: gate.finish(), finish_after_report=True,
+                      verdict=lambda run, judged: Completed(message=str(run.path)) if judged[0]
+                      else Failed(message="; ".join(judged[1])))
     with run_lifecycle(run, "kl", [spec.reference, *spec.candidates], closing) as life:
         gate.prepare_models()
         raise_if_stopped()
@@ -56,8 +50,3 @@ def _kl_gate(kl_file: str, artifacts_root: str, prompt_count: int | None) -> Sta
                 raise_if_stopped()
                 gate.candidate(name)
     return life.state
-
-
-def _verdict(run: RunFolder, judged: tuple[bool, list[str]]) -> State:
-    passed, reasons = judged
-    return Completed(message=str(run.path)) if passed else Failed(message="; ".join(reasons))

@@ -6,17 +6,11 @@
               -> tool gate -> needle ladder -> accuracy eval
               -> expectations -> artifacts            (teardown on every path)
 
-Read it as the recipe the seeds did by hand. A failed precondition skips the lane with its
-reason; a failed boot gate stops the lane's measurements and names gate, value and threshold;
-a failed correctness gate (tool gate, needle ladder) fails the lane after its tables are kept;
-a table that fails its expectations is quarantined and fails the lane.
-
-Which optional stages run is the caller's explicit `StagePlan`: the nightly runs all,
-`lanebench tools` the tool gate only (held-out suite when asked), a matrix arm the speed stages
-only (the target's prefill ladder, tool gate, needles and accuracy would cost every arm minutes
-and are the nightly's business). The boot gates and the expectations always run: they are what
-makes a number trustworthy at all. Whatever ends the lane, `_ended_by` alone turns it into the
-lane's status and reason.
+A failed precondition skips the lane with its reason; a failed boot gate stops it, naming gate,
+value and threshold; a failed correctness gate fails it after its tables are kept; a table that
+fails its expectations is quarantined and fails it. The caller's `StagePlan` picks the optional
+stages (a matrix arm: speed only); boot gates and expectations always run. `_ended_by` alone
+turns whatever ended the lane into its status and reason.
 """
 
 from __future__ import annotations
@@ -105,9 +99,6 @@ def lane_flow(lane_name: str, lane: Lane, host: Host, base_dir: Path, run_dir: s
     lane = secrets.reveal(lane_name, lane)  # the real values: this process only, never a parameter
     record.config = secrets.redact(lane).model_dump(mode="json")
     prompts = _prompt_sets(lane, base_dir)
-    # The stages' tasks take the server's endpoint and the run folder's path; each keeps its raw
-    # records in `requests.jsonl` and checks the server between waves itself (tasks/serving/live.py):
-    # a request past its wall deadline ends the lane at the next check, naming it.
     try:
         # 1-4. Preflight, image pull, boot, boot gates; teardown when the block ends, whatever happens.
         with served_lane(run, lane_name, lane, host, base_dir, inventory, prompts.probe) as served:
@@ -130,8 +121,7 @@ def lane_flow(lane_name: str, lane: Lane, host: Host, base_dir: Path, run_dir: s
 
 
 def _ended_by(lane_name: str, record: LaneRecord, e: Exception) -> State:
-    """The one place an exception becomes the lane's status and reason, named with the stage it
-    happened in. A crashed stage fails this lane, not the run."""
+    """The one place an exception becomes the lane's status and reason, with its stage; it fails this lane, not the run."""
     where = record.stopped_in()
     if isinstance(e, GateFailed):  # names gate, value and threshold itself
         reason = str(e)
@@ -179,11 +169,9 @@ class _OnServer:
     def measure(self) -> None:
         """4b-7: capacity plan, warmup, decode curve (+ queueing), prefill ladder, acceptance probe."""
         self.capacity_plan()
-        warm = self.warmup()
-        rows = self.decode_curve(warm)
+        rows = self.decode_curve(self.warmup())
         if self.stages.prefill and self.lane.bench.prefill is not None:
             self.prefill_ladder()
-        # The load shape is in the lane's config (bench.decode) and in each row's load_shape.
         for row in rows:
             if row.client_saturated:
                 self.record.warnings.append(
@@ -198,8 +186,7 @@ class _OnServer:
             self.acceptance_probe()
 
     def capacity_plan(self) -> None:
-        """4b. Users x context each, from the boot facts: a declared concurrency whose typical
-        requests do not fit the pool is flagged here, before any curve runs on it."""
+        """4b. Users x context each, from the boot facts: a concurrency that does not fit the pool is flagged first."""
         if self.lane.bench.capacity is None:
             return
         self.stage("capacity plan")
@@ -226,8 +213,7 @@ class _OnServer:
         return warm
 
     def decode_curve(self, warm: list[WarmupRow]) -> list[DecodeRow]:
-        """6. Repeats at each concurrency level, median and spread. Levels declared `beyond_cap:
-        queue` that exceed the server's cap run after it, labelled "queueing"."""
+        """6. Repeats at each concurrency level, median and spread; `beyond_cap: queue` levels past the cap after it."""
         self.stage("decode curve")
         lane, endpoint, record, run_dir = self.lane, self.served.endpoint, self.record, str(self.run.path)
         live.check(endpoint)
@@ -289,8 +275,7 @@ class _OnServer:
             self.run.write_table(self.name, "acceptance", acc_rows)
 
     def correctness(self) -> State:
-        """8-9. Tool gate and needle ladder (their tables kept whatever the verdict), accuracy
-        eval; then expectations on the raw records too. Any failed suite or gate fails the lane."""
+        """8-9. Tool gate, needle ladder (tables kept whatever the verdict), accuracy eval; then expectations."""
         lane, run, record, endpoint = self.lane, self.run, self.record, self.served.endpoint
         checks = lane.correctness
         verdicts: list[GateResult] = []

@@ -1,14 +1,9 @@
 """Running many lanes: each under its hosts' lock, lanes on different hosts at the same time.
 
-Every flow that measures lanes (nightly, matrix, tools) hands them here. Lanes are queued per
-host; the queues run concurrently as Prefect tasks, and inside a queue lanes run one at a time,
-each holding the Prefect global concurrency limit `gpu:<host>` of every host it touches (its own,
-its RPC workers', its nodes': `every_host`, the list the KL gate locks too) from preflight
-to teardown (tasks/hosts/lock.py). So a second flow aimed at the
-same box waits in line, while a GB300 and a Spark pair measure in parallel.
-
-Whatever happens inside a lane (a crash outside its own error handling, a lock that could not
-be had), it ends with a status and a reason, and its hold and its start and end are recorded.
+Every flow that measures lanes hands them here. Per-host queues run concurrently as Prefect
+tasks; inside a queue lanes run one at a time, each holding the global concurrency limit
+`gpu:<host>` of every host it touches (`every_host`) from preflight to teardown
+(tasks/hosts/lock.py). Whatever happens inside a lane, it ends with a status and a reason.
 """
 
 from __future__ import annotations
@@ -50,11 +45,8 @@ class LaneJob(BaseModel):
 
 
 def run_lane(run_dir: str, job: LaneJob, before: Callable[[LaneJob], LaneJob] | None = None) -> str:
-    """One lane under its hosts' lock; returns its final state's message.
-
-    `before` runs once the lock is held and may adjust the job (the matrix picks a free port for
-    its arm there, since only the lock holder may rely on a port staying free).
-    """
+    """One lane under its hosts' lock; returns its final state's message. `before` runs once the
+    lock is held and may adjust the job (the matrix picks its arm's port: only then does a free port stay free)."""
     run = RunFolder.opened(run_dir)
     record = run.lane(job.name)
     hold: Hold | None = None

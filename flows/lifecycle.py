@@ -6,15 +6,12 @@
         -> finish the folder -> report (report.md, tables, Prefect artifacts) -> verdict
                                                                           [-> store: published]
 
-How a run ends decides what is written, and it is decided here only:
-- the body returned: settle, finish, report, verdict; the verdict is the flow run's final state;
-- Ctrl-C or SIGTERM (or a stop a lane's own error handling swallowed, `raise_if_stopped`): the
-  folder and every running lane are marked interrupted, the lanes never started said so; settle
-  and finish, no report and no verdict (a stopped run ends within seconds: the tables and the
-  manifest are the record); the state is `Interrupted`, which every flow command maps to 130;
-- any other exception: settle, finish and report (a crashed run keeps its report), no verdict
-  (it would judge a run that did not end), then it is raised again, so Prefect fails the run
-  (and the notification hook says so).
+How a run ends decides what is written, here only:
+- the body returned: settle, finish, report, verdict (the flow run's final state);
+- Ctrl-C or SIGTERM: folder and lanes marked interrupted; settle and finish, no report and no
+  verdict (a stopped run ends within seconds); state `Interrupted`, exit 130;
+- any other exception: settle, finish and report (a crashed run keeps its report), no verdict,
+  then raised again so Prefect fails the run (and notifies).
 """
 
 from __future__ import annotations
@@ -41,8 +38,7 @@ NOTIFY: dict[str, Any] = {"on_failure": [on_failure], "on_crashed": [on_failure]
 
 
 def in_artifacts(kind: str, artifacts_root: str, body: Callable[[str], State]) -> State:
-    """`body` on a local artifacts root: a store URL's mirror (its earlier runs are the baselines),
-    its run folder published afterwards whatever the outcome (tasks/record/store.py)."""
+    """`body` on a local artifacts root: a store URL's mirror, published afterwards whatever the outcome."""
     from tasks.record.store import in_store
 
     return in_store(artifacts_root, kind, str(flow_run.get_id()), body)
@@ -65,9 +61,8 @@ class Lifecycle:
 
 @dataclass
 class Closing(Generic[R]):
-    """How a flow closes its run: `report(run)` writes report.md and the tables (also after a
-    crash) and returns what `verdict(run, reported)` judges into the final state; `settle(run)`
-    runs on every path before the folder is finished."""
+    """How a flow closes its run: `report(run)` (also after a crash) returns what `verdict(run,
+    reported)` judges into the final state; `settle(run)` runs on every path before the folder is finished."""
 
     report: Callable[[RunFolder], R]
     verdict: Callable[[RunFolder, R], State]
@@ -78,10 +73,8 @@ class Closing(Generic[R]):
 
 
 def open_run(kind: str, artifacts_root: str, source: Path, reclaim: bool = False) -> RunFolder:
-    """A new run folder of flow `kind` under `artifacts_root`, its config file `source`;
-    `reclaim`: mark dead runs under the same root first (tasks/record/interrupted.py)."""
-    # Every process that runs a flow (the CLI, a deployment's worker) hands Prefect nothing secret
-    # from here on: a failed boot's exception quotes the server's log, which may echo a flag.
+    """A new run folder of flow `kind` under `artifacts_root`; `reclaim`: mark dead runs there first."""
+    # Nothing secret to Prefect from here on, in a worker too: a failed boot quotes the server's log.
     prefect_redaction.install()
     run = RunFolder(Path(artifacts_root), kind, str(flow_run.get_id()), source)
     get_run_logger().info("run folder %s", run.path)
@@ -94,9 +87,8 @@ def open_run(kind: str, artifacts_root: str, source: Path, reclaim: bool = False
 
 @contextmanager
 def run_lifecycle(run: RunFolder, kind: str, lanes: Sequence[str], closing: Closing[Any]) -> Iterator[Lifecycle]:
-    """The body of the `with` block measures into `run`; the block's end closes it the same way
-    for every flow. `lanes`: every lane (arm, candidate) the run means to serve, so a stop
-    records those never started."""
+    """The `with` block measures into `run`; its end closes it. `lanes`: every lane the run means
+    to serve, so a stop records those never started."""
     life = Lifecycle(run)
     try:
         yield life
@@ -141,8 +133,8 @@ def write_report(run: RunFolder, report: str) -> None:
 
 
 def lanes_verdict(run: RunFolder, kind: str, problems: list[str], flagged: bool = False) -> State:
-    """The verdict from the lanes' end states and `problems` beyond them (tasks/record/verdict.py),
-    kept in the manifest; `flagged`: a pass names every flag (declared value, effective value, fix)."""
+    """The verdict from the lanes' end states and `problems` beyond them, kept in the manifest;
+    `flagged`: a pass names every flag."""
     verdict = night_verdict(kind, run.manifest.lanes, problems)
     run.manifest.flow.verdict = verdict.recorded()
     run.save_manifest()

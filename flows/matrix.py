@@ -5,20 +5,11 @@
     (preflight, boot, gates, warmup, decode rows, acceptance probe, expectations; teardown on
     every path) -> arm x class table, verdict table (GX) -> plots, report.md, Prefect artifacts
 
-The seeds' October matrix, made one command: five arms booted fresh, medians of three,
-per-position curves, bars written down first, and a verdict published even when negative.
-An arm that fails a gate (or is skipped by preflight) is recorded with its reason and the
-matrix goes on; its bars read `no-data`, which never passes.
-
-`lanebench matrix FILE` exits 0 when the matrix ran completely, whatever the verdict (a
-drafter failing its bars is a result; add `--require-bars` to exit 1 on a failed bar), 1 when
-the matrix is incomplete (an arm failed or was skipped, a table was quarantined, or the
-registered bars were altered), 2 on bad input, 130 when Ctrl-C or SIGTERM stopped it (the arm
-torn down, the run folder marked interrupted, no verdict). Its last line names the run folder.
-
-The Prefect flow is `matrix(matrix_file, artifacts_root="artifacts")`; relative paths are
-resolved against the repository, so a deployment needs only `matrix_file`. `lanebench
-matrix` (flows/cli) checks the file before the flow starts.
+An arm that fails a gate (or is skipped by preflight) is recorded with its reason and the matrix
+goes on; its bars read `no-data`, which never passes. The matrix is incomplete (exit 1) when an
+arm failed or was skipped, a table was quarantined or the registered bars were altered; a drafter
+failing its bars is a verdict (exit 0, unless `--require-bars`). Relative paths resolve against
+the repository, so a deployment needs only `matrix_file`.
 """
 
 from __future__ import annotations
@@ -61,14 +52,12 @@ def _in_repo(p: str) -> Path:
 
 
 def _run_name() -> str:
-    """`matrix-<file stem>`: the UI lists runs by matrix, not by absolute path."""
     return f"matrix-{Path(str(flow_run.parameters.get('matrix_file', 'matrix'))).stem}"
 
 
 @flow(name="matrix", flow_run_name=_run_name, **NOTIFY)
 def matrix(matrix_file: str, artifacts_root: str = "artifacts") -> State:
-    """One run of `matrix_file` into a new `*_matrix_*` run folder under `artifacts_root` (a folder,
-    or a store URL the run folder is published to: tasks/record/store.py)."""
+    """One run of `matrix_file` into a new run folder under `artifacts_root` (a folder or a store URL)."""
     return in_artifacts("matrix", artifacts_root, lambda root: _matrix(matrix_file, root))
 
 
@@ -78,7 +67,8 @@ def _matrix(matrix_file: str, artifacts_root: str) -> State:
     root = _in_repo(artifacts_root)
     run = open_run("matrix", str(root), path)
     _register_bars(run, m, root)  # before anything is measured: hash, file, manifest
-    closing = Closing(report=lambda run: _finish(run, m), verdict=_verdict)
+    closing = Closing(report=lambda run: _finish(run, m),
+                      verdict=lambda _, judged: (Completed if judged[0] else Failed)(message=judged[1]))
     with run_lifecycle(run, "matrix", [*(a.name for a in m.arms), NO_SPEC], closing) as life:
         for i, arm in enumerate(m.arms, 1):
             progress("matrix", f"arm {i}/{len(m.arms)}: {arm.name} (drafter {arm.drafter} @ {arm.revision}, K={arm.k})")
@@ -89,14 +79,8 @@ def _matrix(matrix_file: str, artifacts_root: str) -> State:
     return life.state
 
 
-def _verdict(run: RunFolder, judged: tuple[bool, str]) -> State:
-    complete, message = judged
-    return Completed(message=message) if complete else Failed(message=message)
-
-
 def _register_bars(run: RunFolder, m: Matrix, root: Path) -> None:
-    """Bars and prompt sets hashed and written, with what they are about (the target's and the
-    drafters' bytes) and any earlier run of the same registration, into the manifest."""
+    """Bars and prompt sets hashed and written into the manifest, with the bytes they are about and any earlier run."""
     logger = get_run_logger()
     reg = register(m.name, m.path, m.bars, m.spec.baseline, m.prompt_sets, m.prompt_counts, m.spec.prompts_per_class)
     (run.path / "registration.json").write_text(reg.model_dump_json(indent=2))
@@ -136,14 +120,13 @@ def _arm(run: RunFolder, m: Matrix, arm: Arm) -> None:
     facts = _facts(run).arms[arm.name]
 
     def on_port(job: LaneJob) -> LaneJob:
-        """Under the host lock, the only time a free port stays free: pick the arm's port."""
         port, why = arm_port(m.host.address, m.target.port)
         with run.edit():
             facts.started_at, facts.port, facts.port_note = datetime.now(UTC).isoformat(), port, why
             facts.load_at_start = round(os.getloadavg()[0], 2)
         if why:
             progress(job.name, why)
-        return job.model_copy(update={"lane": job.lane.model_copy(update={"port": port})})
+        return _on(job, port)
 
     job = LaneJob(name=arm.name, lane=arm_lane(m, arm), host=m.host, base_dir=str(m.inventory_path.parent),
                   stages=MATRIX_ARM)
@@ -167,13 +150,14 @@ def _no_speculation_arm(run: RunFolder, m: Matrix) -> None:
     data.update(drafter=None, speculative=None, flags=flags, bench={**data["bench"], "acceptance": None},
                 gates=[g for g in data["gates"] if g.get("kind") != "counter"])
 
-    def on_port(job: LaneJob) -> LaneJob:
-        port, _ = arm_port(m.host.address, m.target.port)
-        return job.model_copy(update={"lane": job.lane.model_copy(update={"port": port})})
-
     job = LaneJob(name=NO_SPEC, lane=Lane.model_validate(data), host=m.host, base_dir=str(m.inventory_path.parent),
                   stages=MATRIX_ARM)
-    run_lane(str(run.path), job, before=on_port)
+    run_lane(str(run.path), job, before=lambda job: _on(job, arm_port(m.host.address, m.target.port)[0]))
+
+
+def _on(job: LaneJob, port: int) -> LaneJob:
+    """The job with its lane on `port` (picked under the host lock: only then does a free port stay free)."""
+    return job.model_copy(update={"lane": job.lane.model_copy(update={"port": port})})
 
 
 def against_no_speculation(run: RunFolder, speed: list) -> list[str]:
@@ -216,8 +200,7 @@ def _registered_copy(run: RunFolder) -> tuple[Registration, str]:
 
 
 def _finish(run: RunFolder, m: Matrix) -> tuple[bool, str]:
-    """Tables (GX), plots, report and Prefect artifacts from whatever the arms left, in the finished
-    run folder (flows/lifecycle.py); (complete, message)."""
+    """Tables (GX), plots, report and Prefect artifacts from whatever the arms left; (complete, message)."""
     facts = _facts(run)
     reg, altered = _registered_copy(run)
     if sha256_of(m.path) != facts.file_sha256:
@@ -234,12 +217,9 @@ def _finish(run: RunFolder, m: Matrix) -> tuple[bool, str]:
     verdict = [] if altered else judge(reg, m, rows, speed)
     drafters = drafter_verdicts(m, verdict)
     run.lane_dir(MATRIX_DIR)
-    quarantined = []
-    _, entry = run.write_table(MATRIX_DIR, "matrix_arms", rows)
-    quarantined += [entry.path] if entry.validation == "failed" else []
-    if verdict:
-        _, entry = run.write_table(MATRIX_DIR, "matrix_verdict", verdict)
-        quarantined += [entry.path] if entry.validation == "failed" else []
+    tables = [("matrix_arms", rows)] + ([("matrix_verdict", verdict)] if verdict else [])
+    quarantined = [entry.path for kind, table in tables
+                   if (entry := run.write_table(MATRIX_DIR, kind, table)[1]).validation == "failed"]
     plots = {}
     for title, name, draw in (("Per-position acceptance per class", "per_position.png", lambda p: curves_png(m, rows, p)),
                               ("Acceptance, draft efficiency and tok/s against K", "k_sweep.png",
@@ -259,28 +239,22 @@ def _finish(run: RunFolder, m: Matrix) -> tuple[bool, str]:
     run.save_manifest()
     if altered:
         warnings.insert(0, f"NO VERDICT: {altered}")
-    report = render(run.path.name, run.manifest, m, reg,
-                    _earlier(facts), rows, speed, verdict, drafters, plots, warnings, quarantined, render_lanes(run))
+    earlier = EarlierRun.model_validate(facts.earlier_run) if facts.earlier_run else None
+    report = render(run.path.name, run.manifest, m, reg, earlier, rows, speed, verdict, drafters, plots, warnings,
+                    quarantined, render_lanes(run))
     write_report(run, report)
     _publish(rows, verdict, report, run.path.name)
     summary = "; ".join(f"{d.drafter} {d.verdict} ({d.failed}/{d.checks} failed)" for d in drafters if d.checks)
     if complete:
         return True, f"verdict: {summary}"
-    why = [f"arms not passed: {', '.join(incomplete)}"] if incomplete else []
-    why += [f"quarantined: {', '.join(quarantined)}"] if quarantined else []
-    why += [altered] if altered else []
-    why += drift
+    why = [*([f"arms not passed: {', '.join(incomplete)}"] if incomplete else []),
+           *([f"quarantined: {', '.join(quarantined)}"] if quarantined else []), *([altered] if altered else []), *drift]
     return False, f"incomplete matrix ({'; '.join(why)}); verdict so far: {summary}"
 
 
 def _facts(run: RunFolder) -> MatrixSection:
-    """The matrix section, written at registration before any arm ran."""
     assert run.manifest.flow.matrix is not None
     return run.manifest.flow.matrix
-
-
-def _earlier(facts: MatrixSection) -> EarlierRun | None:
-    return EarlierRun.model_validate(facts.earlier_run) if facts.earlier_run else None
 
 
 def _publish(rows: list, verdict: list, report: str, run_name: str) -> None:

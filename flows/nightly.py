@@ -1,21 +1,13 @@
 """The nightly flow: every lane in the inventory (or the named ones), then the morning question:
 did anything get worse, and can I trust that it did?
 
-Each lane runs as its own subflow while holding its hosts' global concurrency limit
-(`gpu:<host>`, tasks/hosts/lock.py), so a matrix or a second nightly aimed at the same box waits
-instead of measuring on top of it; lanes on different hosts run at the same time
-(flows/lanes.py). One lane's skip or failure never stops the others. Each
-lane that passed is then compared, metric by metric, with a baseline window of earlier good
-nightlies of the same lane (tasks/record/regression.py); a regression fails the night like a failed
-gate does, and the on-failure hook posts a notification (tasks/record/notify.py). The run folder is
-written as the run goes and finished with plots and the report, whatever happened.
+Lanes run under their hosts' locks (flows/lanes.py); one lane's skip or failure never stops the
+others. Each lane that passed is compared metric by metric with a baseline window of earlier good
+nightlies (tasks/record/regression.py); a regression fails the night like a failed gate does.
 
-`tools` (`lanebench tools`) is the nightly's tool gate alone, on freshly booted lanes:
-preflight -> boot -> boot gates -> tool gate: dev suite [+ held-out suite] -> report. Minutes
-instead of a night, and the only way to run the held-out suite, so a held-out score is never
-looked at by accident; every held-out run is counted in the manifest
-(`flow.correctness.<lane>.tool_gate.held_out.run_number`, earlier runs found under the same
-artifacts folder).
+`tools` (`lanebench tools`) is the tool gate alone, on freshly booted lanes: the only way to run
+the held-out suite, so a held-out score is never looked at by accident (each run is counted in
+the manifest).
 """
 
 from __future__ import annotations
@@ -49,8 +41,7 @@ POLICY_ENV = "LANEBENCH_REGRESSION"  # JSON of RegressionPolicy fields, for runs
 
 
 def warm() -> None:
-    """GX's suites and matplotlib load in a background thread: the CLI starts it while Prefect's
-    API server boots (its core is idle then), so neither competes with a measured request."""
+    """GX's suites and matplotlib load in a background thread, started while Prefect's API server boots."""
     warm_up(WARM_KINDS, and_then=plots.warm)
 
 
@@ -88,16 +79,12 @@ def _plots(run: RunFolder, name: str, con: Any, comparison: LaneComparison | Non
 
     tables = {a.kind: a for a in run.manifest.artifacts if a.lane == name and a.validation == "passed"}
     made: list[Path | None] = []
-    if "decode" in tables:
-        made.append(plots.concurrency_curve(pd.read_parquet(run.path / tables["decode"].path),
-                                            run.lane_dir(name) / "concurrency.png", name))
-    if "acceptance" in tables:
-        made.append(plots.acceptance_positions(pd.read_parquet(run.path / tables["acceptance"].path),
-                                               run.lane_dir(name) / "acceptance.png", name))
-    for kind, draw in (("prefill", plots.prefill_ladder), ("accuracy", plots.accuracy_bars),
-                       ("capacity", plots.capacity_curve)):
+    for kind, draw, file in (("decode", plots.concurrency_curve, "concurrency"),
+                             ("acceptance", plots.acceptance_positions, "acceptance"),
+                             ("prefill", plots.prefill_ladder, "prefill"), ("accuracy", plots.accuracy_bars, "accuracy"),
+                             ("capacity", plots.capacity_curve, "capacity")):
         if kind in tables:
-            made.append(draw(pd.read_parquet(run.path / tables[kind].path), run.lane_dir(name) / f"{kind}.png", name))
+            made.append(draw(pd.read_parquet(run.path / tables[kind].path), run.lane_dir(name) / f"{file}.png", name))
     if comparison is not None and con is not None:
         history = _history(con, name, [r.metric for r in comparison.rows])
         made.append(plots.trend(history, comparison.rows, run.path.name, run.lane_dir(name) / "trend.png", name))
@@ -145,7 +132,7 @@ def _against_baseline(run: RunFolder, artifacts_root: str, policy: RegressionPol
 def nightly(hosts: str = "hosts.yaml", lanes: list[str] | None = None, artifacts_root: str = "artifacts",
             regression: RegressionPolicy | None = None) -> State:
     """Every lane of `hosts` (or `lanes`), then each against its baseline window; `artifacts_root`
-    is a folder or a store URL (tasks/record/store.py: the run folder is published there)."""
+    is a folder or a store URL (tasks/record/store.py)."""
     return in_artifacts("nightly", artifacts_root, lambda root: _nightly(hosts, lanes, root, regression))
 
 

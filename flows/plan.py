@@ -1,14 +1,10 @@
 """`lanebench plan [--hosts FILE] [LANE...]`: every process the lanes would start, run nothing.
 
-Users check a new lane with it before a night: per lane the host of every node, container or
-bare, the full argv, its environment (secrets redacted), ports and working directory, built by
-the functions boot starts them with (tasks/stages/topology.py), the draft width the engine will
-run (K as lanebench counts it, and whether it drafts a tree), the preflight checks that would skip it, the boot facts and
-gates that will be checked, the running-request cap its config implies against its bench,
-and launch flags the pinned engine release does not define. Nothing is started, no host is
-contacted; a model file on this machine is looked at. Exit 0 when every lane would run
-(skips included, with the reason), 1 when a lane would fail a gate for sure or emits a flag
-its release lacks, 2 on bad input.
+Per lane: every process (host, container or bare, argv, environment with secrets redacted, ports,
+working directory) as boot builds it (tasks/stages/topology.py), the draft width the engine will
+run, the preflight checks, boot facts and gates, the running-request cap its config implies, and
+launch flags the pinned release does not define. No host is contacted. Exit 0 when every lane
+would run (skips named), 1 when a lane would fail a gate for sure or emits an unknown flag, 2 on bad input.
 """
 
 from __future__ import annotations
@@ -77,8 +73,7 @@ def _binary(lane: Lane) -> str:
 
 
 def _resolved(lane: Lane, inventory: Inventory, base_dir: Path) -> Lane:
-    """The lane as its head host serves it, by the lane flow's own function (model paths there,
-    agentic and rpc flags added), with the rpc endpoints the inventory implies."""
+    """The lane as its head host serves it (the lane flow's own function), with the inventory's rpc endpoints."""
     from tasks.stages.preflight import Preflight
     from tasks.stages.serve import resolved
 
@@ -87,8 +82,7 @@ def _resolved(lane: Lane, inventory: Inventory, base_dir: Path) -> Lane:
 
 
 def _processes(lane: Lane, inventory: Inventory) -> list[Process]:
-    """Every process of the lane as boot starts it (topology.launches, which the lane's placement
-    builds too), with its ports and working directory: head and node ranks, or llama.cpp's rpc-servers."""
+    """Every process of the lane as boot starts it (topology.launches), with its ports and working directory."""
     import os
 
     from tasks.inventory import secrets

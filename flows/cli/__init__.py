@@ -21,10 +21,8 @@ from typing import Any, NoReturn
 from tasks.inventory.paths import REPO
 
 DEFAULT_HOSTS = REPO / "hosts.yaml"
-# Modules that bring their own subcommands: each has register_cli(subparsers), which must stay
-# cheap to import (no Prefect or GX at import time). The flows themselves (flows/nightly.py,
-# kl.py, matrix.py) are imported only once a command has checked its input and launched the
-# API server.
+# Modules with their own subcommands (register_cli(subparsers)): cheap to import, no Prefect or GX.
+# The flows themselves are imported only once a command has checked its input and launched the API server.
 _SUBCOMMANDS: list[str] = ["flows.history", "flows.plan"]
 
 
@@ -34,8 +32,8 @@ def _bad_input(message: str) -> int:
 
 
 def artifacts_arg(value: str, resolve: bool = False) -> tuple[str, Path]:
-    """--artifacts as the flow's parameter and the local folder the run folder appears in: a store
-    URL (tasks/record/store.py) is passed on as it is and written in the store's local mirror."""
+    """--artifacts as the flow's parameter and the local folder the run folder appears in (a store
+    URL's local mirror: tasks/record/store.py)."""
     from tasks.record.store import Store, StoreError, is_url
 
     if is_url(value):
@@ -48,8 +46,7 @@ def artifacts_arg(value: str, resolve: bool = False) -> tuple[str, Path]:
 
 
 def _quiet_prefect() -> None:
-    """Telemetry off; Prefect's own logs at WARNING so the progress display stays readable.
-    Prefect reads its settings once, at its first import: called before anything imports it."""
+    """Telemetry off, Prefect's logs at WARNING; before anything imports Prefect (it reads its settings once)."""
     os.environ.setdefault("DO_NOT_TRACK", "1")
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
@@ -62,13 +59,9 @@ def run_flow(flow: str, build: Callable[[], Any], artifacts: Path, launched: tup
              **params: Any) -> tuple[Any, Path | None]:
     """Call a flow the way every flow command does; returns its final state and its run folder.
 
-    Prefect's API server runs in a session of its own (flows/api_server.py), so a terminal's
-    Ctrl-C spares it and the run can record its own end; it is launched before `build` imports
-    the flow modules, so it boots meanwhile (or earlier: `launched`, from `api_server.launch()`,
-    when the command launched it before checking its input). Ctrl-C and SIGTERM then stop the run: the flow
-    tears its lane down, marks its run folder interrupted and ends in a state named Interrupted
-    (exit 130, `tasks/record/verdict.py`). Nothing secret reaches Prefect
-    (`tasks/record/prefect_redaction.py`).
+    Prefect's API server runs in a session of its own (flows/api_server.py), so a terminal's Ctrl-C
+    spares it and the run records its own end (state Interrupted, exit 130); it is launched (or was,
+    `launched`) before `build` imports the flow modules, so it boots meanwhile.
     """
     _quiet_prefect()
     from flows.api_server import api_server, launch
@@ -89,8 +82,7 @@ def run_flow(flow: str, build: Callable[[], Any], artifacts: Path, launched: tup
 
 
 def interrupted_exit(state: Any, folder: Path | None, flow: str) -> int | None:
-    """130 with the closing line when the run was stopped by a signal, else None (the command
-    closes with its own verdict)."""
+    """130 with the closing line when the run was stopped by a signal, else None."""
     from tasks.record.progress import closing_verdict
     from tasks.record.verdict import EXIT_CODES, exit_code_of
 
@@ -105,13 +97,13 @@ def cmd_nightly(args: argparse.Namespace) -> int:
     from flows.api_server import launch, stop
 
     launched = launch()
+    refused: int | None = 2  # an exception in the checks stops the server too
     try:
         refused = _refused_nightly(args)
-    except BaseException:
-        stop(launched)
-        raise
+    finally:
+        if refused is not None:
+            stop(launched)
     if refused is not None:
-        stop(launched)
         return refused
 
     def build() -> Any:
@@ -120,18 +112,16 @@ def cmd_nightly(args: argparse.Namespace) -> int:
         warm()  # GX and matplotlib load now, while the API server boots
         return nightly
 
-    hosts = Path(args.hosts)
     root, artifacts = artifacts_arg(args.artifacts)
-    state, folder = run_flow("nightly", build, artifacts, launched=launched, hosts=str(hosts.resolve()),
+    state, folder = run_flow("nightly", build, artifacts, launched=launched, hosts=str(Path(args.hosts).resolve()),
                              lanes=args.lane, artifacts_root=root)
     from tasks.record.progress import closing_verdict
 
     return closing_verdict(state, folder, "nightly")
 
 
-def _refused_nightly(args: argparse.Namespace) -> int | None:
-    """Exit 2 with one line for an inventory the nightly cannot run; None when it can."""
-    from tasks.engines import engine_for, planned
+def _inventory(args: argparse.Namespace, files: bool) -> Any:
+    """The --hosts inventory holding every --lane (`files`: its input files checked first), or the one-line problem."""
     from tasks.inventory.models import ConfigError
     from tasks.inventory.load import load_inventory
     from tasks.stages.input_files import check_prompt_files
@@ -139,45 +129,39 @@ def _refused_nightly(args: argparse.Namespace) -> int | None:
     hosts = Path(args.hosts)
     try:
         inventory = load_inventory(hosts)
+        if files:
+            check_prompt_files(inventory, hosts)
     except ConfigError as e:
-        return _bad_input(str(e))
+        return str(e)
     unknown = [name for name in args.lane or [] if name not in inventory.lanes]
     if unknown:
-        return _bad_input(f"--lane {unknown[0]}: no such lane in {hosts}. Fix: use one of: {', '.join(inventory.lanes)}")
+        return f"--lane {unknown[0]}: no such lane in {hosts}. Fix: use one of: {', '.join(inventory.lanes)}"
+    return inventory
+
+
+def _refused_nightly(args: argparse.Namespace) -> int | None:
+    """Exit 2 with one line for an inventory the nightly cannot run; None when it can."""
+    from tasks.engines import engine_for, planned
+    from tasks.inventory.models import ConfigError
+    from tasks.stages.input_files import check_prompt_files
+
+    if isinstance(inventory := _inventory(args, files=False), str):
+        return _bad_input(inventory)
     # A lane whose own config caps running requests below its bench (and gates on capacity) fails
     # for sure: said before anything is pulled or booted (`lanebench plan` shows the computation).
     for name in args.lane or list(inventory.lanes):
         lane = inventory.lanes[name]
         if (reason := planned.check(lane, engine_for(lane.engine).planned_cap(lane))) is not None:
-            return _bad_input(f"{hosts}: lanes.{name}.flags: {reason}")
+            return _bad_input(f"{Path(args.hosts)}: lanes.{name}.flags: {reason}")
     try:
-        check_prompt_files(inventory, hosts)
+        check_prompt_files(inventory, Path(args.hosts))
     except ConfigError as e:
         return _bad_input(str(e))
     return None
 
 
-def _kl_flow() -> Any:
-    from flows.kl import kl_gate
-
-    return kl_gate
-
-
-def _matrix_flow() -> Any:
-    from flows.matrix import matrix
-
-    return matrix
-
-
-def _tools_flow() -> Any:
-    from flows.nightly import tools
-
-    return tools
-
-
 def cmd_kl(args: argparse.Namespace) -> int:
-    """The KL gate (flows/kl.py): 0 every candidate meets the bars, 1 any does not (or the gate
-    refused to judge)."""
+    """The KL gate (flows/kl.py): 0 every candidate meets the bars, 1 any does not (or no judgement)."""
     from tasks.client.prompts import load_prompts
     from tasks.inventory.models import ConfigError
     from tasks.kl.config import load_kl_file, resolve, resolve_lanes
@@ -201,7 +185,7 @@ def cmd_kl(args: argparse.Namespace) -> int:
     if len({p.id for p in prompts}) != len(prompts):
         return _bad_input(f"{path}: prompts: prompt ids repeat in the prompt file. Fix: give every prompt its own id")
     artifacts = Path(args.artifacts)
-    state, folder = run_flow("kl", _kl_flow, artifacts, kl_file=str(path.resolve()),
+    state, folder = run_flow("kl", lambda: import_module("flows.kl").kl_gate, artifacts, kl_file=str(path.resolve()),
                              artifacts_root=str(artifacts), prompt_count=args.prompt_count)
     if (code := interrupted_exit(state, folder, "kl")) is not None:
         return code
@@ -222,7 +206,8 @@ def cmd_matrix(args: argparse.Namespace) -> int:
     except ConfigError as e:
         return _bad_input(str(e))
     root, artifacts = artifacts_arg(args.artifacts, resolve=True)
-    state, folder = run_flow("matrix", _matrix_flow, artifacts, matrix_file=str(path.resolve()), artifacts_root=root)
+    state, folder = run_flow("matrix", lambda: import_module("flows.matrix").matrix, artifacts,
+                             matrix_file=str(path.resolve()), artifacts_root=root)
     if (code := interrupted_exit(state, folder, "matrix")) is not None:
         return code
     from tasks.record.manifest import MatrixVerdict, read_manifest
@@ -240,44 +225,32 @@ def cmd_matrix(args: argparse.Namespace) -> int:
     return 1 if args.require_bars and verdict.bars_failed else 0
 
 
-def _tool_lanes(args: argparse.Namespace) -> tuple[Path, list[str]] | str:
-    """`lanebench tools`: the inventory and the lanes to run, or the one-line problem with them."""
-    from tasks.inventory.models import ConfigError
-    from tasks.inventory.load import load_inventory
-    from tasks.stages.input_files import check_prompt_files
-
+def _tool_lanes(args: argparse.Namespace) -> list[str] | str:
+    """`lanebench tools`: the lanes to run, or the one-line problem with them."""
+    if isinstance(inventory := _inventory(args, files=True), str):
+        return inventory
     hosts = Path(args.hosts)
-    try:
-        inventory = load_inventory(hosts)
-        check_prompt_files(inventory, hosts)
-    except ConfigError as e:
-        return str(e)
-    unknown = [n for n in args.lane or [] if n not in inventory.lanes]
-    if unknown:
-        return f"--lane {unknown[0]}: no such lane in {hosts}. Fix: use one of: {', '.join(inventory.lanes)}"
     gated = [n for n, lane in inventory.lanes.items() if lane.correctness and lane.correctness.tool_gate]
     names = args.lane or gated
     for name in names:
         if name not in gated:
             return (f"{hosts}: lanes.{name}.correctness.tool_gate: the lane declares no tool gate. "
                     "Fix: add correctness: {tool_gate: {dev: <suite.jsonl>}} (toolsuites/README.md)")
-        plan = inventory.lanes[name].correctness.tool_gate  # type: ignore[union-attr]
-        if args.held_out and plan is not None and plan.held_out is None:
+        if args.held_out and inventory.lanes[name].correctness.tool_gate.held_out is None:
             return (f"{hosts}: lanes.{name}.correctness.tool_gate.held_out: --held-out asked, but the lane "
                     "declares no held-out suite. Fix: add held_out: <suite.jsonl>, or run without --held-out")
     if not names:
         return f"{hosts}: no lane declares correctness.tool_gate. Fix: add one (toolsuites/README.md)"
-    return hosts, names
+    return names
 
 
 def cmd_tools(args: argparse.Namespace) -> int:
     """The tool-gate flow (`tools` of flows/nightly.py), each gate's verdict printed; exit codes as the nightly's."""
-    selected = _tool_lanes(args)
-    if isinstance(selected, str):
-        return _bad_input(selected)
-    hosts, names = selected
+    if isinstance(names := _tool_lanes(args), str):
+        return _bad_input(names)
     artifacts = Path(args.artifacts).resolve()
-    state, folder = run_flow("tools", _tools_flow, artifacts, hosts=str(hosts.resolve()), lanes=names,
+    state, folder = run_flow("tools", lambda: import_module("flows.nightly").tools, artifacts,
+                             hosts=str(Path(args.hosts).resolve()), lanes=names,
                              artifacts_root=str(artifacts), held_out=args.held_out)
     from tasks.record.progress import closing_verdict, say
 
@@ -292,10 +265,8 @@ def cmd_tools(args: argparse.Namespace) -> int:
 
 
 def cmd_lab(args: argparse.Namespace) -> int:
-    """`lanebench lab up|down|status|cut-link|restore-link`: the users' topology (GB300, a Spark
-    pair, a direct cable) as network namespaces on this machine (lab/README.md). `up` writes
-    hosts.lab.yaml (a leftover lab goes first); `status` exits 1 when the lab is not (fully) up.
-    Needs root; one lab per machine: a command fails while a test session holds the lab."""
+    """`lanebench lab ...`: the users' topology as network namespaces (lab/README.md). `status`
+    exits 1 when the lab is not (fully) up; one lab per machine, held by a test session too."""
     from lab.lab import Lab, LabError, lab_lock
     from lab.netns import NetnsError
 
@@ -368,9 +339,7 @@ def main(argv: list[str] | None = None) -> int:
     for module in _SUBCOMMANDS:
         import_module(module).register_cli(sub)
     args = parser.parse_args(argv)
-    # Prefect reads its settings once, at its first import: quiet them before any command's
-    # checks import a module that imports Prefect.
-    _quiet_prefect()
+    _quiet_prefect()  # before any command's checks import a module that imports Prefect
     try:
         return args.func(args)
     except KeyboardInterrupt:
@@ -379,13 +348,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run() -> NoReturn:
-    """The `lanebench` script: `main`, then exit without the interpreter's teardown.
-
-    After a flow the process holds Prefect's, pandas' and GX's objects, and freeing them module
-    by module took 1.5 s after the last line was printed (measured on the 2-core rehearsal box,
-    docs/benchmarks.md). By then the run folder is complete and its servers are stopped; the
-    atexit handlers and the log handlers still run here, only the teardown is skipped.
-    """
+    """The `lanebench` script: `main`, then exit without the interpreter's teardown: freeing
+    Prefect's, pandas' and GX's objects took 1.5 s after the last line (docs/benchmarks.md). The
+    atexit and log handlers still run."""
     code = main()
     atexit._run_exitfuncs()  # what a normal exit runs first (logging.shutdown among them)
     for stream in (sys.stdout, sys.stderr):

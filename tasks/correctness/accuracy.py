@@ -1,21 +1,10 @@
 """Accuracy eval with truncation accounted for: a multiple-choice set through the lane's chat route.
 
 The seeds' raw GPQA-Diamond score of 64.6% was a truncation score: a third of the answers hit
-max_tokens mid-thought and were counted wrong. So this eval never gives a raw score without the
-share that was cut off: it asks every question (GPQA record shape: question, choices, answer) at
-`max_tokens`, re-asks the capped ones at `reask_max_tokens`, merges the re-asks back by question
-index, and reports five numbers, each with a binomial interval (Wilson, scipy):
-
-- raw: right at the first cap over all questions (what a naive harness prints);
-- truncated share: answers that hit the first cap;
-- floor: right after the re-ask over all questions, still-capped ones counted wrong (the score
-  is at least this at the higher cap);
-- still truncated: answers that hit even the higher cap;
-- right when finished: right over the answers that finished after the re-ask.
-
-It lives with the correctness stages (tasks/correctness/) because it judges what the served
-model answers through the same chat route, parsers and thinking switch the tool gate uses, and
-runs beside them on the booted server; it is a report, not a gate.
+max_tokens mid-thought. So no raw score without the share cut off: every question is asked at
+`max_tokens`, the capped ones re-asked at `reask_max_tokens` and merged back, and five numbers
+reported with Wilson intervals: raw, truncated share, floor (after the re-ask, still-capped counted
+wrong), still truncated, right when finished. A report, not a gate.
 """
 
 from __future__ import annotations

@@ -1,16 +1,9 @@
 """The needle ladder: can the lane find what was put in its context, at every size it claims?
 
-In the seeds long context was proven only by a hand-made ladder: three kinds of needle (one
-key; five keys; one key buried among distractors) at prompt sizes up to the pool's limit,
-18/18. Here the same ladder runs on the booted server every time: each kind at each rung,
-each prompt opening with a fresh nonce (no prefix cache may serve one rung from another),
-thinking off through the lane's declared switch, greedy. A rung passes when the answer holds
-the key(s) (and, among distractors, none of the wrong keys); an answer cut off by max_tokens
-is counted as truncated, apart from wrong ones.
-
-Rung sizes are tokens of the user message, counted by the server's own tokenizer when the
-adapter can ask it (an estimate of 4 characters per token otherwise); the prompt tokens the
-server reports (template included) are recorded beside them.
+Three kinds of needle (one key; five keys; one key among distractors) at each rung, each prompt led
+by a fresh nonce, thinking off, greedy. A rung passes when the answer holds the key(s) and none of
+the wrong keys; one cut off by max_tokens counts as truncated. Rung sizes are tokens of the user
+message by the server's tokenizer (else 4 characters per token).
 """
 
 from __future__ import annotations
@@ -81,11 +74,8 @@ def _sentence(rng: random.Random) -> str:
 
 
 def build(kind: NeedleKind, target: int, tag: str, count: Callable[[str], int], seed: int) -> Haystack:
-    """The user message for one rung: nonce, filler with the needles at their depths, the question.
-
-    Filler is added until the message reaches `target` tokens, then trimmed back under it.
-    Raises ValueError when even the needles and question alone exceed the rung.
-    """
+    """The user message for one rung: nonce, filler to just under `target` tokens with the needles at their
+    depths, the question; ValueError when the needles and question alone exceed the rung."""
     rng = random.Random(seed)
     needles, question, keys, wrong = _needles(kind, rng)
 
@@ -180,11 +170,8 @@ def run_ladder(base_url: str, engine: Engine, lane_name: str, lane: Lane, plan: 
                                   outcome="error", finish_reason=None, answer=hay, seconds=0.0))
             continue
         reply = next(replies)
-        if reply.ok:
-            outcome, found = judge(reply.content, hay.keys, hay.wrong, reply.finish_reason)
-            answer = reply.content
-        else:
-            outcome, found, answer = "error", 0, reply.shown()
+        outcome, found = judge(reply.content, hay.keys, hay.wrong, reply.finish_reason) if reply.ok else ("error", 0)
+        answer = reply.content if reply.ok else reply.shown()
         rows.append(NeedleRow(**common, message_tokens=hay.tokens, prompt_tokens=reply.prompt_tokens,
                               keys_expected=len(hay.keys), keys_found=found, outcome=outcome,
                               finish_reason=reply.finish_reason, answer=answer[:200], seconds=reply.seconds,

@@ -1,10 +1,7 @@
 """The correctness record of a lane: verdicts in the manifest, tables in `<lane>/correctness.md`.
 
-The correctness verdicts (agentic smoke, thinking switch, tool gate, needle ladder) are kept in
-the manifest under `flow.correctness.<lane>.gates`, beside the tool protocol and the held-out
-ledger, apart from the lane's declared boot gates (`lanes.<lane>.gates`). A failed one fails
-the lane like any gate and its line becomes the lane's reason. `section` renders verdicts and
-tables as markdown; `write` puts them in `<lane>/correctness.md` for report.md to include.
+The verdicts (agentic smoke, thinking switch, tool gate, needle ladder) live under
+`flow.correctness.<lane>.gates`, apart from the declared boot gates; a failed one fails the lane.
 """
 
 from __future__ import annotations
@@ -12,7 +9,7 @@ from __future__ import annotations
 import pandas as pd
 
 from tasks.record.markdown import table
-from tasks.record.manifest import CorrectnessEntry
+from tasks.record.manifest import ArtifactEntry, CorrectnessEntry
 from tasks.record.rows import GateResult
 from tasks.record.run_folder import RunFolder
 from tasks.correctness.tool_grader import MISS_KINDS, MISS_LABELS
@@ -35,12 +32,8 @@ def section(run: RunFolder, lane: str) -> list[str]:
     for gate in entry_ledger.gates:
         out.append(f"- {gate.kind} **{gate.gate}** {'passed' if gate.passed else 'FAILED'}: {gate.detail}")
     if "tools" in entries:
-        entry = entries["tools"]
-        out += ["", "### Tool-call gate" + (": QUARANTINED" if entry.validation == "failed" else ""), ""]
-        if entry.validation == "failed":
-            out += [f"- {f}" for f in entry.failed_expectations]
-        else:
-            df = pd.read_parquet(run.path / entry.path)
+        df = _heading(run, entries["tools"], "Tool-call gate", out)
+        if df is not None:
             kinds = [k for k in MISS_KINDS if df[k].sum() > 0]
             header = ["suite", "split", "solved", "%", *(MISS_LABELS[k] for k in kinds), "seconds", "$ / 1,000 solved"]
             rows = [[r.suite, r.split + (f" #{r.run_number}" if r.split == "held_out" else ""),
@@ -58,12 +51,8 @@ def section(run: RunFolder, lane: str) -> list[str]:
         if held and not held.run:
             out += [f"Held-out suite `{held.suite}` not run ({held.why})."]
     if "needles" in entries:
-        entry = entries["needles"]
-        out += ["", "### Needle ladder" + (": QUARANTINED" if entry.validation == "failed" else ""), ""]
-        if entry.validation == "failed":
-            out += [f"- {f}" for f in entry.failed_expectations]
-        else:
-            df = pd.read_parquet(run.path / entry.path)
+        df = _heading(run, entries["needles"], "Needle ladder", out)
+        if df is not None:
             rows = [[r.needle_kind, str(r.rung), str(r.target_tokens), str(r.message_tokens),
                      "" if pd.isna(r.prompt_tokens) else str(int(r.prompt_tokens)),
                      f"{r.keys_found}/{r.keys_expected}", f"**{r.outcome}**" if r.outcome != "pass" else "pass"]
@@ -73,6 +62,14 @@ def section(run: RunFolder, lane: str) -> list[str]:
             out += ["", "Each prompt opens with its own nonce; truncated = cut off by max_tokens before the keys "
                         "came back (counted apart from wrong answers)."]
     return out
+
+
+def _heading(run: RunFolder, entry: ArtifactEntry, title: str, out: list[str]) -> pd.DataFrame | None:
+    """The table's heading onto `out`; its rows, or None with its failed expectations listed (quarantined)."""
+    quarantined = entry.validation == "failed"
+    out += ["", f"### {title}" + (": QUARANTINED" if quarantined else ""), "",
+            *(f"- {f}" for f in entry.failed_expectations if quarantined)]
+    return None if quarantined else pd.read_parquet(run.path / entry.path)
 
 
 def write(run: RunFolder, lane: str) -> None:

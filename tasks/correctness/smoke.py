@@ -1,11 +1,9 @@
 """Agentic smoke gate: the booted server serves the workload the lane declares, not just text.
 
-"The bug that passed every benchmark" in the seeds: without `--tool-call-parser` and
-`--reasoning-parser` the server aced every throughput bench, plain chat worked, and agents
-broke silently (tool calls came back as text, chain-of-thought leaked into replies). So a
-lane that declares `agentic.tools` must answer one tool request with structured `tool_calls`,
-and a lane that declares `agentic.reasoning` must return reasoning apart from the content.
-Either failure fails the boot, quoting what came back.
+Without `--tool-call-parser` and `--reasoning-parser` a server aced every throughput bench while
+agents broke silently (tool calls as text, chain-of-thought in replies). So `agentic.tools` must
+yield structured `tool_calls`, `agentic.reasoning` reasoning apart from the content; either failure
+fails the boot, quoting what came back.
 """
 
 from __future__ import annotations
@@ -88,7 +86,7 @@ def smoke_gate(endpoint: Endpoint, lane: Lane) -> list[GateResult]:
         return []
     engine = engine_for(lane.engine)
     specs: list[RequestSpec] = []
-    judges = []
+    judges: list = []
     if agentic.tools:
         specs.append(engine.chat_request([{"role": "user", "content": TOOL_QUESTION}], TOOL_MAX_TOKENS,
                                          tools=[WEATHER_TOOL], tool_choice="auto",

@@ -1,11 +1,8 @@
 """Thinking switch check: does the lane's declared switch actually change the regime?
 
-The seeds found one chat template that honours `enable_thinking` and ignores
-`reasoning_effort`, and another that does the reverse: a client that sends the wrong switch
-silently gets the wrong regime, and nothing in a throughput bench shows it. For each switch
-the lane declares (`agentic.thinking_switch`), the check sends the same prompt twice, with the
-switch's "on" and "off" values as chat-template kwargs, and passes only when reasoning comes
-back with "on" and none with "off". A switch that is ignored fails with its name.
+One chat template honours `enable_thinking` and ignores `reasoning_effort`, another the reverse:
+the wrong switch silently gives the wrong regime. Each declared switch gets the same prompt twice,
+"on" and "off", and passes only when reasoning comes back with "on" and none with "off".
 """
 
 from __future__ import annotations
@@ -28,10 +25,7 @@ MAX_TOKENS = 48  # enough for reasoning to start; the check needs presence, not 
 
 
 def switch_kwargs(agentic: Agentic | None, regime: Literal["on", "off", "default"]) -> dict[str, Any] | None:
-    """Chat-template kwargs that put the lane in `regime`, through its first declared switch.
-
-    None when the lane declares no switch (or `default` is asked): the server's default applies.
-    """
+    """Chat-template kwargs that put the lane in `regime` through its first switch; None: the server's default."""
     if agentic is None or not agentic.thinking_switch or regime == "default":
         return None
     switch = agentic.thinking_switch[0]

@@ -1,17 +1,9 @@
 """The tool-call gate: a suite of tool requests on the booted server, graded, priced, under a pinned protocol.
 
-The seeds made tool calling "a claim, not a smoke test": a pinned protocol (T=0, tool_choice
-auto, a fixed reasoning setting, no retries, fixed concurrency), a dev suite scored every time,
-a frozen held-out sibling run rarely, misses sorted by kind, and the pass priced per 1,000
-solved from the box's hourly cost. Numbers compare candidates on this grader; they are not a
-leaderboard entry.
-
-- The protocol file (toolsuites/protocol.yaml) is read, validated and copied into the manifest
-  with its sha256, so every score says what it was measured under.
-- The held-out suite runs only when asked; each run records how many earlier runs of the same
-  suite bytes the artifacts folder holds, so a held-out score that was looked at many times
-  says so.
-- `strict` stays off unless the protocol says otherwise: the seeds lost 35 of 600 with it on.
+A pinned protocol (toolsuites/protocol.yaml, copied into the manifest with its sha256), a dev suite
+scored every time, a frozen held-out suite only when asked (each run counts the earlier runs of the
+same bytes), misses by kind, the pass priced per 1,000 solved. `strict` stays off unless the
+protocol says so: the seeds lost 35 of 600 with it on.
 """
 
 from __future__ import annotations
@@ -95,8 +87,7 @@ REASK_FACTOR = 4
 def reask_truncated(base_url: str, engine: Engine, lane_name: str, cases: list[ToolCase],
                     records: list[ToolCaseRecord], suite: str, split: Literal["dev", "held_out"],
                     protocol: ToolProtocol, lane: Lane) -> dict[str, Any]:
-    """Ask the cases cut at max_tokens again at a higher cap (within the lane's context) and
-    merge by case id: raw, floor and finished-and-right, as the seeds did for GPQA."""
+    """Ask the cases cut at max_tokens again at a higher cap (within the context), merged by case id."""
     cut = {r.case_id for r in records if r.kind == "truncated"}
     misses = sum(1 for r in records if not r.solved)
     out: dict[str, Any] = {"truncated_share": len(cut) / len(records) if records else 0.0,
@@ -150,7 +141,7 @@ def _pct(v: float | None) -> str:
 
 
 def gate_result(plan: ToolGatePlan, row: ToolGateRow) -> GateResult:
-    """The dev score gates the lane when `min_solved_pct` is declared; otherwise it is reported only."""
+    """The dev score gates the lane when `min_solved_pct` is declared; otherwise it is a report."""
     threshold = plan.min_solved_pct if row.split == "dev" else None
     passed = threshold is None or row.solved_pct >= threshold
     tail = "report only" if threshold is None else f"required >= {threshold:g}%: {'passed' if passed else 'failed'}"

@@ -1,10 +1,8 @@
 """The tool-call grader: AST-style checks of a server's structured `tool_calls` against possible answers.
 
-Suites are BFCL-shaped (toolsuites/README.md): a question, the function definitions offered,
-and per expected call the acceptable values of each parameter (`""` among them: the parameter
-may be left out). The checks follow BFCL's AST checker, so a score here means what a BFCL
-score means, and every miss is put in exactly one kind, so a night's misses can be read as
-"the model got an argument wrong" or "the server never parsed a call":
+Suites are BFCL-shaped (toolsuites/README.md): per expected call the acceptable values of each
+parameter (`""` among them: it may be left out). The checks follow BFCL's AST checker, and every
+miss is put in exactly one kind:
 
     http_error          the request was refused or failed (the protocol never retries)
     truncated           the reply hit max_tokens before a complete call came back
@@ -16,12 +14,10 @@ score means, and every miss is put in exactly one kind, so a night's misses can 
     unexpected_argument a parameter the function does not take, or the answer does not allow
     wrong_value         a value (or its type) outside the acceptable ones
 
-Rules taken from BFCL (bfcl_eval/eval_checker/ast_eval/ast_checker.py): an int is accepted
-for a float parameter; strings compare after removing spaces and `,./-_*^`, lowercasing and
-turning `'` into `"`; lists compare element-wise after the same normalisation; dicts key by
-key; a value of another type than the schema says is still compared when it has the type of
-the possible answers (BFCL's "variable" case). Function names compare after the sanitisation
-OpenAI-style servers require (`math.gcd` is offered and answered as `math_gcd`).
+BFCL's rules (bfcl_eval/eval_checker/ast_eval/ast_checker.py): an int is accepted for a float;
+strings compare after `standardize`, lists element-wise, dicts key by key; a value of another type
+than the schema's is compared when it has the answers' type ("variable" case). Function names
+compare after OpenAI-style sanitisation (`math.gcd` answered as `math_gcd`).
 """
 
 from __future__ import annotations
@@ -122,18 +118,12 @@ def load_suite(path: str | Path) -> list[ToolCase]:
 
 def merge_bfcl(questions: str | Path, answers: str | Path, category: Category) -> list[dict[str, Any]]:
     """BFCL's two files (questions with functions; possible answers) -> suite lines of one category."""
-    truth = {}
-    for line in Path(answers).read_text().splitlines():
-        if line.strip():
-            row = json.loads(line)
-            truth[row["id"]] = row["ground_truth"]
-    out = []
-    for line in Path(questions).read_text().splitlines():
-        if line.strip():
-            row = json.loads(line)
-            out.append({"id": row["id"], "category": category, "question": row["question"],
-                        "function": row["function"], "ground_truth": truth[row["id"]]})
-    return out
+    def rows(path: str | Path) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+    truth = {row["id"]: row["ground_truth"] for row in rows(answers)}
+    return [{"id": row["id"], "category": category, "question": row["question"], "function": row["function"],
+             "ground_truth": truth[row["id"]]} for row in rows(questions)]
 
 
 # --- What is sent: OpenAI tools from BFCL definitions ----------------------------------------
@@ -152,29 +142,22 @@ def wire_name(name: str) -> str:
 def _json_schema(schema: Any) -> Any:
     if not isinstance(schema, dict):
         return schema
-    out: dict[str, Any] = {}
-    for key, value in schema.items():
+    def converted(key: str, value: Any) -> Any:
         if key == "type" and isinstance(value, str):
-            out[key] = _TO_JSON_SCHEMA.get(value, value)
-        elif key == "properties" and isinstance(value, dict):
-            out[key] = {k: _json_schema(v) for k, v in value.items()}
-        elif key in ("items", "additionalProperties"):
-            out[key] = _json_schema(value)
-        else:
-            out[key] = value
-    return out
+            return _TO_JSON_SCHEMA.get(value, value)
+        if key == "properties" and isinstance(value, dict):
+            return {k: _json_schema(v) for k, v in value.items()}
+        return _json_schema(value) if key in ("items", "additionalProperties") else value
+
+    return {key: converted(key, value) for key, value in schema.items()}
 
 
 def openai_tools(case: ToolCase, strict: bool = False) -> list[dict[str, Any]]:
     """The case's functions as an OpenAI `tools` list; `strict` only when the protocol says so."""
-    tools = []
-    for f in case.function:
-        fn: dict[str, Any] = {"name": wire_name(f["name"]), "description": f.get("description", ""),
-                              "parameters": _json_schema(f.get("parameters", {"type": "object", "properties": {}}))}
-        if strict:
-            fn["strict"] = True
-        tools.append({"type": "function", "function": fn})
-    return tools
+    return [{"type": "function", "function": {
+        "name": wire_name(f["name"]), "description": f.get("description", ""),
+        "parameters": _json_schema(f.get("parameters", {"type": "object", "properties": {}})),
+        **({"strict": True} if strict else {})}} for f in case.function]
 
 
 # --- Grading ------------------------------------------------------------------------------------

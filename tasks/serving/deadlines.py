@@ -1,18 +1,16 @@
 """A dead or late server is named at once: the lane fails within a known time with the stage
 and the reason, and the other lanes go on.
 
-A hung server (SIGSTOP), a cut link or a stalled worker: llama-server sends an SSE ping every
-30 s, so a read timeout alone never fires on a stopped stream, and each request runs under a
-wall deadline (tasks/client/deadline.py). Between waves and after each measuring stage the server
-is checked (`check_alive`, through `check(endpoint)` of tasks/serving/live.py): process gone or
-health silent ends the lane naming what happened, instead of sending the remaining waves to a
-dead server. A request past its deadline ends the lane at the next check too: a server hung on
-a cut link or a lost worker still answers its health, so the deadline is the only witness.
+llama-server sends an SSE ping every 30 s, so a read timeout never fires on a stopped stream: each
+request runs under a wall deadline (tasks/client/deadline.py). Between waves the server is checked:
+process gone or health silent ends the lane, naming it. A request past its deadline ends it at the
+next check too: a server hung on a cut link or a lost worker still answers its health.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 
 import httpx
 
@@ -27,19 +25,19 @@ class ServerDied(RuntimeError):
     """The lane's server is gone or not answering: the lane ends here, with this reason."""
 
 
+@dataclass
 class Late:
-    """The lane's requests that ran past their wall deadline or stalled, noted as the records
-    arrive (`keep` of tasks/serving/live.py: every judged record a task keeps passes here first).
-    Holds the lane's stall bounds once its warmup has measured its steady state."""
+    """The lane's requests that ran past their wall deadline, stalled or got an HTTP 5xx, noted as the
+    records arrive; the lane's stall bounds once its warmup has measured its steady state."""
 
-    def __init__(self) -> None:
-        self.count, self.deadline_s = 0, 0.0
-        self.stalls: list[str] = []
-        self.stall_s: float | None = None
-        self.first_token_stall_s: float | None = None
-        self.basis = ""  # how the bounds were derived, in words
-        self.server_errors: dict[int, int] = {}  # HTTP 5xx status -> requests that got it
-        self.first_server_error = ""
+    count: int = 0
+    deadline_s: float = 0.0
+    stalls: list[str] = field(default_factory=list)
+    stall_s: float | None = None
+    first_token_stall_s: float | None = None
+    basis: str = ""  # how the bounds were derived, in words
+    server_errors: dict[int, int] = field(default_factory=dict)  # HTTP 5xx status -> requests that got it
+    first_server_error: str = ""
 
     def set_stall_bounds(self, gaps: list[float], ttfts: list[float]) -> str | None:
         """Bounds from the warm steady waves (tasks/client/deadline.py); returns them in words."""
@@ -80,8 +78,8 @@ class Late:
 
 
 def check_alive(server, engine_health_path: str = "/health", late: Late | None = None) -> None:
-    """Raise ServerDied when the server's process has exited or its health does not answer in time;
-    with `late` holding requests past their deadline, raise in any case, naming the deadline."""
+    """ServerDied when the server's process exited or its health is silent; with `late` holding late
+    requests, in any case, naming them."""
     try:
         _check_alive(server, engine_health_path)
     except ServerDied as e:

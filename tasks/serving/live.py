@@ -1,15 +1,9 @@
 """A served lane's live handles: kept in the process that serves it, found there by lane name.
 
-Prefect tasks take values Prefect can describe in its UI (tests/test_task_inputs.py): the lane's
-`Endpoint` (lane, engine, address, log), the run folder's path, a host's name. What cannot be
-described stays here: the server with its processes (`Server`), where it runs and through which
-transports (`Placement`, `Worker`, the lane's `Reach`), and the lane's `Late` tracker (requests
-past their wall deadline, tasks/serving/deadlines.py).
-
-`served_lane` (tasks/stages/serve.py) owns the registry: it registers a lane once it has reached
-its hosts, the boot task adds the healthy server, and teardown forgets the lane on every path.
-A measuring task checks its lane with `check(endpoint)` between waves and keeps its raw records
-with `keep(run_dir, endpoint, record)`.
+Prefect tasks take values Prefect can show (tests/test_task_inputs.py): an `Endpoint`, the run
+folder's path, a host's name. What cannot be shown stays here: the `Server` with its processes,
+its `Placement` and transports, and the lane's `Late` tracker. `served_lane` (tasks/stages/serve.py)
+registers a lane once it reached its hosts, boot adds the healthy server, teardown forgets it.
 """
 
 from __future__ import annotations
@@ -47,8 +41,7 @@ class Endpoint(BaseModel):
 
 @dataclass
 class Worker:
-    """A process the lane's server depends on, on another host: an RPC worker over a link, or
-    node `rank` of a multi-node lane (bare, or in the lane's image on that host's docker)."""
+    """A process the lane's server depends on, on another host: an RPC worker, or node `rank` of a multi-node lane."""
 
     host_name: str
     transport: Transport
@@ -61,15 +54,13 @@ class Worker:
 
 @dataclass
 class Placement:
-    """Where a lane's server runs: the host's transport; for a container lane the pinned image
-    (already pulled and verified); the workers to start first. Default: this machine."""
+    """Where a lane's server runs (default: this machine), its pulled image, the workers to start first."""
 
     host_name: str = "localhost"
     host: Host = field(default_factory=Host)
     transport: Transport = field(default_factory=LocalTransport)
     image: str | None = None
     workers: list[Worker] = field(default_factory=list)
-    # The server's (node 0's) argv and environment as `lanebench plan` prints them (tasks/stages/topology.py launches).
     argv: list[str] | None = None
     env: dict[str, str] = field(default_factory=dict)
 
@@ -161,8 +152,7 @@ def server(endpoint: Endpoint) -> Server:
 
 
 def check(endpoint: Endpoint) -> None:
-    """Between waves and after a stage: raise ServerDied when the server is gone or silent, or a
-    judged request ran past its wall deadline (tasks/serving/deadlines.py)."""
+    """Between waves and after a stage: ServerDied when the server is gone or silent, or a request ran late."""
     check_alive(server(endpoint), late=handles(endpoint.lane).late)
 
 
@@ -172,9 +162,8 @@ def keeper(run_dir: str, endpoint: Endpoint, judged: bool = True) -> Callable[[R
 
 
 def keep(run_dir: str, endpoint: Endpoint, record: RequestRecord, judged: bool = True) -> None:
-    """One raw request record into the lane's `requests.jsonl`, as it arrives. A judged record is
-    noted by the lane's `Late` tracker first (a queued one may wait long: not judged). A full disk
-    is not raised here: the lane ends at its next step with that one line (`run.write_error`)."""
+    """One raw request record into the lane's `requests.jsonl`, a judged one noted by `Late` first. A
+    full disk is not raised here: the lane ends at its next step with that one line (`run.write_error`)."""
     if judged:
         handles(endpoint.lane).late.note(record)
     run = RunFolder.opened(run_dir)

@@ -1,9 +1,7 @@
 """Acceptance probe: speculative acceptance per prompt class, over the probe window only.
 
-Counters are scraped right before and right after each class's window and only the
-deltas count (a running average since boot, like SGLang's avg_spec_accept_length, would
-mix in warmup and every other class). Requests run one at a time so the window holds
-nothing else. The engine adapter turns the window into lanebench's one definition.
+Only counter deltas over each class's window count (a running average since boot, like SGLang's
+avg_spec_accept_length, mixes in warmup and other classes); requests run one at a time.
 """
 
 from __future__ import annotations
@@ -47,29 +45,21 @@ class PromptWindow(BaseModel):
 
 
 def overrun(w: PromptWindow) -> float:
-    """Accepted draft tokens the counters claim beyond what the request delivered.
-
-    Each decode step yields one token of its own plus the draft tokens it accepted, so a
-    request's `output_tokens - 1` decoded tokens hold at most `output_tokens - 1 - steps`
-    accepted ones. llama-server never exceeds that (it shortens its last draft to the budget);
-    vLLM drafts K to the end and counts the last step's acceptances even where max_tokens cuts
-    them off (seen on the CPU build: about one token per request at max_tokens 96). Tokens per
-    target pass count only what was delivered."""
+    """Accepted draft tokens the counters claim beyond what the request delivered: `output_tokens - 1`
+    decoded tokens hold at most `output_tokens - 1 - steps` accepted ones. llama-server shortens its
+    last draft to the budget; vLLM drafts K to the end and counts acceptances max_tokens cut off
+    (CPU build: about one token per request at max_tokens 96)."""
     return max(0.0, w.accepted - max(w.output_tokens - 1 - w.steps, 0))
 
 
 def budget_cut(w: PromptWindow, k: int) -> tuple[float, float]:
     """(steps, accepted) of the draft step cut short by the token budget, (0, 0) when none.
 
-    llama-server drafts at most `n_remaining - 1` tokens (server-context.cpp `get_n_draft_max`),
-    so near max_tokens the last draft is short and its step still counts: the target as its
-    own drafter reads 4.70 at K=4, not 5.00. With every other draft full width, the shortfall
-    below steps*K is that last draft's missing width; it is removed assuming it accepted all it
-    drafted (never flattering what is left). A shortfall of K or more has other causes (a draft
-    probability floor): nothing is removed then."""
-    if w.budget_hit and w.steps >= 1 and overrun(w) > 0:
-        # vLLM drafts full width to the end and counts what its last step accepted past
-        # max_tokens: that step is cut too, removed the same conservative way.
+    llama-server drafts at most `n_remaining - 1` tokens (server-context.cpp `get_n_draft_max`), so
+    the last draft is short and still counts (the target as its own drafter reads 4.70 at K=4, not
+    5.00). The shortfall below steps*K is removed as one step that accepted all it drafted; a
+    shortfall of K or more has other causes (a draft probability floor) and removes nothing."""
+    if w.budget_hit and w.steps >= 1 and overrun(w) > 0:  # vLLM's last step counted past max_tokens
         return 1.0, min(w.accepted, float(k))
     if not w.budget_hit or w.draft_tokens is None or w.steps <= 1:
         return 0.0, 0.0
@@ -80,8 +70,7 @@ def budget_cut(w: PromptWindow, k: int) -> tuple[float, float]:
 
 
 def _interval(prompts: list[PromptWindow]) -> tuple[float | None, float | None]:
-    """95% bootstrap interval of acceptance length over prompts (greedy repeats are identical:
-    an interval over repeats has zero width and says nothing about the probe set)."""
+    """95% bootstrap interval of acceptance length over prompts (greedy repeats are identical)."""
     from scipy.stats import bootstrap
 
     used = [p for p in prompts if p.steps > 0]
@@ -105,8 +94,8 @@ def draft_shape(engine_name: str, argv: list[str]) -> str:
 
 def summarize(lane_name: str, prompt_class: str, k: int, windows: list[Acceptance],
               prompts: list[PromptWindow] | None = None, shape: str = "chain") -> AcceptanceRow:
-    """Median over repeats; the per-position median keeps the curve non-increasing. With the
-    per-prompt windows: tokens per target pass, full-step acceptance, the interval over prompts."""
+    """Median over repeats (the per-position median keeps the curve non-increasing); with per-prompt
+    windows also tokens per target pass, full-step acceptance and the interval over prompts."""
     lengths = [w.acceptance_length for w in windows]
     width = max(len(w.per_position) for w in windows)
     per_pos = [statistics.median([w.per_position[i] if i < len(w.per_position) else 0.0 for w in windows])
@@ -147,8 +136,7 @@ def summarize(lane_name: str, prompt_class: str, k: int, windows: list[Acceptanc
 
 
 def _fence(endpoint: Endpoint, interval_s: float | None) -> int | None:
-    """Wait out one log interval (plus slack), so everything before now has been logged; the
-    log's length then. None: the engine logs no acceptance."""
+    """The log's length once one log interval (plus slack) has passed; None: the engine logs no acceptance."""
     if interval_s is None:
         return None
     time.sleep(interval_s * 1.2 + 0.3)
@@ -171,15 +159,10 @@ def acceptance_probe(endpoint: Endpoint, run_dir: str, k: int, classes: dict[str
                      repeats: int, log_interval_s: float | None = None,
                      shape: str = "chain") -> tuple[list[AcceptanceRow], list[str]]:
     """Rows per class, and the classes whose windows held no verification step at all.
-    `shape`: how the server drafts (`draft_shape`), carried on every row.
 
-    Each request is its own counter window too (scraped between requests, which run one at a
-    time), so per-prompt acceptance, budget-cut drafts and tokens per target pass are exact.
-    Before each window the server is checked (tasks/serving/deadlines.py); every record is kept.
-
-    `log_interval_s`: the server logs its own acceptance this often (Engine.acceptance_log_interval_s).
-    The class's window is then fenced by a wait of one interval on each side, so the lines
-    printed in between cover exactly its requests, and the row carries the engine's figure."""
+    Each request is its own counter window too, so per-prompt figures are exact. With
+    `log_interval_s` (the engine logs its own acceptance that often) each class's window is fenced
+    by one interval on each side, so the row also carries the engine's figure."""
     engine, lane_name = engine_for(endpoint.engine), endpoint.lane
     scrape = scrape_metrics.fn  # between requests: a plain call, not one task run per request
     keep = live.keeper(run_dir, endpoint)

@@ -1,7 +1,6 @@
 """Boot: start the server, wait for health within a deadline, keep the whole boot log.
 
-The boot facts (running-request cap, context per slot, speculation) come from the log the
-server wrote, never from the flags we passed: in the seeds a state-cache cap of 7 hid
+Boot facts come from the server's log, never from the flags passed: a state-cache cap of 7 hid
 behind a bench that asked for 16.
 """
 
@@ -46,8 +45,8 @@ _ERROR_LINE = re.compile(r"error|couldn't|could not|cannot|can't|failed|unable|a
 
 
 def server_words(path: Path) -> str:
-    """The server's first error line of its last 8 (else its last line): the cause, quoted in one
-    line (llama-server says `couldn't bind HTTP server socket`, then `exiting due to HTTP server error`)."""
+    """The server's first error line of its last 8 (else its last line): llama-server says `couldn't bind
+    HTTP server socket`, then `exiting due to HTTP server error`."""
     lines = [ln.strip() for ln in _log_tail(path, 200).splitlines() if ln.strip()][-8:]
     said = next((ln for ln in lines if _ERROR_LINE.search(ln)), lines[-1] if lines else "(log empty)")
     return said[:300]
@@ -69,9 +68,8 @@ def _exited(server: Server, code: int, port: int) -> BootError:
 
 
 def _listening(server: Server, port: int) -> bool | None:
-    """Whether the lane's own server listens on `port` (None: its spawn cannot be asked). Another
-    process on the port fails the boot before any request reaches it, with our server's own words
-    when it exits over it (llama-server: `couldn't bind HTTP server socket`)."""
+    """Whether the lane's own server listens on `port` (None: cannot be asked); another process there fails
+    the boot before any request reaches it."""
     found = server.process.listeners(port)
     if found is None:
         return None
@@ -87,27 +85,22 @@ def _listening(server: Server, port: int) -> bool | None:
 
 
 def launch_argv(lane: Lane, binary: str, address: str, host: Host) -> list[str]:
-    """The engine's launch command with the host's offload (tasks/stages/topology.py, which
-    `lanebench plan` prints from too)."""
+    """The engine's launch command with the host's offload (tasks/stages/topology.py)."""
     return topology.launch_argv(lane, engine_for(lane.engine), binary, address, host)
 
 
 def process_env(lane: Lane, host: Host, env: dict[str, str] | None) -> dict[str, str]:
-    """The environment a host process of the lane starts with: on a host declared `gpus: 0`,
-    the engine's switch that hides the GPUs; the process's own env (the lane's, with its node's
-    over it: tasks/stages/topology.py) last, so a lane that names CUDA_VISIBLE_DEVICES keeps it,
-    as its own offload flags win."""
+    """A host process's environment: on `gpus: 0` the engine's switch that hides the GPUs, the process's
+    own env over it (a lane that names CUDA_VISIBLE_DEVICES keeps it)."""
     hidden = engine_for(lane.engine).cpu_only_env() if host.gpus == 0 else {}
     return {**hidden, **(env or {})}
 
 
 def start(lane_name: str, lane: Lane, binary: str, address: str, log_path: Path,
           placement: Placement | None = None) -> Server:
-    """Start the workers, then the server (a process on the host, or the lane's container).
-    A leftover of a crashed run under the same name is stopped first."""
+    """Start the workers, then the server (a process or the lane's container); a crashed run's leftover
+    under the same name is stopped first. Without a placement (scripts, tests): this machine."""
     where = placement or Placement()
-    # The head (node 0, on the lane's host) as the lane's placement built it; a lone server
-    # started without one (scripts, tests) gets the same build for `address` on this machine.
     argv, env = where.argv, where.env
     if argv is None:
         head = topology.launches(lane, engine_for(lane.engine), {lane.host: where.host.model_copy(update={"address": address})},
@@ -192,8 +185,8 @@ def stop(server: Server, grace_s: float = 10.0) -> None:
 
 @task(name="boot", cache_policy=NO_CACHE)
 def boot(lane_name: str, lane: Lane, binary: str, address: str, log_path: Path) -> tuple[Endpoint, BootFacts, float]:
-    """Start the lane's server where its placement says (tasks/serving/live.py) and wait for health;
-    the healthy server joins the lane's live handles. Returns its endpoint, boot facts and boot seconds."""
+    """Start the lane's server where its placement says and wait for health; returns its endpoint, boot
+    facts and boot seconds."""
     handles = live.handles(lane_name)
     server = start(lane_name, lane, binary, address, log_path, handles.placement)
     try:
@@ -206,9 +199,8 @@ def boot(lane_name: str, lane: Lane, binary: str, address: str, log_path: Path) 
 
 
 def read_facts(endpoint: Endpoint, engine_name: str, carry: BootFacts | None = None) -> BootFacts:
-    """Boot facts from the log, completed from the info endpoint. Read again after the first
-    requests: some servers (llama.cpp) name the speculation type only once a slot has run.
-    `carry`: an earlier reading whose counter sources (the boot gates') are kept."""
+    """Boot facts from the log, completed from the info endpoint (llama.cpp names the speculation type only
+    once a slot has run: read again then). `carry`: an earlier reading whose counter sources are kept."""
     engine = engine_for(engine_name)
     log, info = endpoint.log(), None
     if engine.info_path:

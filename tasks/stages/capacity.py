@@ -1,17 +1,12 @@
 """Capacity plan: bytes per seat, from what the server said at boot.
 
-A lane's memory is one budget spent two ways: seats (running requests, and on hybrid models a
-recurrent state per request) and context (the KV pool). The seeds found the trade by hand: 640
-state slots left a 201K-token pool, about 4K tokens per user at 48 users; 254 slots gave 56K at
-32. This stage writes that trade for the lane as booted: for each number of users, the context
-each gets, from the boot facts only (running-request cap, context per slot, KV pool tokens,
-per-request state, memory where the server states it). It runs before warmup and flags a lane
-whose declared concurrency times its typical prompt+output length does not fit, before any
-curve is measured on it.
+Memory is one budget spent on seats (running requests; on hybrid models a recurrent state each)
+and context (the KV pool): 640 state slots left a 201K-token pool, about 4K tokens per user at 48
+users; 254 slots gave 56K at 32. For each number of users, the context each gets, from the boot
+facts only; a declared concurrency whose typical request does not fit is flagged before warmup.
 
-Two pool shapes: llama.cpp gives each slot its own `context_per_slot` (a user never gets more,
-and the pool is slots x that); SGLang and vLLM page one shared pool (`max_total_num_tokens`,
-`kv_cache_tokens`) that users divide, each capped by the context length.
+Pool shapes: llama.cpp gives each slot its own `context_per_slot`; SGLang and vLLM page one shared
+pool (`max_total_num_tokens`, `kv_cache_tokens`) that users divide, each capped by the context length.
 """
 
 from __future__ import annotations
@@ -73,8 +68,7 @@ def _state(facts: BootFacts, users: int) -> tuple[int | None, int | None]:
 
 
 def typical_tokens(lane: Lane, base_url: str, engine: Engine, prompts: list[Prompt]) -> int:
-    """The lane's typical request: its declared length, else its decode prompts (longest, counted by
-    the server's tokenizer where the adapter can ask it) plus the decode max_tokens."""
+    """The lane's typical request: its declared length, else its longest decode prompt plus decode max_tokens."""
     plan = lane.bench.capacity
     if plan is not None and plan.typical_tokens is not None:
         return plan.typical_tokens

@@ -1,11 +1,8 @@
 """Decode curve: aggregate and per-user speed at each load level, repeated.
 
-Each level (a closed-loop concurrency, or an open-loop request rate when the plan sweeps
-`rates`) runs `repeats` measured waves after warmup. Aggregate tok/s is a wave's tokens inside
-its steady window over the window's length (docs/metrics.md); the row reports the median over
-repeats with min, max and spread, and the all-in wave rate beside it. TTFT, TPOT and ITL pool
-every measured request at that level; a level where the client itself was the bottleneck is
-flagged (client_saturated).
+Each level (a concurrency, or an open-loop request rate) runs `repeats` measured waves. Aggregate
+tok/s is a wave's tokens inside its steady window over its length (docs/metrics.md), the median
+over repeats; TTFT, TPOT and ITL pool every request at the level.
 """
 
 from __future__ import annotations
@@ -49,9 +46,8 @@ def summarize(lane_name: str, concurrency: int, waves: list[WaveResult], ttft_bo
     # per request, tokens after the first over the time after the first: 1 / TPOT (docs/metrics.md)
     per_user = [1.0 / r.tpot_s for r in ok if r.tpot_s]
     if not per_user:
-        # No request of the level had a TPOT: each reply arrived in one read (a near-perfect drafter
-        # at a few tokens, or coalesced events). Tokens over the whole latency is then the only
-        # per-user figure, a lower bound (it counts TTFT); the row's tokens per chunk says why.
+        # No TPOT: each reply came in one read (a near-perfect drafter, coalesced events). Tokens
+        # over the whole latency is then the only per-user figure, a lower bound (it counts TTFT).
         per_user = [r.output_tokens / r.e2el_s for r in ok if r.e2el_s and r.output_tokens]
     ttft = metrics.percentiles([r.ttft_s for r in ok if r.ttft_s is not None])
     tpot = metrics.percentiles([r.tpot_s for r in ok if r.tpot_s is not None])
@@ -103,8 +99,7 @@ def summarize(lane_name: str, concurrency: int, waves: list[WaveResult], ttft_bo
 
 
 def _server_rates(waves: list[WaveResult], windows: list[metrics.Window]) -> list[float]:
-    """Per wave with a steady window: the tokens the server's own timings put in that window over
-    its length (metrics.server_window_tokens): the engine's side of the aggregate."""
+    """Per wave with a steady window: the server's own timings' tokens in it over its length."""
     rates = []
     for w, win in zip(waves, windows):
         tokens = metrics.server_window_tokens(w.records, win) if win.steady else None
@@ -115,8 +110,7 @@ def _server_rates(waves: list[WaveResult], windows: list[metrics.Window]) -> lis
 
 def _open_loop(waves: list[WaveResult]) -> dict[str, Any]:
     """The rate the waves really sent at, and the load generator's own lateness per request."""
-    rates = []
-    late = []
+    rates, late = [], []
     for w in waves:
         sent = sorted(r.sent_s for r in w.records if r.sent_s is not None)
         if len(sent) > 1 and sent[-1] > sent[0]:
@@ -138,8 +132,7 @@ def levels(plan: DecodePlan) -> list[tuple[int, float | None]]:
 @task(name="decode-curve", cache_policy=NO_CACHE)
 def decode_curve(endpoint: Endpoint, run_dir: str, plan: DecodePlan, repeats: int, prompts: list[Prompt],
                  unstable_spread_pct: float = DEFAULT_UNSTABLE_SPREAD_PCT) -> list[DecodeRow]:
-    """Every level's waves; before each wave the server is checked (a dead or hung one, or a request
-    past its deadline, ends the lane there: tasks/serving/deadlines.py), each record kept as it arrives."""
+    """Every level's waves, the server checked before each (tasks/serving/deadlines.py), each record kept."""
 
     def each_wave(what: str) -> None:
         live.check(endpoint)
@@ -152,8 +145,7 @@ def decode_curve(endpoint: Endpoint, run_dir: str, plan: DecodePlan, repeats: in
 def measure(endpoint: Endpoint, plan: DecodePlan, repeats: int, prompts: list[Prompt],
             on_record: Callable[[RequestRecord], None], on_wave: Callable[[str], None],
             unstable_spread_pct: float = DEFAULT_UNSTABLE_SPREAD_PCT) -> list[DecodeRow]:
-    """The curve itself, records and the moment before each wave handed to the caller (the decode
-    curve's task, the queueing levels)."""
+    """The curve itself, records and the moment before each wave handed to the caller."""
     engine, lane_name = engine_for(endpoint.engine), endpoint.lane
     late = live.handles(lane_name).late if live.served(lane_name) else None
     rows = []

@@ -1,10 +1,9 @@
 """Boot gates: checks on the booted server that must pass before anything is measured.
 
-- The counter gate exists because a patched verify path once never ran
-  (`steps=0 fallback_full_width=4097`) and passed every output-equality check; here, a
-  drafter loaded without speculation enabled drafts nothing, and only a counter shows it.
-- The capacity gate exists because a state cache capped a server at 7 running requests
-  while the bench asked for 16, and the table reported 16.
+- Counter gate: a patched verify path once never ran (`steps=0 fallback_full_width=4097`) and
+  passed every output-equality check; a drafter loaded without speculation drafts nothing.
+- Capacity gate: a state cache capped a server at 7 running requests while the bench asked
+  for 16, and the table reported 16.
 """
 
 from __future__ import annotations
@@ -89,12 +88,9 @@ def judge(name: str, kind: str, value: float | None, op: str, threshold: float |
 @task(name="counter-gate", cache_policy=NO_CACHE)
 def counter_gate(gate: CounterGate, endpoint: Endpoint, lane: Lane, probe: Prompt,
                  facts: BootFacts | None = None) -> tuple[GateResult, RequestRecord]:
-    """Send a probe request, then read the counter: a metric's increase over the probe, or a log value.
-    Returns the result and the probe's record (its speculation fields feed the draft-width gate).
-
-    With the boot facts at hand the counters become one more source: a drafter the log or
-    config says loaded whose counter never moved is named in the detail (and in the facts'
-    disagreements), so a "loaded" that hangs on one log line cannot pass unseen."""
+    """Send a probe request, then read the counter (a metric's increase over the probe, or a log value);
+    returns the result and the probe's record. With the boot facts the counters are one more source:
+    a drafter said loaded whose counter never moved is named in the detail."""
     before = scrape_metrics(endpoint)
     sent = probe_request(endpoint, probe)
     after = scrape_metrics(endpoint)
@@ -137,11 +133,8 @@ def conservative_cap(facts: BootFacts) -> tuple[int | None, str]:
 
 @task(name="capacity-gate", cache_policy=NO_CACHE)
 def capacity_gate(gate: CapacityGate, lane: Lane, facts: BootFacts) -> GateResult:
-    """The bench's highest concurrency must fit the deployment's running-request cap (per worker x
-    data-parallel workers), the most conservative reading when the server's sources disagree.
-
-    Levels the lane declares `beyond_cap: queue` are let through (they are measured as a queue,
-    labelled so, and never judged for speed); every other level must fit."""
+    """The bench's highest concurrency must fit the running-request cap (per worker x data-parallel
+    workers, the lowest source); `beyond_cap: queue` levels are let through (measured as a queue)."""
     queued = lane.bench.decode.queue_levels()
     wanted = max(lane.bench.decode.gated_levels())
     cap, why = conservative_cap(facts)

@@ -1,8 +1,5 @@
-"""The files a lane names exist and parse before anything runs: prompt sets, correctness inputs
-(MCQ file, chat template, tool suites, tool protocol) and model files.
-
-Above the parsers it calls (client prompts, correctness suites), so the inventory loader below
-them stays a loader of `hosts.yaml` alone.
+"""The files a lane names exist and parse before anything runs: prompt sets, correctness inputs and
+model files (here, above the parsers, so the inventory loader stays a loader of `hosts.yaml` alone).
 """
 
 from __future__ import annotations
@@ -20,11 +17,7 @@ from tasks.inventory.models import Inventory, Lane, load_protocol
 
 
 def check_prompt_files(inventory: Inventory, path: str | Path) -> None:
-    """Prompt sets are input, not preconditions: a missing one is a ConfigError before anything runs.
-
-    So are the correctness gates' inputs: chat template, tool suites and tool protocol must exist
-    and parse (a bad suite line is named by line number).
-    """
+    """Prompt sets and correctness inputs are input, not preconditions: a missing or bad one is a ConfigError."""
     base = Path(path).resolve().parent
     for name, lane in inventory.lanes.items():
         files = {f"lanes.{name}.bench.decode.prompts": lane.bench.decode.prompts}
@@ -56,11 +49,9 @@ def _escapes(rel: str) -> bool:
 
 
 def check_model_files(name: str, lane: Lane, inventory: Inventory, base: Path, path: str | Path) -> None:
-    """Model and drafter paths: no relative path out of the inventory's folder (an absolute path
-    says where the file is on purpose); on this machine, a file that exists must be a regular
-    file, and one for an engine that names its format's magic bytes (llama.cpp: GGUF) must start
-    with them, before anything boots. A
-    missing file stays a precondition (the lane is skipped with its reason)."""
+    """Model and drafter paths: no relative path out of the inventory's folder; on this machine a file
+    that exists must be regular and start with its engine's magic bytes (GGUF). A missing file stays
+    a precondition (the lane is skipped)."""
     host = inventory.hosts[lane.host]
     for role, ref in (("model", lane.model), ("drafter", lane.drafter)):
         if ref is None:

@@ -1,13 +1,8 @@
 """Distance to the physical limit: a decode-curve row as a share of the memory-bandwidth limit.
 
-At concurrency 1 a dense model's decode is bound by memory: each step reads every weight once,
-so the fastest one stream can go is bandwidth / bytes read per step. The share is
-(bytes read per step x steps per second) / bandwidth, with bytes per step taken as the model
-file's size (the weights; a few header bytes too many, and the token-embedding table counted
-though decode gathers one row of it: for the testbed's byte-level vocabulary a rounding error)
-and steps per second as the row's per-user tok/s. KV-cache reads are left out, so the share is
-a lower bound on what the hardware was asked for. With a drafter one step can yield several
-tokens: a share above 1 is then the drafter's gain, not an error.
+At concurrency 1 a dense model's decode reads every weight once per step: the share is model file
+bytes x per-user tok/s / bandwidth (the embedding table counted though decode gathers one row; KV
+reads left out, so a lower bound). With a drafter a share above 1 is the drafter's gain, not an error.
 """
 
 from __future__ import annotations

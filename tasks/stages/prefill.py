@@ -1,12 +1,8 @@
 """Prefill ladder: cold prefill speed from short to the longest prompt the lane serves.
 
-The seeds read prefill off one long prompt ("a novella in four seconds"; 25-27K tok/s from 7K to
-110K tokens). Here each declared rung is one prompt of about that many tokens, counted by the
-server's own tokenizer where the adapter can ask it. Every prompt opens with a fresh nonce, so
-no prefix cache holds any of it: the first request is cold, and TTFT is the prefill. The same
-prompt with the same nonce is then sent again, and that warm hit is reported apart: it shows
-what the prefix cache does, and never flatters the cold number. A rung the server cannot hold
-(its resolved context per slot, less the output tokens) is skipped with the reason.
+Each rung is one prompt of about that many tokens (the server's own tokenizer where it can be
+asked), led by a fresh nonce so no prefix cache holds it: TTFT is the cold prefill. The same
+prompt is sent again and that warm hit reported apart. A rung past the context per slot is skipped.
 """
 
 from __future__ import annotations
@@ -59,26 +55,27 @@ def build_prompt(filler: str, target: int, tag: str, count: Callable[[str], int]
     if not filler:
         raise ValueError("the prefill filler text is empty")
     per_char = count(filler[:4000]) / len(filler[:4000])
+
+    def of(chars: int) -> tuple[str, int]:
+        text = with_nonce((filler * (chars // len(filler) + 2))[:chars], tag)
+        return text, count(text)
+
     chars = int(target / per_char)
-    text = with_nonce((filler * (chars // len(filler) + 2))[:chars], tag)
-    tokens = count(text)
+    text, tokens = of(chars)
     for _ in range(6):
         if tokens <= target and target - tokens <= max(2, target // 50):
             break
         chars = max(1, chars + int((target - tokens) / per_char) - (1 if tokens > target else 0))
-        text = with_nonce((filler * (chars // len(filler) + 2))[:chars], tag)
-        tokens = count(text)
+        text, tokens = of(chars)
     while tokens > target and chars > 1:
         chars = max(1, chars - max(1, math.ceil((tokens - target) / per_char)))
-        text = with_nonce((filler * (chars // len(filler) + 2))[:chars], tag)
-        tokens = count(text)
+        text, tokens = of(chars)
     return text, tokens
 
 
 def _send(base_url: str, engine: Engine, lane: str, rung: int, hit: Literal["cold", "warm"], tag: str, text: str,
           max_tokens: int) -> PrefillRecord:
-    """One streamed request; TTFT is the first streamed chunk. The prompt cache is allowed (where
-    the request can say so): the nonce makes the cold hit miss, the warm hit may use it."""
+    """One streamed request; TTFT is the first streamed chunk. The prompt cache is allowed: the nonce makes the cold hit miss."""
     spec = engine.completion_request(text, max_tokens)
     body = {**spec.body, "cache_prompt": True} if "cache_prompt" in spec.body else spec.body
     started, t0 = time.time(), time.perf_counter()

@@ -1,9 +1,7 @@
 """Preflight: everything a lane needs, checked before an expensive boot.
 
-A failed precondition is not an error of the run: the lane is skipped with the reason and
-every other lane goes on. In order, cheapest and most telling first (the seeds lost a lane to
-an unplugged cable that nothing reported): the links the lane needs, its host (reachable,
-docker answering, GPUs, disk, model files), its RPC workers, the engine binary, the port.
+A failed precondition skips the lane with the reason. Cheapest and most telling first (a lane was
+lost to an unplugged cable nothing reported): links, host, RPC workers, engine binary, port.
 """
 
 from __future__ import annotations
@@ -11,7 +9,6 @@ from __future__ import annotations
 import shutil
 import socket
 from pathlib import Path
-from typing import Any
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
@@ -51,8 +48,7 @@ def resolve(base_dir: Path, path: str) -> Path:
 
 
 def _check_file(role: str, ref: FileRef, base_dir: Path) -> ModelFacts | str:
-    """A GGUF file, or a Hugging Face folder (vLLM, SGLang): bytes and sha256 of the folder's
-    files taken together (tasks/hosts/files.py folder_sha256)."""
+    """A GGUF file, or a Hugging Face folder (its files' bytes and sha256 taken together)."""
     path = resolve(base_dir, ref.path)
     what = "folder" if path.is_dir() else "file"
     if path.is_dir():
@@ -87,8 +83,7 @@ def _remote_port_free(t: Transport, port: int) -> bool:
 
 
 def _local_binary(lane: Lane) -> tuple[str, dict[str, str]] | str:
-    """The lane's `binary`, or the engine's own local build (llama.cpp's pinned build, vLLM's
-    CPU environment); a build that cannot be had here is the lane's reason to be skipped."""
+    """The lane's `binary`, or the engine's own local build; one that cannot be had is the lane's skip reason."""
     if lane.binary is None:
         try:
             return engine_for(lane.engine).local_build()
@@ -101,8 +96,7 @@ def _local_binary(lane: Lane) -> tuple[str, dict[str, str]] | str:
 
 
 def _remote_binary(t: Transport, host_name: str, path: str) -> tuple[str, dict[str, str]] | str:
-    """An engine executable on another host: the lane's `binary`, else the pinned build's path
-    (the same path there: a host that shares the build, like the lab's namespaces)."""
+    """An engine executable on another host (the lane's `binary`, else the pinned build's path there)."""
     r = t.run(["sha256sum", "--", path], deadline_s=60, idempotent=True)
     if r.exit_code != 0 or not r.stdout.strip():
         return f"engine binary {path} is missing on {host_name} (set the lane's 'binary' to its path there)"
@@ -116,26 +110,22 @@ def _pinned(name: str) -> str | None:
         return None
 
 
-def _remote(lane_name: str, lane: Lane, host: Host, base_dir: Path, inventory: Inventory | None,
-            reach: Reach) -> Preflight:
-    pre = Preflight(ok=False)
+def _remote(lane: Lane, host: Host, base_dir: Path, inventory: Inventory | None, reach: Reach,
+            pre: Preflight) -> str | None:
+    """The checks through the lane's transports, recorded in `pre` as they pass; the first failure's reason."""
     if lane_links(lane) and inventory is None:
-        pre.reason = "lane needs links but was run without its inventory"
-        return pre
+        return "lane needs links but was run without its inventory"
     links = {lk.name: lk for lk in inventory.links} if inventory is not None else {}
     for name in lane_links(lane):
-        check = check_link(links[name], reach.transports)
-        pre.links.append(check)
+        pre.links.append(check := check_link(links[name], reach.transports))
         if not check.ok:
-            pre.reason = check.reason
-            return pre
+            return check.reason
     files = [f for f in (lane.model, lane.drafter) if f is not None]
     main = check_host(reach.host_name, host, reach.transport, files, needs_docker=lane.image is not None,
                       base_dir=base_dir)
     pre.hosts.append(main)
     if not main.ok:
-        pre.reason = main.reason
-        return pre
+        return main.reason
     roles = ["model", "drafter"] if lane.drafter is not None else ["model"]
     pre.models = [ModelFacts(role=r, path=f.path, bytes=f.bytes, sha256=f.sha256) for r, f in zip(roles, main.files)]
     if lane.rpc is not None:
@@ -143,51 +133,37 @@ def _remote(lane_name: str, lane: Lane, host: Host, base_dir: Path, inventory: I
         worker_binary = lane.rpc.binary or _pinned("rpc-server") or "rpc-server"
         for worker in lane.rpc.workers:
             if (end := link.end(worker)) is None:
-                pre.reason = f"RPC worker {worker} is not an end of link {link.name}"
-                return pre
+                return f"RPC worker {worker} is not an end of link {link.name}"
             wcheck = check_host(worker, inventory.hosts[worker], reach.transports[worker], [], needs_docker=False,  # type: ignore[union-attr]
                                 base_dir=base_dir)
             pre.hosts.append(wcheck)
             if not wcheck.ok:
-                pre.reason = f"RPC worker {wcheck.reason}"
-                return pre
-            found = _remote_binary(reach.transports[worker], worker, worker_binary)
-            if isinstance(found, str):
-                pre.reason = f"RPC worker: {found}"
-                return pre
+                return f"RPC worker {wcheck.reason}"
+            if isinstance(found := _remote_binary(reach.transports[worker], worker, worker_binary), str):
+                return f"RPC worker: {found}"
             pre.engine_identity[f"rpc_worker_{worker}"] = found[1]["sha256"]
             pre.rpc_binaries[worker] = found[0]
             pre.rpc_endpoints.append(f"{end.address}:{lane.rpc.port}")
-    if topology.spans_nodes(lane):
-        failed = _check_nodes(lane, base_dir, inventory, reach, pre)  # type: ignore[arg-type]
-        if failed:
-            pre.reason = failed
-            return pre
+    if topology.spans_nodes(lane) and (failed := _check_nodes(lane, base_dir, inventory, reach, pre)):  # type: ignore[arg-type]
+        return failed
     if lane.image is not None:
         pre.binary, pre.engine_identity = lane.container.entrypoint_binary, {**pre.engine_identity, "image": lane.image}
     else:
         engine = engine_for(lane.engine)
         path = lane.binary or (_pinned(engine.local_binary_name) if engine.pinned_build and engine.local_binary_name else None)
         if path is None:
-            pre.reason = f"lane declares no binary for engine {lane.engine} (set 'binary', or run it from a pinned 'image')"
-            return pre
+            return f"lane declares no binary for engine {lane.engine} (set 'binary', or run it from a pinned 'image')"
         found = _remote_binary(reach.transport, reach.host_name, path) if host.transport != "local" else _local_binary(lane)
         if isinstance(found, str):
-            pre.reason = found
-            return pre
+            return found
         pre.binary, identity = found
         pre.engine_identity = {**identity, **pre.engine_identity}
     free = port_free(host.address, lane.port) if host.transport == "local" else _remote_port_free(reach.transport, lane.port)
-    if not free:
-        pre.reason = f"port {lane.port} on {reach.host_name} ({host.address}) is already in use"
-        return pre
-    pre.ok = True
-    return pre
+    return None if free else f"port {lane.port} on {reach.host_name} ({host.address}) is already in use"
 
 
 def _check_nodes(lane: Lane, base_dir: Path, inventory: Inventory, reach: Reach, pre: Preflight) -> str | None:
-    """Every worker node of a multi-node lane: reachable, docker (container lanes) or the engine
-    binary (bare ones), the model files at their path there. The link was checked first."""
+    """Every worker node: reachable, docker or the engine binary, the model files at their path there."""
     pre.master = topology.master_address(lane, inventory)
     files = [f for f in (lane.model, lane.drafter) if f is not None]
     for _, name in topology.worker_ranks(lane):
@@ -214,8 +190,8 @@ def _needs_reach(lane: Lane, host: Host) -> bool:
 
 @task(name="preflight", cache_policy=NO_CACHE)
 def preflight(lane_name: str, lane: Lane, host: Host, base_dir: Path, inventory: Inventory | None = None) -> Preflight:
-    """Links, host, workers, binary, model files with declared bytes (and sha256), port free; a
-    remote lane's checks go through the transports its served lane holds (tasks/serving/live.py)."""
+    """Links, host, workers, binary, model files with declared bytes (and sha256), port free; remote checks
+    through the served lane's transports."""
     try:
         api_key.resolve(lane, base_dir)  # its value stays here: Preflight is a task result
     except api_key.KeyUnavailable as e:
@@ -224,10 +200,13 @@ def preflight(lane_name: str, lane: Lane, host: Host, base_dir: Path, inventory:
         reach = live.handles(lane_name).reach if live.served(lane_name) else None
         if reach is None:
             return Preflight(ok=False, reason="a remote, container or RPC lane needs its hosts' transports")
+        pre = Preflight(ok=False)
         try:
-            return _remote(lane_name, lane, host, base_dir, inventory, reach)
+            reason = _remote(lane, host, base_dir, inventory, reach, pre)
         except TransportError as e:
             return Preflight(ok=False, reason=f"preflight: {e}")
+        pre.ok, pre.reason = reason is None, reason or ""
+        return pre
     found = _local_binary(lane)
     if isinstance(found, str):
         return Preflight(ok=False, reason=found)
@@ -236,8 +215,7 @@ def preflight(lane_name: str, lane: Lane, host: Host, base_dir: Path, inventory:
     for role, ref in (("model", lane.model), ("drafter", lane.drafter)):
         if ref is None:
             continue
-        facts = _check_file(role, ref, base_dir)
-        if isinstance(facts, str):
+        if isinstance(facts := _check_file(role, ref, base_dir), str):
             return Preflight(ok=False, reason=facts, binary=binary, engine_identity=identity)
         models.append(facts)
     if not port_free(host.address, lane.port):
@@ -248,9 +226,6 @@ def preflight(lane_name: str, lane: Lane, host: Host, base_dir: Path, inventory:
 
 def model_paths(lane: Lane, host: Host, base_dir: Path) -> dict[str, str]:
     """Where the lane's model files are on its host (what the server is told to load)."""
-    out: dict[str, Any] = {}
-    for role, ref in (("model", lane.model), ("drafter", lane.drafter)):
-        if ref is not None:
-            out[role] = host_path(host, ref.path, base_dir) if host.transport != "local" else str(resolve(base_dir, ref.path))
-    return out
+    return {role: host_path(host, ref.path, base_dir) if host.transport != "local" else str(resolve(base_dir, ref.path))
+            for role, ref in (("model", lane.model), ("drafter", lane.drafter)) if ref is not None}
 

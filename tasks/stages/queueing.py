@@ -1,19 +1,18 @@
 """The concurrency curve past the cap, labelled for what it is: a queue.
 
-Users asked the seeds' author to run past the running-request cap; a number measured there is
-not a speed, it is a queue. A lane may declare `decode.beyond_cap.queue` levels: above the cap
-the server resolved they run here, after the measured curve, through the same decode waves.
-Their rows carry `regime="queueing"` (every table and plot says so, and the metrics the
-regression check reads leave them out), and each gets a queueing row beside it: how long
-requests waited before the server took them, apart from TTFT. The wait is each request's TTFT
-less the TTFT p50 of the highest level inside the cap (its prefill and first token as a served
-request has them); the engine's queue gauge (llama.cpp `requests_deferred`, SGLang
-`num_queue_reqs`, vLLM `num_requests_waiting`) is sampled while the level runs.
+A number measured past the running-request cap is not a speed. `decode.beyond_cap.queue` levels
+above the cap run here, after the curve, through the same waves; their rows carry
+`regime="queueing"` (regression metrics leave them out), each with a queue row: the wait is each
+request's TTFT less the TTFT p50 of the highest level inside the cap, and the engine's queue
+gauge (llama.cpp `requests_deferred`, SGLang `num_queue_reqs`, vLLM `num_requests_waiting`) is
+sampled while the level runs.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from math import nan
 
 import httpx
@@ -37,35 +36,30 @@ from tasks.record.table_rows import QueueRow
 _SAMPLE_S = 0.1
 
 
-class _Sampler:
-    """Polls the engine's queue gauge in a thread while a level runs."""
+@contextmanager
+def _sampled(base_url: str, engine: Engine) -> Iterator[list[float]]:
+    """The engine's queue gauge, polled in a thread while the block runs."""
+    url, stop = base_url + engine.metrics_path, threading.Event()
+    values: list[float] = []
 
-    def __init__(self, base_url: str, engine: Engine) -> None:
-        self.url, self.engine = base_url + engine.metrics_path, engine
-        self.values: list[float] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        with httpx.Client(timeout=5.0, headers=auth.headers(self.url)) as client:
-            while not self._stop.is_set():
-                try:
-                    r = client.get(self.url)
+    def poll() -> None:
+        with httpx.Client(timeout=5.0, headers=auth.headers(url)) as client:
+            while not stop.is_set():
+                with suppress(httpx.HTTPError):
+                    r = client.get(url)
                     if r.status_code == 200:
-                        self.values.append(self.engine.metrics(r.text).total(self.engine.queue_gauge or ""))
-                except httpx.HTTPError:
-                    pass
-                self._stop.wait(_SAMPLE_S)
+                        values.append(engine.metrics(r.text).total(engine.queue_gauge or ""))
+                stop.wait(_SAMPLE_S)
 
-    def __enter__(self) -> _Sampler:
-        if self.engine.queue_gauge:
-            self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=10)
+    thread = threading.Thread(target=poll, daemon=True)
+    if engine.queue_gauge:
+        thread.start()
+    try:
+        yield values
+    finally:
+        stop.set()
+        if thread.is_alive():
+            thread.join(timeout=10)
 
 
 def queue_row(lane_name: str, concurrency: int, cap: int | None, records: list[RequestRecord],
@@ -84,8 +78,8 @@ def queue_row(lane_name: str, concurrency: int, cap: int | None, records: list[R
 @task(name="queueing-levels", cache_policy=NO_CACHE)
 def queueing_levels(endpoint: Endpoint, run_dir: str, plan: DecodePlan, repeats: int, prompts: list[Prompt],
                     levels: list[int], cap: int | None, measured: list[DecodeRow]) -> tuple[list[DecodeRow], list[QueueRow]]:
-    """Each level past the cap through the decode waves, labelled queueing, with its queue row. Its
-    records are kept but not judged against the wall deadline: a queued request may wait long."""
+    """Each level past the cap, labelled queueing, with its queue row; records kept, not judged against
+    the wall deadline (a queued request may wait long)."""
     engine, lane_name = engine_for(endpoint.engine), endpoint.lane
     inside = [r for r in measured if cap is None or r.concurrency <= cap]
     served = max(inside, key=lambda r: r.concurrency).ttft_p50_s if inside else None
@@ -97,9 +91,9 @@ def queueing_levels(endpoint: Endpoint, run_dir: str, plan: DecodePlan, repeats:
             kept.append(rec)  # noqa: B023 - called only while this level's waves run
             live.keep(run_dir, endpoint, rec, judged=False)
 
-        with _Sampler(endpoint.base_url, engine) as sampler:
+        with _sampled(endpoint.base_url, engine) as samples:
             [row] = measure(endpoint, plan.model_copy(update={"concurrency": [level]}), repeats, prompts, keep,
                             lambda s: progress(lane_name, f"{s} (queueing)"))
         rows.append(row.model_copy(update={"regime": "queueing"}))
-        queue.append(queue_row(lane_name, level, cap, kept, served, engine.queue_gauge or "", sampler.values))
+        queue.append(queue_row(lane_name, level, cap, kept, served, engine.queue_gauge or "", samples))
     return rows, queue

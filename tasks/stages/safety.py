@@ -1,12 +1,9 @@
 """Safe by default: the gates a lane implies, and declared against effective values.
 
-The field reports' mistakes passed because the right gate had to be declared by hand: a
-drafter that never drafted, a bench above the server's 7-slot cap, a K overridden by a
-flag, a drafter that was the target itself. Here every lane with a drafter gets a counter
-gate on the engine's own draft counter (and draft tokens per draft against the declared K,
-and the server's own word on synthetic acceptance), every bench gets the capacity gate;
-turning one off takes a recorded waiver with a reason. What the server resolved is compared
-with what the lane declared, and each difference names both values and the fix.
+A drafter that never drafted, a bench above a 7-slot cap, a K overridden by a flag, a drafter that
+was the target: each passed because its gate had to be declared by hand. Here a drafter implies
+a counter gate (and draft width, and no synthetic acceptance), every bench the capacity gate;
+turning one off takes a recorded waiver. Each declared/effective difference names both and the fix.
 """
 
 from __future__ import annotations
@@ -54,9 +51,8 @@ def waived(lane: Lane, gate: str) -> bool:
 
 
 def implied_gates(lane: Lane, engine: Engine) -> list[Gate]:
-    """The lane's declared gates plus the ones it implies (unless waived, or a declared gate on the
-    same counter is at least as strict). Declared gates only add: a declared gate on the draft
-    counter with a weaker condition (`>= 0` passes when nothing drafted) keeps the implied one."""
+    """The lane's declared gates plus the ones it implies, unless waived or covered by a declared gate at least
+    as strict (a weaker one, `>= 0`, keeps the implied one)."""
     gates: list[Gate] = list(lane.gates)
     covered = any(isinstance(g, CounterGate) and g.metric == engine.draft_counter and g.implies(">", 0)
                   for g in gates)
@@ -75,9 +71,8 @@ def _result(gate: str, passed: bool, value: float | None, op: str, threshold: fl
 
 def speculation_gates(lane: Lane, engine: Engine, before: Metrics, after: Metrics, log: str,
                       requests: list[RequestRecord] | None = None) -> list[GateResult]:
-    """After the counter gate's probe: draft tokens per draft and the server's K against the
-    declared K, and synthetic acceptance in the boot log. Only for lanes with a drafter.
-    `requests`: the probe requests of the window (SGLang states its proposed drafts only there)."""
+    """After the counter gate's probe, for a drafter: the server's K against the declared K, and synthetic
+    acceptance in the boot log. `requests`: the probe's (SGLang states its proposed drafts only there)."""
     if lane.drafter is None or engine.draft_counter is None:
         return []
     out: list[GateResult] = []
@@ -196,8 +191,7 @@ def acceptance_findings(lane: Lane, rows: list[Any]) -> list[Finding]:
 
 
 def pinned_identity(lane: Lane) -> dict[str, str] | None:
-    """The pinned llama.cpp build's identity, when the lane names its own binary (else None:
-    the lane runs the pinned build and its identity is already the pin)."""
+    """The pinned llama.cpp build's identity when the lane names its own binary, else None."""
     engine = engine_for(lane.engine)
     if not engine.pinned_build or lane.binary is None or lane.image is not None:
         return None
@@ -213,8 +207,7 @@ def as_gate(finding: Finding) -> GateResult:
 
 
 def noise_findings(lane: Lane, decode: list[Any], warmup: list[Any]) -> list[Finding]:
-    """Decode levels whose repeats disagree beyond the declared bound, and warmup rows whose
-    first hit was faster than steady: the host's noise, to be re-measured, never a result."""
+    """Unstable decode levels, single repeats, TTFT-dominated rows and warmup faster than steady: the host's noise."""
     out: list[Finding] = []
     if waived(lane, "unstable"):
         return out
@@ -252,8 +245,7 @@ def noise_findings(lane: Lane, decode: list[Any], warmup: list[Any]) -> list[Fin
 
 
 def explain(result: GateResult, lane: Lane) -> GateResult:
-    """An implied gate's failure in the user's terms: what the lane declared, what the server
-    did, and the fix (declared gates speak for themselves)."""
+    """An implied gate's failure in the user's terms: declared, effective, and the fix."""
     if result.passed or "(implied)" not in result.gate:
         return result
     if result.gate.startswith("drafts-happen"):

@@ -4,18 +4,10 @@
     -> boot (workers first) -> boot gates (declared counter and capacity, agentic smoke,
     thinking switch) -> [the caller measures] -> teardown            (on every path)
 
-The nightly, the drafter matrix, `lanebench tools` and the KL gate all serve their lanes through
-`served_lane`, so a lane behaves the same on this machine, over SSH, in a container and across a
-link whichever flow runs it. The host lock is the orchestration's business (flows/lanes.py): it
-wraps this whole lifecycle.
-
-A failed precondition yields `None` with the lane recorded as skipped and its reason; a pinned
-image that cannot be pulled yields `None` with the lane failed; a failed boot gate raises
-`GateFailed` after recording it. Teardown runs whatever the caller does inside the block.
-
-The lane's live handles (its hosts' transports, its server's processes, its `Late` tracker) are
-registered by lane name in this process for the life of the block (tasks/serving/live.py), so the
-stages' Prefect tasks take plain values (an `Endpoint`, a host's name) and find them there.
+Every flow serves its lanes through `served_lane`, so a lane behaves the same locally, over SSH, in
+a container and across a link. A failed precondition yields `None` with the lane skipped; an image
+that cannot be pulled, `None` with the lane failed; a failed boot gate raises `GateFailed` once
+recorded. The lane's live handles are registered by name for the block (tasks/serving/live.py).
 """
 
 from __future__ import annotations
@@ -69,8 +61,7 @@ class Served:
 
 
 def resolved(lane: Lane, host: Host, base_dir: Path, pre: Preflight) -> Lane:
-    """The lane as its host serves it: model paths where they are on that host, its agentic
-    declarations (tools, reasoning, chat template) and its RPC workers turned into launch flags."""
+    """The lane as its host serves it: model paths on that host, agentic declarations and RPC workers as flags."""
     engine = engine_for(lane.engine)
     paths = model_paths(lane, host, base_dir)
     update: dict = {"model": lane.model.model_copy(update={"path": paths["model"]})}
@@ -89,9 +80,8 @@ def resolved(lane: Lane, host: Host, base_dir: Path, pre: Preflight) -> Lane:
 
 
 def placement(lane: Lane, host: Host, reach: Reach, pre: Preflight, inventory: Inventory | None = None) -> Placement:
-    """Where the server and its workers run, and through which transports: llama.cpp's RPC
-    workers, or node ranks 1.. of a vLLM/SGLang lane across hosts, each process as
-    `topology.launches` builds it for boot and `lanebench plan` alike."""
+    """Where the server and its workers (RPC workers or node ranks) run, through which transports, as
+    `topology.launches` builds them."""
     hosts = {**(inventory.hosts if inventory is not None else {}), lane.host: host}
     head, *others = topology.launches(lane, engine_for(lane.engine), hosts, pre.master,
                                       topology.Binaries(pre.binary, pre.node_binaries, pre.rpc_binaries),
@@ -105,10 +95,8 @@ def placement(lane: Lane, host: Host, reach: Reach, pre: Preflight, inventory: I
 
 
 def boot_gates(run: RunFolder, served: Served, probe: Prompt | None) -> None:
-    """Declared and implied gates (a drafter implies the counter gate on the engine's own draft
-    counter, every bench the capacity gate: tasks/stages/safety.py), all run; then declared
-    against effective values; then the agentic workload the lane says it serves. The first
-    failure raises, after every result is recorded."""
+    """Declared and implied gates (tasks/stages/safety.py), declared against effective values, then the
+    agentic workload; the first failure raises once every result is recorded."""
     lane, record = served.lane, served.record
     engine = engine_for(lane.engine)
     record.waivers = [w.model_dump(mode="json") for w in lane.waivers]
@@ -147,11 +135,8 @@ def boot_gates(run: RunFolder, served: Served, probe: Prompt | None) -> None:
 def served_lane(run: RunFolder, name: str, lane: Lane, host: Host, base_dir: Path,
                 inventory: Inventory | None = None, probe: Prompt | None = None, gates: bool = True,
                 on_stage: Callable[[str], None] | None = None) -> Iterator[Served | None]:
-    """Serve one lane for the body of a `with` block; yields None when it cannot be served.
-
-    `probe` is the prompt a counter gate sends (the shortest of the lane's prompts); `gates=False`
-    boots without boot gates (the KL gate judges its lanes by their scores, not their speed).
-    """
+    """Serve one lane for the body of a `with` block; yields None when it cannot be served. `probe`:
+    the prompt a counter gate sends; `gates=False`: no boot gates (the KL gate judges by scores)."""
     record = run.lane(name)
 
     def stage(what: str) -> None:
@@ -213,8 +198,7 @@ def served_lane(run: RunFolder, name: str, lane: Lane, host: Host, base_dir: Pat
 
 def _preflight(run: RunFolder, name: str, lane: Lane, host: Host, base_dir: Path, inventory: Inventory | None,
                reach: Reach) -> tuple[Preflight, bool]:
-    """Leftovers of an earlier run reclaimed, preflight run and recorded, free disk and an idle GPU
-    checked; with whether the host has a GPU whose facts are recorded."""
+    """Leftovers reclaimed, preflight run and recorded, free disk and an idle GPU checked; and whether GPU facts are kept."""
     record = run.lane(name)
     for line in reclaim_leftovers(name, lane, host, reach.transports, reach.host_name):
         record.warnings.append(line)

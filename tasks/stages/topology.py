@@ -1,10 +1,8 @@
 """Who runs what where: a lane's processes across its nodes, decided from the inventory alone.
 
-Shared by the lane flow (which starts them) and `lanebench plan` (which prints them), so the
-plan a user reads before a night is the command line the night runs. Node rank 0 is the head
-on the lane's host and serves HTTP; ranks 1.. run the engine's worker process on their hosts
-(vLLM `--headless`, SGLang `--node-rank r`, llama.cpp `rpc-server` through the lane's rpc plan).
-The group meets at the head's end of the nodes' link (else the head host's address).
+Shared by boot and `lanebench plan`, so the plan a user reads is the command line the night runs.
+Rank 0 is the head on the lane's host (HTTP); ranks 1.. run the engine's worker process (vLLM
+`--headless`, SGLang `--node-rank r`; llama.cpp uses `rpc-server`).
 """
 
 from __future__ import annotations
@@ -45,9 +43,8 @@ def at_rank(lane: Lane, engine: Engine, rank: int, master: str) -> Lane:
 
 
 def launch_argv(lane: Lane, engine: Engine, binary: str, address: str, host: Host) -> list[str]:
-    """The engine's launch command, with the offload the host's `gpus` implies (`gpus: 0` keeps
-    a CUDA build on the CPU). With RPC workers the layers go to them (rpc_flags) instead.
-    Boot starts this argv and `lanebench plan` prints it."""
+    """The engine's launch command, with the offload the host's `gpus` implies (`gpus: 0` keeps a CUDA
+    build on the CPU); with RPC workers the layers go to them instead."""
     argv = engine.launch_command(lane, binary, address)
     if lane.rpc is None:
         argv += engine.offload_flags(host.gpus, lane.drafter is not None, lane.flags)
@@ -70,8 +67,7 @@ def key_env(engine: Engine, key: str | None) -> dict[str, str]:
 
 
 def node_ports(lane: Lane, engine: Engine, rank: int, argv: list[str]) -> list[tuple[int, str]]:
-    """(port, what listens there) of node `rank`'s process: the head serves HTTP and, across
-    nodes, the rendezvous; the engine adds its own (vLLM's data-parallel RPC port)."""
+    """(port, what listens there) of node `rank`: the head's HTTP and rendezvous, plus the engine's own."""
     out: list[tuple[int, str]] = [(lane.port, "HTTP")] if rank == 0 else []
     if rank == 0 and spans_nodes(lane):
         out.append((rendezvous_port(lane), "rendezvous"))
@@ -79,9 +75,8 @@ def node_ports(lane: Lane, engine: Engine, rank: int, argv: list[str]) -> list[t
 
 
 def working_directory(host: Host, image: str | None, local_cwd: str) -> str:
-    """Where the process starts: transports never change directory (tasks/hosts/transport.py,
-    ssh.py), so a local process starts in lanebench's own, a remote one in its login directory,
-    and a container in its image's WORKDIR."""
+    """Where the process starts: transports never change directory, so lanebench's own (local), the
+    login directory (remote) or the image's WORKDIR."""
     if image is not None:
         return "the image's WORKDIR"
     return local_cwd if host.transport == "local" else f"the login directory of {host.user or 'the ssh user'} (~)"
@@ -103,9 +98,7 @@ def rpc_endpoints(lane: Lane, inventory: Inventory) -> list[str]:
 
 @dataclass(frozen=True)
 class Binaries:
-    """The executables a lane's processes start: the head's (a container lane: its image's
-    entrypoint), each bare worker node's and each rpc-server's, by host name. Preflight finds
-    them on the hosts; `lanebench plan` names what it would look for."""
+    """The executables a lane's processes start: the head's, each bare worker node's and each rpc-server's, by host."""
 
     head: str
     nodes: Mapping[str, str] = field(default_factory=dict)
@@ -127,9 +120,8 @@ class Launch:
 
 def launches(lane: Lane, engine: Engine, hosts: Mapping[str, Host], master: str, binaries: Binaries,
              rpc_endpoints: list[str]) -> list[Launch]:
-    """Every process of the lane, the head first: node ranks (their node flags, then the offload
-    their own host implies), or llama.cpp's rpc-servers on their link ends. The one place a
-    lane's argv and environment are built: boot starts these, `lanebench plan` prints them."""
+    """Every process of the lane, the head first: node ranks, or llama.cpp's rpc-servers on their link
+    ends. The one place a lane's argv and environment are built."""
     head = hosts[lane.host]
     out = [Launch("head (node 0)" if lane.nodes else "server", lane.host, head, head.address,
                   node_argv(lane, engine, 0, master, binaries.head, head.address, head), node_env(lane, lane.host), 0)]

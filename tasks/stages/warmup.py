@@ -1,10 +1,8 @@
 """Warmup: one wave per batch shape before anything is measured.
 
-The first request at each new batch shape (concurrency level x prompt-size class) pays
-one-time costs (kernel autotune on GPUs, allocator growth, page faults here). In the seeds
-a cold bench measured that cost as if it were serving speed: a 5x error. Each shape gets a
-first-hit wave and a second, steady wave; both are recorded (the lane's `requests.jsonl`, seen by
-its deadline tracker like every judged request), neither is a result.
+The first request at each batch shape pays one-time costs (kernel autotune, allocator growth,
+page faults); a cold bench measured that as serving speed, a 5x error. Each shape gets a first-hit
+and a steady wave; both are recorded, neither is a result.
 """
 
 from __future__ import annotations
@@ -35,7 +33,7 @@ def warmup(endpoint: Endpoint, run_dir: str, shapes: list[tuple[int, str, int]],
     """shapes: (concurrency, size class, max_tokens) for every shape a later bench will use."""
     engine, lane_name = engine_for(endpoint.engine), endpoint.lane
     keep = live.keeper(run_dir, endpoint)
-    rows = []
+    rows: list[WarmupRow] = []
     gaps: list[float] = []
     ttfts: list[float] = []
     for concurrency, size_class, max_tokens in shapes:
