@@ -40,9 +40,8 @@ def percentiles(values: Sequence[float]) -> dict[int, float | None]:
 
 
 def exact_gaps(r: RequestRecord) -> list[float]:
-    """A request's gaps between consecutive chunks whose stamps are their own: a gap that touches
-    a coalesced chunk (its read also carried a later event, so its stamp is the read's last
-    bytes') spans events the client could not tell apart, and is left out."""
+    """A request's gaps between consecutive chunks with their own stamps: a gap touching a coalesced
+    chunk (its read also carried a later event) spans events the client could not tell apart."""
     a, c = r.chunk_arrivals_s, r.chunk_coalesced or [False] * len(r.chunk_arrivals_s)
     return [a[i + 1] - a[i] for i in range(len(a) - 1) if not (c[i] or c[i + 1])]
 

@@ -12,6 +12,7 @@ Records are kept in the order requests ended; a crash loses at most the few not 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import deque
 from collections.abc import Callable
 
@@ -51,13 +52,9 @@ class Recorder:
 
     async def close(self) -> list[RequestRecord]:
         """Keep what is pending and return every record; raises what building or keeping raised."""
-        if self._task.done():
-            self._task.result()  # raises what the task raised
-        self._task.cancel()
-        try:
+        self._task.cancel()  # a no-op if it ended by raising: the await then raises that
+        with contextlib.suppress(asyncio.CancelledError):
             await self._task
-        except asyncio.CancelledError:
-            pass
         while self._pending:
             self._keep(self._pending.popleft())
         return self.records

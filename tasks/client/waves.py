@@ -132,8 +132,7 @@ class _Client:
         """Send on a pooled connection and read the whole response; a kept-alive connection the server
         has meanwhile closed is replaced once."""
         for attempt in (0, 1):
-            # The retry takes a new connection: another idle one may be just as closed (llama-server
-            # closes after every stream).
+            # The retry takes a new connection: another idle one may be just as closed (llama-server closes every stream).
             conn, reused = await self.pool.acquire(fresh=attempt == 1)
             flight.conn = conn
             keep = False
@@ -301,11 +300,8 @@ async def _run_wave(base_url: str, engine: Engine, wave: Wave, prompts: list[Pro
                 keep(await client.request(prompts[k % len(prompts)], None, at, time.perf_counter() - t))
 
         tasks = []
-        for k, at in enumerate(shape.schedule()):
-            if k % count != index:
-                continue
-            delay = client.t0 + at - time.perf_counter()
-            if delay > 0:
+        for k, at in list(enumerate(shape.schedule()))[index::count]:
+            if (delay := client.t0 + at - time.perf_counter()) > 0:
                 await asyncio.sleep(delay)
             tasks.append(asyncio.create_task(one(k, at)))
         await asyncio.gather(*tasks)

@@ -57,15 +57,13 @@ class _Pool:
 
     def __init__(self, count: int, cpus: tuple[int, ...] | None):
         ctx = mp.get_context("spawn")  # not fork: the parent may hold Prefect's threads and loops
-        self.procs: list[BaseProcess] = []
-        self.conns: list[Connection] = []
-        for index in range(count):
-            parent, child = ctx.Pipe()
-            proc = ctx.Process(target=_serve, args=(child, index, cpus), daemon=True, name=f"wave-worker-{index}")
+        pipes = [ctx.Pipe() for _ in range(count)]
+        self.conns: list[Connection] = [parent for parent, _ in pipes]
+        self.procs: list[BaseProcess] = [ctx.Process(target=_serve, args=(child, index, cpus), daemon=True,
+                                                     name=f"wave-worker-{index}") for index, (_, child) in enumerate(pipes)]
+        for proc, (_, child) in zip(self.procs, pipes):
             proc.start()
             child.close()
-            self.procs.append(proc)
-            self.conns.append(parent)
 
     def alive(self) -> bool:
         return all(proc.is_alive() for proc in self.procs)
