@@ -1,11 +1,10 @@
 """The API key a lane's server demands, as every client of that server sends it.
 
-A lane with a key (`api_key_env` / `api_key_file`, tasks/inventory/api_key.py) starts its server
-with the key in the engine's own environment variable, never on its argv, and every request
-lanebench sends to that server carries `Authorization: Bearer <key>` (the OpenAI convention that
-llama-server, vLLM and SGLang all read). The key lives only in this registry, by the server's
-origin (`host:port`), for as long as the server is up: no Endpoint, Prefect parameter, record or
-log holds it. Processes a wave spreads over (tasks/client/workers.py) get a copy of the registry.
+A lane with a key (`api_key_env` / `api_key_file`, tasks/inventory/api_key.py) starts its server with
+the key in the engine's own environment variable, never on its argv; every request to that server
+carries `Authorization: Bearer <key>` (the OpenAI convention llama-server, vLLM and SGLang read). The
+key lives only here, by the server's `host:port`, while the server is up: no Endpoint, Prefect
+parameter, record or log holds it. Wave worker processes (tasks/client/workers.py) get a copy.
 """
 
 from __future__ import annotations
@@ -51,8 +50,7 @@ def header_bytes(host: str, port: int) -> bytes:
 
 def sign(request: httpx.Request) -> None:
     """An httpx request hook: a shared client (tasks/client/control.py) serves many servers."""
-    for name, value in headers(str(request.url)).items():
-        request.headers[name] = value
+    request.headers.update(headers(str(request.url)))
 
 
 def snapshot() -> dict[str, str]:

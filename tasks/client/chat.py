@@ -1,9 +1,8 @@
 """Chat requests for the correctness gates: one OpenAI `/v1/chat/completions` shape for every engine.
 
-The speed stages talk to each engine's native streaming route; the correctness gates ask what an
-agent client asks, through the OpenAI chat route all three engines serve, non-streamed, so the
-server's own tool-call and reasoning parsers shape the answer. A refused or failed request is a
-reply with `ok=False` and what came back, never an exception: a gate judges it and names it.
+The gates ask what an agent client asks, through the OpenAI chat route all three engines serve,
+non-streamed, so the server's own tool-call and reasoning parsers shape the answer. A refused or
+failed request is a reply with `ok=False` and what came back, never an exception.
 """
 
 from __future__ import annotations

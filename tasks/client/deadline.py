@@ -26,12 +26,8 @@ STALL_FACTOR = 20.0  # a gap this many times the lane's warm steady ITL p99 is a
 STALL_FLOOR_S = 10.0  # never below this: a loaded host or a GC pause is not a stall
 
 
-def stall_factor() -> float:
-    return max(2.0, float(os.environ.get("LANEBENCH_STALL_FACTOR", str(STALL_FACTOR))))
-
-
-def stall_floor_s() -> float:
-    return max(0.5, float(os.environ.get("LANEBENCH_STALL_FLOOR_S", str(STALL_FLOOR_S))))
+def _p99(values: list[float]) -> float:
+    return sorted(values)[min(len(values) - 1, int(0.99 * len(values)))]
 
 
 def stall_bounds(gaps: list[float], ttfts: list[float]) -> tuple[float, float, float, float] | None:
@@ -40,7 +36,8 @@ def stall_bounds(gaps: list[float], ttfts: list[float]) -> tuple[float, float, f
     before (issue 27: with no declared `deadline_s` the derived 94 s never fired). None: no gaps."""
     if not gaps:
         return None
-    itl = sorted(gaps)[min(len(gaps) - 1, int(0.99 * len(gaps)))]
-    ttft = sorted(ttfts)[min(len(ttfts) - 1, int(0.99 * len(ttfts)))] if ttfts else itl
-    factor, floor = stall_factor(), stall_floor_s()
+    itl = _p99(gaps)
+    ttft = _p99(ttfts) if ttfts else itl
+    factor = max(2.0, float(os.environ.get("LANEBENCH_STALL_FACTOR", str(STALL_FACTOR))))
+    floor = max(0.5, float(os.environ.get("LANEBENCH_STALL_FLOOR_S", str(STALL_FLOOR_S))))
     return max(floor, factor * itl), max(floor, factor * ttft), itl, ttft

@@ -14,8 +14,7 @@ from tasks.engines.base import Engine
 
 def run_wave(base_url: str, engine: Engine, wave: Wave, prompts: list[Prompt],
              on_record: Callable[[RequestRecord], None] | None = None) -> WaveResult:
-    """Run one wave to completion (blocking); failures are recorded, not raised. A wave with
-    `workers` > 1 is spread over that many processes."""
+    """Run one wave to completion (blocking); failures are recorded, not raised."""
     if not prompts:
         raise ValueError("a wave needs at least one prompt")
     if wave.workers > 1:
@@ -23,10 +22,4 @@ def run_wave(base_url: str, engine: Engine, wave: Wave, prompts: list[Prompt],
     return run_part(base_url, engine, wave, prompts, on_record)
 
 
-def sweep(base_url: str, engine: Engine, waves: list[Wave], prompts: list[Prompt],
-          on_record: Callable[[RequestRecord], None] | None = None) -> list[WaveResult]:
-    """A sweep: one wave per level (concurrencies or rates), in order, on the same server."""
-    return [run_wave(base_url, engine, w, prompts, on_record) for w in waves]
-
-
-__all__ = ["Wave", "WaveResult", "run_wave", "sweep"]
+__all__ = ["Wave", "WaveResult", "run_wave"]

@@ -31,9 +31,7 @@ def percentile(values: Sequence[float] | np.ndarray, q: float, empty: float) -> 
 def percentile(values: Sequence[float] | np.ndarray, q: float, empty: float | None = None) -> float | None:
     """The q-th percentile of `values` (numpy's linear interpolation), `empty` when there are none:
     the one percentile every table of lanebench reports."""
-    if len(values) == 0:
-        return empty
-    return float(np.percentile(np.asarray(values, dtype=float), q))
+    return float(np.percentile(np.asarray(values, dtype=float), q)) if len(values) else empty
 
 
 def percentiles(values: Sequence[float]) -> dict[int, float | None]:
@@ -42,20 +40,15 @@ def percentiles(values: Sequence[float]) -> dict[int, float | None]:
 
 
 def exact_gaps(r: RequestRecord) -> list[float]:
-    """A request's gaps between consecutive chunks whose stamps are their own: a gap that touches
-    a coalesced chunk (its read also carried a later event, so its stamp is the read's last
-    bytes') spans events the client could not tell apart, and is left out."""
+    """A request's gaps between consecutive chunks with their own stamps: a gap touching a coalesced
+    chunk (its read also carried a later event) spans events the client could not tell apart."""
     a, c = r.chunk_arrivals_s, r.chunk_coalesced or [False] * len(r.chunk_arrivals_s)
     return [a[i + 1] - a[i] for i in range(len(a) - 1) if not (c[i] or c[i + 1])]
 
 
 def pooled_itl(records: list[RequestRecord]) -> list[float]:
     """Every exactly stamped gap between consecutive chunks of every completed request."""
-    gaps: list[float] = []
-    for r in records:
-        if r.ok:
-            gaps.extend(exact_gaps(r))
-    return gaps
+    return [g for r in records if r.ok for g in exact_gaps(r)]
 
 
 def coalesced_share(records: list[RequestRecord]) -> float | None:
@@ -120,12 +113,10 @@ def steady_window(records: list[RequestRecord], wall_s: float) -> Window:
 def server_window_tokens(records: list[RequestRecord], window: Window) -> int | None:
     """The tokens the server's own clock puts inside `window` (None: no request carried timings).
 
-    llama-server's final event carries `timings.predicted_n` tokens generated over
-    `predicted_ms`, from the first token sampled to the last. Each such request's tokens are
-    placed on the wave's clock evenly over that span, ending where the client stamped its last
-    token chunk; those inside the window are counted, as the client counts its own stamps. The
-    two counts differ where the client's stamps and the server's durations disagree (a client
-    late to read, or stamping wrong) or where the server's steps were uneven within a request."""
+    llama-server's final event carries `timings.predicted_n` tokens generated over `predicted_ms`
+    (first token sampled to last). They are spread evenly over that span, ending at the client's
+    last chunk stamp, and those inside the window counted. The client's count differs where its
+    stamps and the server's durations disagree, or where the server's steps were uneven."""
     tokens, seen = 0, False
     for r in records:
         t = r.server_timings or {}
@@ -147,10 +138,5 @@ def server_window_tokens(records: list[RequestRecord], window: Window) -> int | 
 
 def good(r: RequestRecord, ttft_bound_s: float | None, tpot_bound_s: float | None) -> bool:
     """A request that completed within the declared bounds (an unset bound is not checked)."""
-    if not r.ok:
-        return False
-    if ttft_bound_s is not None and (r.ttft_s is None or r.ttft_s > ttft_bound_s):
-        return False
-    if tpot_bound_s is not None and r.tpot_s is not None and r.tpot_s > tpot_bound_s:
-        return False
-    return True
+    return (r.ok and (ttft_bound_s is None or (r.ttft_s is not None and r.ttft_s <= ttft_bound_s))
+            and (tpot_bound_s is None or r.tpot_s is None or r.tpot_s <= tpot_bound_s))

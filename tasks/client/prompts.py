@@ -20,11 +20,8 @@ class Prompt(BaseModel):
 
 
 def load_prompts(path: str | Path, limit: int | None = None) -> list[Prompt]:
-    prompts = []
-    for line in Path(path).read_text().splitlines():
-        if line.strip():
-            row = json.loads(line)
-            prompts.append(Prompt(id=row["id"], prompt_class=row["class"], text=row["prompt"]))
+    rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    prompts = [Prompt(id=r["id"], prompt_class=r["class"], text=r["prompt"]) for r in rows]
     return prompts[:limit] if limit else prompts
 
 

@@ -1,25 +1,18 @@
 """A wave's finished requests become records one per loop turn, never in a burst.
 
-Why: at C=64 on an H200 (issue 23) llama-server ends 64 streams in the same decode step, and the
-loop then built 64 records (pydantic validation, the per-request ITL median) and handed each to
-`on_record`, which appends it to `requests.jsonl` and its seal (five file system calls, ~0.1 ms):
-one loop turn of 10-20 ms, twice per wave, while the client used a third of a core. The loop's
-lag probe saw it (p99 2.8-4.8 ms against a 2 ms bound) and flagged the level client-bound, and
-every stream's bytes waiting on that turn waited too.
-
-Here a finished request only hands over a builder (a closure over what it measured, its stamps
-already taken) and the next request goes out at once; one task builds and keeps the records,
-one per loop turn, so the streams' reads and the lag probe come between any two. A thread was
-tried first and is worse: it holds the GIL while it builds, and the loop then waits for it (up
-to the 5 ms switch interval when it builds several in a row).
-
-Records are still kept as each request ends (a crash loses at most the few not yet built), in
-the order the requests ended; `close` keeps the rest and raises what building or keeping raised.
+At C=64 on an H200 (issue 23) llama-server ends 64 streams in one decode step; building their 64
+records (pydantic, the ITL median) and appending each to `requests.jsonl` and its seal (~0.1 ms) took
+one 10-20 ms loop turn, twice per wave: the lag probe's p99 hit 2.8-4.8 ms (bound 2 ms), flagging the
+level client-bound, and every stream's bytes waited too. So a finished request hands over a builder
+(its stamps already taken) and one task builds and keeps them one per loop turn. A thread was tried
+first and is worse: it holds the GIL while building (up to the 5 ms switch interval for several).
+Records are kept in the order requests ended; a crash loses at most the few not yet built.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import deque
 from collections.abc import Callable
 
@@ -58,15 +51,10 @@ class Recorder:
                 await asyncio.sleep(0)  # one record a loop turn: the streams' reads come between
 
     async def close(self) -> list[RequestRecord]:
-        """Keep what is still pending (the wave's clocks are read by then) and return every record;
-        what building or keeping raised is raised here."""
-        if self._task.done():
-            self._task.result()  # raises what the task raised
-        self._task.cancel()
-        try:
+        """Keep what is pending and return every record; raises what building or keeping raised."""
+        self._task.cancel()  # a no-op if it ended by raising: the await then raises that
+        with contextlib.suppress(asyncio.CancelledError):
             await self._task
-        except asyncio.CancelledError:
-            pass
         while self._pending:
             self._keep(self._pending.popleft())
         return self.records

@@ -10,6 +10,7 @@ recorded apart (queued_s).
 from __future__ import annotations
 
 import random
+from itertools import accumulate
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -38,8 +39,5 @@ class LoadShape(BaseModel):
             raise ValueError("only an open-loop shape with a rate has a schedule")
         if self.arrival == "constant":
             return [i / self.rate for i in range(self.requests)]
-        rng, t, out = random.Random(self.seed), 0.0, []
-        for _ in range(self.requests):
-            out.append(t)
-            t += rng.expovariate(self.rate)
-        return out
+        rng = random.Random(self.seed)
+        return list(accumulate((rng.expovariate(self.rate) for _ in range(self.requests - 1)), initial=0.0))

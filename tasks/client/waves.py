@@ -1,28 +1,23 @@
 """Send waves of streamed requests and keep one raw record per request.
 
-One client path for every stage: a closed-loop wave is `concurrency` streams, each sending
-`requests_per_stream` requests one after another (starts optionally staggered); an open-loop wave sends
-on a Poisson or constant schedule with at most `concurrency` in flight. Either way the pool opens at
-most `concurrency` connections and every body is read to its end, so connections are reused; the wave
-records how many it opened.
+Closed loop: `concurrency` streams of `requests_per_stream` requests each (starts optionally staggered);
+open loop: a Poisson or constant schedule with at most `concurrency` in flight. The pool opens at most
+`concurrency` connections, reads every body to its end (so connections are reused) and counts what it opened.
 
 Clocks (docs/metrics.md): send time is taken just before the request's bytes are written, after any
-connect (timed apart); each piece of received bytes carries the kernel's receive time
-(tasks/client/stamped.py), and only later, in the reading task, are its events split and parsed
-(overlapping the wait for the next bytes). While a wave runs, the objects alive before it are frozen out
-of the cycle collector (a full collection of the imported heap stopped the loop for tens of ms). The
-loop is asyncio's own: uvloop was measured and dropped (docs/benchmarks.md, 2026-12-01 13:18 UTC). A
-wall deadline, not a read timeout, bounds each request: llama-server pings an idle stream every 30 s, so
-a read timeout would never fire. Once a request has run past it, the wave sends no new request (those in
-flight end by their own deadlines): the lane ends at its next check, so a fault costs one request
-deadline, not one per request left in the stream.
+connect (timed apart); each received piece carries the kernel's receive time (tasks/client/stamped.py)
+and is split and parsed later, overlapping the wait for the next bytes. During a wave the objects alive
+before it are frozen out of the cycle collector (a full collection stopped the loop for tens of ms).
+The loop is asyncio's own: uvloop was measured and dropped (docs/benchmarks.md, 2026-12-01 13:18 UTC).
+A wall deadline, not a read timeout, bounds each request (llama-server pings an idle stream every 30 s);
+once one request runs past it the wave sends no new request, so a fault costs one deadline, not one per
+request left in the stream.
 
-While a wave runs, a probe measures the event loop's lag and the process's CPU: a client that is itself
-the bottleneck says so (WaveResult.client_saturated) instead of reporting its own queueing as the
-server's latency. So the loop does per request only what the clocks need: a finished request's record is
-built and kept later, one per loop turn (tasks/client/recorder.py), and one watchdog task per wave, not
-one per request, looks for stalls (issue 23: at C=64 on an H200 the 64 streams end in one decode step,
-and building and writing their records in one loop turn held it for 10-20 ms).
+A probe measures loop lag and process CPU, so a client that is itself the bottleneck says so
+(WaveResult.client_saturated) instead of reporting its own queueing as server latency. Per request the
+loop does only what the clocks need: records are built one per loop turn (tasks/client/recorder.py) and
+one watchdog per wave looks for stalls (issue 23: at C=64 on an H200 the 64 streams end in one decode
+step, and building and writing their records in one loop turn held it for 10-20 ms).
 """
 
 from __future__ import annotations
@@ -33,6 +28,7 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from urllib.parse import urlsplit
 
 from tasks.client import auth, http
@@ -65,9 +61,8 @@ class Wave:
     arrival: str = "poisson"
     deadline_s: float | None = None  # per request, wall clock; None: derived from max_tokens (client/deadline.py)
     seed: int = 0
-    # Stall bounds from the lane's own warm steady state (tasks/client/deadline.py `stall_bounds`):
-    # no token for `stall_s` mid-stream, or none for `first_token_stall_s` after the send, ends
-    # the request as a stall (None: only the wall deadline bounds it).
+    # From the lane's warm steady state (deadline.py `stall_bounds`): no token for `stall_s` mid-stream, or
+    # for `first_token_stall_s` after the send, ends the request as a stall (None: only the deadline bounds it).
     stall_s: float | None = None
     first_token_stall_s: float | None = None
     workers: int = 1  # processes the wave's load is spread over (tasks/client/workers.py)
@@ -85,19 +80,12 @@ class Wave:
 STALL_POLL_S = 0.25  # how often the stall watchdog looks at each request's last token
 
 
-class Stalled(Exception):
-    """No token for longer than the lane's stall bound: the request is cut and recorded as a stall."""
-
-    def __init__(self, since: float, gap: float, bound: float, chunks: int, sent_s: float) -> None:
-        super().__init__(since, gap)
-        self.since, self.gap, self.bound, self.chunks, self.sent_s = since, gap, bound, chunks, sent_s
-
-    def words(self) -> str:
-        """The stall and its span on the wave's clock (from..to, seconds from the wave's start)."""
-        start = self.sent_s + self.since
-        after = f"after {self.chunks} token chunks" if self.chunks else "before the first token"
-        return (f"stall: no token for {self.gap:.1f} s {after} (span {start:.2f}-{start + self.gap:.2f} s of the "
-                f"wave; bound {self.bound:.1f} s from the lane's warm steady state)")
+def _stall_words(since: float, gap: float, bound: float, chunks: int, sent_s: float) -> str:
+    """A cut request's error: the stall and its span in seconds from the wave's start."""
+    start = sent_s + since
+    after = f"after {chunks} token chunks" if chunks else "before the first token"
+    return (f"stall: no token for {gap:.1f} s {after} (span {start:.2f}-{start + gap:.2f} s of the "
+            f"wave; bound {bound:.1f} s from the lane's warm steady state)")
 
 
 @dataclass(repr=False)
@@ -141,11 +129,10 @@ class _Client:
 
     async def _exchange(self, payload: bytes, sink: Callable[[float, bytes], None],
                         flight: _Flight) -> tuple[http.Response, float, float | None, bool]:
-        """Send on a pooled connection and read the whole response. A kept-alive connection the
-        server has meanwhile closed is replaced once, on a new connection."""
+        """Send on a pooled connection and read the whole response; a kept-alive connection the server
+        has meanwhile closed is replaced once."""
         for attempt in (0, 1):
-            # The retry takes a new connection: another idle one may be just as closed (llama-server
-            # closes after every stream).
+            # The retry takes a new connection: another idle one may be just as closed (llama-server closes every stream).
             conn, reused = await self.pool.acquire(fresh=attempt == 1)
             flight.conn = conn
             keep = False
@@ -166,10 +153,8 @@ class _Client:
         raise AssertionError("unreachable")
 
     async def watch(self) -> None:
-        """The wave's one stall watchdog: every STALL_POLL_S it cuts (closes the connection of)
-        each request with no token for longer than the wave's stall bound (a stopped or stuck
-        server: a read timeout never fires, llama-server pings every 30 s). One task for the
-        wave, not a polling task per request: at C=64 those woke together every 0.25 s."""
+        """Every STALL_POLL_S, close the connection of each request with no token for longer than the
+        stall bound. One task per wave: a task per request woke 64 at once at C=64."""
         wave = self.wave
         while True:
             await asyncio.sleep(STALL_POLL_S)
@@ -183,13 +168,12 @@ class _Client:
                 gap = now - acc.t_send - since
                 bound = wave.stall_s if arrivals else (wave.first_token_stall_s or wave.stall_s)
                 if bound is not None and gap > bound:
-                    f.stalled = Stalled(since, gap, bound, len(arrivals), acc.t_send - self.t0)
+                    f.stalled = _stall_words(since, gap, bound, len(arrivals), acc.t_send - self.t0)
                     f.conn.close()  # its read ends now; the request records the stall
 
     async def request(self, prompt: Prompt, stream: int | None, scheduled: float | None,
                       queued: float = 0.0) -> Builder:
-        """Send one request and read its stream to the end; what it measured comes back as a
-        builder of its record, which the wave's Recorder calls on a later loop turn (recorder.py)."""
+        """Send one request and read its stream to the end; returns a builder of its record (recorder.py)."""
         wave, engine = self.wave, self.engine
         tag = nonce()
         spec = engine.completion_request(with_nonce(prompt.text, tag), wave.max_tokens)
@@ -217,17 +201,17 @@ class _Client:
             error = f"{type(e).__name__}: {e}"
         finally:
             self.flights.discard(flight)
-        if flight.stalled is not None:  # the watchdog cut it: a stall, in its words
-            resp, error = None, flight.stalled.words()
+        if flight.stalled is not None:  # the watchdog cut it
+            resp, error = None, flight.stalled
             self.late = True
-        t_end = time.perf_counter()
-        measured = _Measured(prompt, tag, started, t_start, t_end, resp, t_send, connect_s, reused, error,
-                             stream, scheduled, queued)
-        return lambda: self._record(measured, splitter, acc)
+        return partial(self._record, prompt, tag, started, t_start, time.perf_counter(), resp, t_send, connect_s, reused,
+                       error, stream, scheduled, queued, splitter, acc)
 
-    def _record(self, m: _Measured, splitter: http.EventSplitter, acc: Assembler) -> RequestRecord:
+    def _record(self, prompt: Prompt, tag: str, started: float, t_start: float, t_end: float, resp: http.Response | None,
+                t_send: float | None, connect_s: float | None, reused: bool, error: str | None, stream: int | None,
+                scheduled: float | None, queued: float, splitter: http.EventSplitter, acc: Assembler) -> RequestRecord:
         """The request's record from what it measured (no clock is read here: it runs later)."""
-        wave, resp, t_send, error, t_end = self.wave, m.resp, m.t_send, m.error, m.t_end
+        wave = self.wave
         if error is not None and acc.out.error is not None:
             error = acc.out.error  # the server said why before the stream broke off: its words
         out = None
@@ -249,18 +233,18 @@ class _Client:
         tokens = out.output_tokens if ok and out else 0
         return RequestRecord(
             lane=wave.lane, stage=wave.stage,
-            repeat=wave.repeat, concurrency=wave.concurrency, prompt_class=m.prompt.prompt_class,
-            prompt_id=m.prompt.id, nonce=m.tag, max_tokens=wave.max_tokens, ok=ok,
+            repeat=wave.repeat, concurrency=wave.concurrency, prompt_class=prompt.prompt_class,
+            prompt_id=prompt.id, nonce=tag, max_tokens=wave.max_tokens, ok=ok,
             http_status=resp.status if resp else None, error=error,
             prompt_tokens=final.prompt_tokens if final else None, output_tokens=tokens,
-            finish_reason=final.finish_reason if final else None, started_at=m.started,
+            finish_reason=final.finish_reason if final else None, started_at=started,
             ttft_s=ttft, e2el_s=e2el, itl_p50_s=out.itl_p50_s() if out else None,
             chunks=len(out.arrivals) if out else 0, spec=final.spec if final else None,
             server_timings=final.timings if final else None,
             tpot_s=(e2el - ttft) / (tokens - 1) if e2el is not None and ttft is not None and tokens > 1 else None,
-            stream=m.stream, sent_s=(t_send if t_send is not None else m.t_start) - self.t0,
-            ended_s=t_end - self.t0, scheduled_s=m.scheduled, queued_s=m.queued, connect_s=m.connect_s,
-            reused_connection=m.reused, chunk_arrivals_s=out.arrivals if out else [],
+            stream=stream, sent_s=(t_send if t_send is not None else t_start) - self.t0,
+            ended_s=t_end - self.t0, scheduled_s=scheduled, queued_s=queued, connect_s=connect_s,
+            reused_connection=reused, chunk_arrivals_s=out.arrivals if out else [],
             chunk_tokens=out.tokens if out else [], chunk_coalesced=out.coalesced if out else [],
             events=out.events if out else 0, deadline_s=wave.deadline_s,
             truncation=truncation_of(ok, final.finish_reason if final else None, tokens, wave.max_tokens,
@@ -274,26 +258,7 @@ class _Flight:
 
     acc: Assembler
     conn: http.Connection | None = None
-    stalled: Stalled | None = None
-
-
-@dataclass
-class _Measured:
-    """What one request measured on the loop, handed to the recorder thread."""
-
-    prompt: Prompt
-    tag: str
-    started: float
-    t_start: float
-    t_end: float
-    resp: http.Response | None
-    t_send: float | None
-    connect_s: float | None
-    reused: bool
-    error: str | None
-    stream: int | None
-    scheduled: float | None
-    queued: float
+    stalled: str | None = None  # the watchdog cut it: why
 
 
 async def _probe_loop(lags: list[float]) -> None:
@@ -335,11 +300,8 @@ async def _run_wave(base_url: str, engine: Engine, wave: Wave, prompts: list[Pro
                 keep(await client.request(prompts[k % len(prompts)], None, at, time.perf_counter() - t))
 
         tasks = []
-        for k, at in enumerate(shape.schedule()):
-            if k % count != index:
-                continue
-            delay = client.t0 + at - time.perf_counter()
-            if delay > 0:
+        for k, at in list(enumerate(shape.schedule()))[index::count]:
+            if (delay := client.t0 + at - time.perf_counter()) > 0:
                 await asyncio.sleep(delay)
             tasks.append(asyncio.create_task(one(k, at)))
         await asyncio.gather(*tasks)
@@ -364,20 +326,17 @@ async def _run_wave(base_url: str, engine: Engine, wave: Wave, prompts: list[Pro
         records = await recorder.close()  # the last records kept (the wave's clocks are already read)
     records.sort(key=lambda r: r.sent_s or 0.0)
     return WaveResult(records=records, wall_s=wall, connections_opened=client.pool.opened,
-                      server_closed=client.pool.server_closed,
-                      loop_lag_p99_s=percentile(lags, 99, 0.0),
+                      server_closed=client.pool.server_closed, loop_lag_p99_s=percentile(lags, 99, 0.0),
                       loop_lag_max_s=max(lags, default=0.0), client_cpu=cpu / wall if wall > 0 else 0.0,
-                      client_cpu_s=cpu,
-                      shape=shape.describe())
+                      client_cpu_s=cpu, shape=shape.describe())
 
 
 def run_part(base_url: str, engine: Engine, wave: Wave, prompts: list[Prompt],
              on_record: Callable[[RequestRecord], None] | None = None, part: tuple[int, int] = (0, 1),
              t0: float | None = None) -> WaveResult:
     """One process's share of a wave (all of it by default), blocking."""
-    # Everything alive before the wave (the imported libraries: hundreds of thousands of objects)
-    # is set aside from the cycle collector while it runs: a full collection scanned all of it,
-    # stopping the event loop for tens of ms in the middle of the wave's clocks.
+    # The imported libraries' hundreds of thousands of objects are set aside from the cycle collector:
+    # a full collection scanned them all, stopping the loop for tens of ms amid the wave's clocks.
     gc.freeze()
     try:
         return asyncio.run(_run_wave(base_url, engine, wave, prompts, on_record, part, t0))

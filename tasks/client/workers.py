@@ -1,25 +1,18 @@
 """A wave's load spread over worker processes, on one clock.
 
-One asyncio process tops out at one core's worth of streamed events (docs/benchmarks.md, "The
-load generator"); a server streaming more than that needs several. And a wave run inside the flow
-process shares its interpreter with Prefect's threads (log and event workers), which hold the GIL
-for up to the switch interval while the loop has events waiting: on an H200 the client-bound flag
-fired from C=8 in the nightly while the same client alone stayed at the probe's floor (issue 23).
-Each worker process runs its share of the wave with the one-process client (`waves.run_part`):
-closed loop, the streams whose number is the worker's index modulo the worker count; open loop,
-those requests of the one schedule, drawn once here, each still sent at its own scheduled time, so
-the arrival process is exactly the one-process one. The in-flight ceiling is split over the workers.
+One asyncio process tops out at one core's worth of streamed events (docs/benchmarks.md, "The load
+generator"), and a wave in the flow process shares its GIL with Prefect's log and event threads: on an
+H200 the client-bound flag fired from C=8 in the nightly while the same client alone stayed at the
+probe's floor (issue 23). Each worker runs `waves.run_part` on its share: closed loop, the streams
+whose number is its index modulo the worker count; open loop, those requests of the one schedule drawn
+here, each at its own time, so the arrival process is the one-process one. The in-flight ceiling is split.
 
-The workers are kept between waves (a pool per worker count and cores): a spawned interpreter takes
-a second or more to import, which a decode curve of 21 waves would pay 21 times. A worker that died
-takes its pool with it; the next wave starts a fresh one.
+Workers are kept between waves, one pool per (count, cpus): a spawned interpreter takes a second or
+more to import, paid 21 times by a 21-wave decode curve otherwise. A dead worker takes its pool with it.
 
-One clock: every stamp is `time.perf_counter()`, CLOCK_MONOTONIC, the same clock in every process
-on the host; the workers start their share at one `t0` handed to them after all of them hold the
-wave, so `sent_s`, `scheduled_s` and every arrival are on the wave's one timeline and merge into the
-same records one process writes. Records reach `on_record` as each worker finishes them, not at the
-wave's end. A request past its deadline stops new sends in its own worker only; the others stop at
-their own deadlines.
+Every stamp is `time.perf_counter()` (CLOCK_MONOTONIC, one clock for every process on the host) and the
+workers start at one `t0` handed out once all hold the wave, so their records merge onto one timeline.
+Records reach `on_record` as each ends. A request past its deadline stops new sends in its own worker only.
 """
 
 from __future__ import annotations
@@ -43,10 +36,9 @@ START_MARGIN_S = 0.1  # from handing out t0 to t0: every worker has it before th
 READY_TIMEOUT_S = 120.0  # a worker that has not imported by then is broken, not slow
 
 
-def _serve(conn: Connection, index: int, cpus: list[int] | None) -> None:
-    """One worker: pinned once, then wave after wave: take the wave, say ready, take t0, run its
-    share, send each record as it ends. The wave carries the API keys of the parent's servers (a
-    spawned interpreter starts with none)."""
+def _serve(conn: Connection, index: int, cpus: tuple[int, ...] | None) -> None:
+    """One worker, pinned once; per wave: take it (with the parent's API keys: a spawned interpreter
+    has none), say ready, take t0, run its share, send each record as it ends."""
     if cpus:
         os.sched_setaffinity(0, {cpus[index % len(cpus)]})
     while (job := conn.recv()) is not None:
@@ -63,17 +55,15 @@ def _serve(conn: Connection, index: int, cpus: list[int] | None) -> None:
 class _Pool:
     """`count` worker processes, started once and kept for the waves that follow."""
 
-    def __init__(self, count: int, cpus: list[int] | None):
+    def __init__(self, count: int, cpus: tuple[int, ...] | None):
         ctx = mp.get_context("spawn")  # not fork: the parent may hold Prefect's threads and loops
-        self.procs: list[BaseProcess] = []
-        self.conns: list[Connection] = []
-        for index in range(count):
-            parent, child = ctx.Pipe()
-            proc = ctx.Process(target=_serve, args=(child, index, cpus), daemon=True, name=f"wave-worker-{index}")
+        pipes = [ctx.Pipe() for _ in range(count)]
+        self.conns: list[Connection] = [parent for parent, _ in pipes]
+        self.procs: list[BaseProcess] = [ctx.Process(target=_serve, args=(child, index, cpus), daemon=True,
+                                                     name=f"wave-worker-{index}") for index, (_, child) in enumerate(pipes)]
+        for proc, (_, child) in zip(self.procs, pipes):
             proc.start()
             child.close()
-            self.procs.append(proc)
-            self.conns.append(parent)
 
     def alive(self) -> bool:
         return all(proc.is_alive() for proc in self.procs)
@@ -95,12 +85,11 @@ class _Pool:
 _pools: dict[tuple[int, tuple[int, ...] | None], _Pool] = {}
 
 
-def _pool(count: int, cpus: list[int] | None) -> _Pool:
-    key = (count, tuple(cpus) if cpus else None)
+def _pool(key: tuple[int, tuple[int, ...] | None]) -> _Pool:
     if key in _pools and not _pools[key].alive():
         _pools.pop(key).close()
     if key not in _pools:
-        _pools[key] = _Pool(count, cpus)
+        _pools[key] = _Pool(*key)
     return _pools[key]
 
 
@@ -117,8 +106,8 @@ def run_spread(base_url: str, engine: Engine, wave: Wave, prompts: list[Prompt],
     """Run `wave` over min(workers, concurrency) kept processes (pinned round-robin to `cpus` when
     given) and merge what they measured into one WaveResult."""
     count = min(wave.workers, wave.concurrency)
-    pool = _pool(count, cpus)
     key = (count, tuple(cpus) if cpus else None)
+    pool = _pool(key)
     keys = auth.snapshot()
     try:
         for index, conn in enumerate(pool.conns):

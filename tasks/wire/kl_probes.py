@@ -14,11 +14,8 @@ from tasks.wire.base import Record
 
 
 class ForcedProbe(Record):
-    """One HTTP request that scores `positions` of a token sequence teacher-forced.
-
-    `forced[i]` is the token id at `positions[i]`: the token whose log-probability is read.
-    SGLang and vLLM score a whole sequence in one request; llama.cpp needs one per position.
-    """
+    """One HTTP request that scores `positions` of a token sequence teacher-forced; `forced[i]` is the
+    token read at `positions[i]`. SGLang and vLLM score a sequence in one request, llama.cpp per position."""
 
     path: str
     body: dict
@@ -35,12 +32,9 @@ class ForcedScore(Record):
 
 
 class ProbeRetry(Exception):
-    """The engine answered without the numbers asked for; send this probe instead.
-
-    llama.cpp withholds the probabilities of a sampled token whose text is an incomplete UTF-8
-    sequence (a lone byte token); the retry samples a harmless token and reads the forced one
-    from the full list.
-    """
+    """The engine answered without the numbers asked for; send this probe instead. llama.cpp withholds
+    the probabilities of a sampled lone byte token (incomplete UTF-8); the retry samples a harmless
+    token and reads the forced one from the full list."""
 
     def __init__(self, probe: ForcedProbe) -> None:
         super().__init__("retry with another probe")
@@ -79,11 +73,8 @@ class ScoreRecord(Record):
 
 
 class KlPositionRow(Record):
-    """One scored continuation position of one lane, beside the reference's first scoring.
-
-    For the reference lane itself the row compares its second scoring with its first: that
-    is the exactness check, position by position.
-    """
+    """One scored continuation position of one lane, beside the reference's first scoring (for the
+    reference lane, its second scoring against its first: the exactness check)."""
 
     lane: str
     prompt_id: str
@@ -114,11 +105,8 @@ class KlSummaryRow(Record):
 
 
 class KlPairRow(Record):
-    """Two candidates against each other, on the positions both scored.
-
-    `gap_*` is candidate a minus candidate b, each measured against the reference (negative:
-    a is closer); its confidence interval comes from a paired bootstrap over prompts.
-    """
+    """Two candidates on the positions both scored. `gap_*` is a minus b, each against the reference
+    (negative: a is closer), with a paired-bootstrap confidence interval over prompts."""
 
     lane_a: str
     lane_b: str

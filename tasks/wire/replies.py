@@ -40,12 +40,9 @@ class ChatReply(Record):
         """What came back, quoted short enough for a one-line gate verdict."""
         if not self.ok:
             return f"HTTP {self.http_status}: {(self.error or '')[:_SHOWN]}" if self.http_status else (self.error or "")
-        parts = [f"finish_reason={self.finish_reason}"]
-        if self.tool_calls:
-            parts.append("tool_calls=" + ", ".join(f"{c.name}({c.arguments[:60]})" for c in self.tool_calls))
-        parts.append(f"content={_quote(self.content)}")
-        parts.append(f"reasoning={_quote(self.reasoning)}")
-        return ", ".join(parts)
+        calls = ", ".join(f"{c.name}({c.arguments[:60]})" for c in self.tool_calls)
+        parts = [f"finish_reason={self.finish_reason}"] + ([f"tool_calls={calls}"] if calls else [])
+        return ", ".join([*parts, f"content={_quote(self.content)}", f"reasoning={_quote(self.reasoning)}"])
 
 
 def _quote(text: str) -> str:
@@ -53,27 +50,15 @@ def _quote(text: str) -> str:
 
 
 def parse_openai_chat(data: dict[str, Any]) -> ChatReply:
-    """An OpenAI chat completion body -> ChatReply.
-
-    Reasoning arrives as `reasoning_content` (llama.cpp, SGLang, older vLLM) or `reasoning`
-    (vLLM since the field was renamed); both are read.
-    """
+    """An OpenAI chat completion body -> ChatReply; reasoning is `reasoning_content` (llama.cpp,
+    SGLang, older vLLM) or `reasoning` (vLLM since the rename)."""
     choice = (data.get("choices") or [{}])[0]
     message = choice.get("message") or {}
-    calls = []
-    for call in message.get("tool_calls") or []:
-        fn = call.get("function") or {}
-        args = fn.get("arguments")
-        calls.append(ToolCall(name=str(fn.get("name") or ""),
-                              arguments=args if isinstance(args, str) else json.dumps(args)))
+    calls = [ToolCall(name=str(fn.get("name") or ""),
+                      arguments=a if isinstance(a := fn.get("arguments"), str) else json.dumps(a))
+             for fn in (call.get("function") or {} for call in message.get("tool_calls") or [])]
     usage = data.get("usage") or {}
-    return ChatReply(
-        ok=True,
-        http_status=200,
-        content=message.get("content") or "",
-        reasoning=message.get("reasoning_content") or message.get("reasoning") or "",
-        tool_calls=calls,
-        finish_reason=choice.get("finish_reason"),
-        prompt_tokens=usage.get("prompt_tokens"),
-        completion_tokens=usage.get("completion_tokens"),
-    )
+    return ChatReply(ok=True, http_status=200, content=message.get("content") or "",
+                     reasoning=message.get("reasoning_content") or message.get("reasoning") or "",
+                     tool_calls=calls, finish_reason=choice.get("finish_reason"),
+                     prompt_tokens=usage.get("prompt_tokens"), completion_tokens=usage.get("completion_tokens"))
