@@ -36,9 +36,10 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from tasks.hosts.files import file_sha256
+from tasks.inventory.paths import CACHE
 
 FLAGS_DIR = Path(__file__).resolve().parent / "flags"
-WHEEL_CACHE = Path.home() / ".cache" / "lanebench" / "wheels"
+WHEEL_CACHE = CACHE / "wheels"  # under LANEBENCH_CACHE when set, like every other cache
 
 # Source files (inside the wheel) that declare launch flags, per engine; patterns are regexes.
 SOURCES = {
