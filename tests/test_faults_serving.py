@@ -158,9 +158,10 @@ def _ended(n: Nightly) -> None:
         n.proc.wait(120)
 
 
-# Short requests, two a stream: after the first decode record (C=1) the fault lands in C=1 or C=2,
-# so C=3 is a later wave that must not be sent.
-FIVE_XX_CURVE = {"repeats": 1, "decode": {"concurrency": [1, 2, 3], "max_tokens": 16, "requests_per_stream": 2,
+# Short requests, six a stream: after the first decode record (C=1) the fault lands in C=1 or C=2,
+# so C=3 is a later wave that must not be sent. (Two a stream left C=1 and C=2 so short that a test
+# process slowed by a loaded box once touched the cue after both had ended: CI, 2026-12-03.)
+FIVE_XX_CURVE = {"repeats": 1, "decode": {"concurrency": [1, 2, 3], "max_tokens": 16, "requests_per_stream": 6,
                                           "prompts": "testbed/prompts/prose.jsonl"}}
 
 
