@@ -14,7 +14,7 @@ from tasks.record.gpu_report import gpu_lines
 from tasks.record.manifest import read_manifest
 
 H200 = Path(__file__).resolve().parent / "fixtures" / "gpu-h200"
-RUNS = ("run1", "run2", "run5")
+RUNS = ("run1", "run2", "run5", "run6")  # run6: 3a5f7ce, after the structural pass
 
 
 def _manifest(run: str) -> dict:
