@@ -245,18 +245,18 @@ class Fake:
         def usage(k: int) -> dict:
             return {"prompt_tokens": 8, "completion_tokens": k, "total_tokens": 8 + k}
 
-        if fault == "empty":
-            send([b"data: [DONE]\n\n"])
-        elif fault == "stall":
-            t_next = t_recv
+        async def pings(t_next: float) -> None:
+            """Only pings (`:`) every --ping-s from `t_next` on, until the client goes (ConnectionError)."""
             while True:
                 t_next += self.ping
                 await asyncio.sleep(max(0.0, t_next - time.perf_counter()))
                 send([b":\n\n"])
-                try:
-                    await writer.drain()
-                except ConnectionError:
-                    return False
+                await writer.drain()
+
+        if fault == "empty":
+            send([b"data: [DONE]\n\n"])
+        elif fault == "stall":
+            await pings(t_recv)
         else:
             t_next = t_recv + self.ttft
             sent = 0
@@ -291,13 +291,7 @@ class Fake:
                     await writer.drain()
                     return False
                 if fault == "midstall" and sent > n // 2:  # tokens, then only pings: a server stuck mid-stream
-                    while True:
-                        await asyncio.sleep(self.ping)
-                        send([b":\n\n"])
-                        try:
-                            await writer.drain()
-                        except ConnectionError:
-                            return False
+                    await pings(time.perf_counter())
                 t_next += self.itl
                 if len(writes) % 64 == 0 or self.itl:
                     await writer.drain()

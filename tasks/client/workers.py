@@ -65,9 +65,6 @@ class _Pool:
             proc.start()
             child.close()
 
-    def alive(self) -> bool:
-        return all(proc.is_alive() for proc in self.procs)
-
     def close(self) -> None:
         for conn in self.conns:
             try:
@@ -85,14 +82,6 @@ class _Pool:
 _pools: dict[tuple[int, tuple[int, ...] | None], _Pool] = {}
 
 
-def _pool(key: tuple[int, tuple[int, ...] | None]) -> _Pool:
-    if key in _pools and not _pools[key].alive():
-        _pools.pop(key).close()
-    if key not in _pools:
-        _pools[key] = _Pool(*key)
-    return _pools[key]
-
-
 @atexit.register
 def close_pools() -> None:
     """Stop every kept worker (also at the flow process's exit)."""
@@ -107,7 +96,11 @@ def run_spread(base_url: str, engine: Engine, wave: Wave, prompts: list[Prompt],
     given) and merge what they measured into one WaveResult."""
     count = min(wave.workers, wave.concurrency)
     key = (count, tuple(cpus) if cpus else None)
-    pool = _pool(key)
+    if key in _pools and not all(proc.is_alive() for proc in _pools[key].procs):
+        _pools.pop(key).close()
+    if key not in _pools:
+        _pools[key] = _Pool(*key)
+    pool = _pools[key]
     keys = auth.snapshot()
     try:
         for index, conn in enumerate(pool.conns):

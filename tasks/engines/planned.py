@@ -11,7 +11,6 @@ a ten-minute boot (the shipped GB300 example once asked 48 of a server its own
   `srt/mem_cache/allocation_sizing.py`), or 1 with `--disable-radix-cache`. 'auto' resolves per
   model; we take the extra buffer (5, as the GLM field logs print), its lowest cap. Workers =
   dp_size x attn_dp_size.
-- vLLM 0.33.0: `--max-num-seqs` per data-parallel engine (`vllm/config/scheduler.py`) x `--data-parallel-size`.
 """
 
 from __future__ import annotations
@@ -60,16 +59,6 @@ def sglang_cap(lane: Lane, argv: list[str]) -> PlannedCap | None:
     per_worker, reason, fix = min(caps)
     shape = f" x {workers} data-parallel workers" if workers > 1 else ""
     return PlannedCap(cap=per_worker * workers, reason=f"{reason}{shape}", fix=fix)
-
-
-def vllm_cap(lane: Lane, argv: list[str]) -> PlannedCap | None:
-    seqs = int_flag(argv, "--max-num-seqs")
-    if seqs is None:
-        return None
-    dp = int_flag(argv, "--data-parallel-size", "-dp") or 1
-    shape = f" x {dp} data-parallel engines" if dp > 1 else ""
-    return PlannedCap(cap=seqs * dp, reason=f"--max-num-seqs {seqs}{shape} (the lane's slots unless its flags say)",
-                      fix="raise the lane's slots (it becomes --max-num-seqs)")
 
 
 def check(lane: Lane, planned: PlannedCap | None) -> str | None:
