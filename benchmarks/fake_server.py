@@ -81,9 +81,8 @@ class _StampedReader(asyncio.StreamReader):
 
 
 class _Connection:
-    """One accepted socket, read with recvmsg (each read with its kernel receive stamp) and
-    written straight to the socket: what the event loop's transport cannot give (its reads carry
-    no stamp). Only what the handler needs: write (sent at once, the rest held), drain, close."""
+    """One accepted socket, read with recvmsg (the event loop's transport gives no stamp) and written
+    straight to it: only what the handler needs (write, sent at once, the rest held; drain; close)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket) -> None:
         self.loop, self.sock, self.fd = loop, sock, sock.fileno()
@@ -236,10 +235,8 @@ class Fake:
         def final(usage: dict | None) -> bytes:
             """The event that ends the stream (finish_reason "length"), with the usage if asked for."""
             choice = {"index": 0, "delta": {}} if chat else {"index": 0, "text": "", "token_ids": []}
-            data: dict[str, object] = {"id": f"cmpl-{rid}", "object": "chat.completion.chunk" if chat else "text_completion",
-                                       "created": 0, "model": "fake", "choices": [{**choice, "finish_reason": "length"}]}
-            if usage is not None:
-                data["usage"] = usage
+            data = {"id": f"cmpl-{rid}", "object": "chat.completion.chunk" if chat else "text_completion", "created": 0,
+                    "model": "fake", "choices": [{**choice, "finish_reason": "length"}], **({} if usage is None else {"usage": usage})}
             return b"data: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
 
         def usage(k: int) -> dict:

@@ -105,18 +105,12 @@ async def _head(proto: Stamped) -> tuple[int, dict[str, str]]:
     parts = lines[0].split(" ", 2)
     if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
         raise HTTPError(f"not an HTTP/1.x status line: {lines[0][:200]!r}")
-    headers = {}
-    for line in lines[1:]:
-        if ":" in line:
-            k, v = line.split(":", 1)
-            headers[k.strip().lower()] = v.strip()
-    return int(parts[1]), headers
+    return int(parts[1]), {k.strip().lower(): v.strip() for k, sep, v in (line.partition(":") for line in lines[1:]) if sep}
 
 
 async def read_response(conn: Connection, sink: Callable[[float, bytes], None] | None = None) -> Response:
-    """Read one response to its end. Each piece of the body carries the time the host received
-    its bytes (`Stamped`), whenever this task got to them; a 2xx body's pieces go to `sink` as
-    they come (its parsing then overlaps the wait for the next chunk)."""
+    """Read one response to its end, each body piece stamped (`Stamped`); a 2xx body's pieces go to
+    `sink` as they come (their parsing then overlaps the wait for the next chunk)."""
     proto = conn.proto
     read = proto.read
     status, headers = await _head(proto)
@@ -193,13 +187,9 @@ async def read_response(conn: Connection, sink: Callable[[float, bytes], None] |
 
 class EventSplitter:
     """Server-sent events (blank-line separated) as the chunks arrive, each event with the stamp
-    of the chunk that carried its first byte, and whether that stamp is its own.
-
-    A read's kernel stamp is the arrival of the last bytes it returned (Linux: segments queued
-    before a read are merged in the receive queue, the merged one keeping the later stamp, so
-    smaller reads do not separate them: docs/metrics.md). An event whose first chunk also carried
-    bytes of a later event shared a read: its stamp is an upper bound (`shared`), exact only
-    for the last event the read returned."""
+    of the chunk that carried its first byte, and whether that stamp is its own: an event whose
+    read also carried bytes of a later event has that read's stamp, an upper bound (`shared`;
+    docs/metrics.md, "Coalesced reads")."""
 
     def __init__(self) -> None:
         self.buf, self.t_first = b"", 0.0

@@ -56,6 +56,3 @@ class Recorder:
         while self._pending:
             self._keep(self._pending.popleft())
         return self.records
-
-
-__all__ = ["Builder", "Recorder"]

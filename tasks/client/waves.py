@@ -8,8 +8,7 @@ Clocks, the frozen cycle collector and the lag probe (WaveResult.client_saturate
 uvloop was measured and dropped (docs/benchmarks.md). A wall deadline, not a read timeout, bounds each
 request (llama-server pings an idle stream every 30 s); once one request runs past it the wave sends no
 new request, so a fault costs one deadline, not one per request left in the stream. Per request the loop
-does only what the clocks need: records are built one per loop turn (recorder.py), and one watchdog per
-wave looks for stalls (issue 23: a task per request woke 64 at once at C=64).
+does only what the clocks need: records are built one per loop turn (recorder.py), one watchdog a wave.
 """
 
 from __future__ import annotations
@@ -70,14 +69,6 @@ class Wave:
 
 
 STALL_POLL_S = 0.25  # how often the stall watchdog looks at each request's last token
-
-
-def _stall_words(since: float, gap: float, bound: float, chunks: int, sent_s: float) -> str:
-    """A cut request's error: the stall and its span in seconds from the wave's start."""
-    start = sent_s + since
-    after = f"after {chunks} token chunks" if chunks else "before the first token"
-    return (f"stall: no token for {gap:.1f} s {after} (span {start:.2f}-{start + gap:.2f} s of the "
-            f"wave; bound {bound:.1f} s from the lane's warm steady state)")
 
 
 @dataclass(repr=False)
@@ -160,7 +151,10 @@ class _Client:
                 gap = now - acc.t_send - since
                 bound = wave.stall_s if arrivals else (wave.first_token_stall_s or wave.stall_s)
                 if bound is not None and gap > bound:
-                    f.stalled = _stall_words(since, gap, bound, len(arrivals), acc.t_send - self.t0)
+                    start = acc.t_send - self.t0 + since  # the stall's span, from the wave's start
+                    after = f"after {len(arrivals)} token chunks" if arrivals else "before the first token"
+                    f.stalled = (f"stall: no token for {gap:.1f} s {after} (span {start:.2f}-{start + gap:.2f} s of the "
+                                 f"wave; bound {bound:.1f} s from the lane's warm steady state)")
                     f.conn.proto.close()  # its read ends now; the request records the stall
 
     async def request(self, prompt: Prompt, stream: int | None, scheduled: float | None,
@@ -327,6 +321,3 @@ def run_part(base_url: str, engine: Engine, wave: Wave, prompts: list[Prompt],
         return asyncio.run(_run_wave(base_url, engine, wave, prompts, on_record, part, t0))
     finally:
         gc.unfreeze()
-
-
-__all__ = ["Wave", "WaveResult", "run_part"]

@@ -18,6 +18,7 @@ Records reach `on_record` as each ends. A request past its deadline stops new se
 from __future__ import annotations
 
 import atexit
+import contextlib
 import multiprocessing as mp
 import os
 import time
@@ -67,10 +68,8 @@ class _Pool:
 
     def close(self) -> None:
         for conn in self.conns:
-            try:
+            with contextlib.suppress(OSError):  # that worker is gone already
                 conn.send(None)
-            except OSError:
-                pass  # that worker is gone already
         for proc in self.procs:
             proc.join(5)
             if proc.is_alive():
