@@ -116,10 +116,10 @@ async def read_response(conn: Connection, sink: Callable[[float, bytes], None] |
     status, headers = await _head(proto)
     keep = headers.get("connection", "").lower() != "close"
     resp = Response(status=status, reused=keep)
-    kept, sink = resp.pieces.append, sink if status < 400 else None
+    store, sink = resp.pieces.append, sink if status < 400 else None
 
     def piece(t: float, data: bytes) -> None:
-        kept((t, data))
+        store((t, data))
         if sink is not None:
             sink(t, data)
 
