@@ -81,9 +81,8 @@ class _StampedReader(asyncio.StreamReader):
 
 
 class _Connection:
-    """One accepted socket, read with recvmsg (each read with its kernel receive stamp) and
-    written straight to the socket: what the event loop's transport cannot give (its reads carry
-    no stamp). Only what the handler needs: write (sent at once, the rest held), drain, close."""
+    """One accepted socket, read with recvmsg (the event loop's transport gives no stamp) and written
+    straight to it: only what the handler needs (write, sent at once, the rest held; drain; close)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket) -> None:
         self.loop, self.sock, self.fd = loop, sock, sock.fileno()
@@ -236,27 +235,25 @@ class Fake:
         def final(usage: dict | None) -> bytes:
             """The event that ends the stream (finish_reason "length"), with the usage if asked for."""
             choice = {"index": 0, "delta": {}} if chat else {"index": 0, "text": "", "token_ids": []}
-            data: dict[str, object] = {"id": f"cmpl-{rid}", "object": "chat.completion.chunk" if chat else "text_completion",
-                                       "created": 0, "model": "fake", "choices": [{**choice, "finish_reason": "length"}]}
-            if usage is not None:
-                data["usage"] = usage
+            data = {"id": f"cmpl-{rid}", "object": "chat.completion.chunk" if chat else "text_completion", "created": 0,
+                    "model": "fake", "choices": [{**choice, "finish_reason": "length"}], **({} if usage is None else {"usage": usage})}
             return b"data: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
 
         def usage(k: int) -> dict:
             return {"prompt_tokens": 8, "completion_tokens": k, "total_tokens": 8 + k}
 
-        if fault == "empty":
-            send([b"data: [DONE]\n\n"])
-        elif fault == "stall":
-            t_next = t_recv
+        async def pings(t_next: float) -> None:
+            """Only pings (`:`) every --ping-s from `t_next` on, until the client goes (ConnectionError)."""
             while True:
                 t_next += self.ping
                 await asyncio.sleep(max(0.0, t_next - time.perf_counter()))
                 send([b":\n\n"])
-                try:
-                    await writer.drain()
-                except ConnectionError:
-                    return False
+                await writer.drain()
+
+        if fault == "empty":
+            send([b"data: [DONE]\n\n"])
+        elif fault == "stall":
+            await pings(t_recv)
         else:
             t_next = t_recv + self.ttft
             sent = 0
@@ -291,13 +288,7 @@ class Fake:
                     await writer.drain()
                     return False
                 if fault == "midstall" and sent > n // 2:  # tokens, then only pings: a server stuck mid-stream
-                    while True:
-                        await asyncio.sleep(self.ping)
-                        send([b":\n\n"])
-                        try:
-                            await writer.drain()
-                        except ConnectionError:
-                            return False
+                    await pings(time.perf_counter())
                 t_next += self.itl
                 if len(writes) % 64 == 0 or self.itl:
                     await writer.drain()

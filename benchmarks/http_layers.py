@@ -66,7 +66,7 @@ async def _lean(url: str, c: int, n: int, tokens: int) -> int:
         nonlocal events
         for _ in range(n):
             conn, _ = await pool.acquire()
-            conn.write(payload)
+            conn.proto.write(payload)
             resp = await lean.read_response(conn)
             pool.release(conn, resp.reused)
             events += sum(d.count(b"\n\n") for _, d in resp.pieces)

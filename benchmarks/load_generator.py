@@ -52,10 +52,8 @@ def lanebench(url: str, concurrency: int, requests: int, tokens: int, workers: i
     wave = Wave(lane="bench", stage="decode", repeat=1, concurrency=concurrency,
                 requests_per_stream=max(1, requests // concurrency), max_tokens=tokens, workers=workers)
     prompts = [Prompt(id="p", prompt_class="bench", text="benchmark prompt")]
-    if workers > 1:
-        result = run_spread(url, engine_for("vllm"), wave, prompts, cpus=cpus)
-    else:
-        result = run_wave(url, engine_for("vllm"), wave, prompts)
+    result = run_spread(url, engine_for("vllm"), wave, prompts, cpus=cpus) if workers > 1 else \
+        run_wave(url, engine_for("vllm"), wave, prompts)
     # the wave's own CPU in every client process (a worker's interpreter start-up is not in it)
     return {"cpu_s": result.client_cpu_s, "wall_s": result.wall_s,
             "ok": sum(r.ok for r in result.records), "n": len(result.records),

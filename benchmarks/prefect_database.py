@@ -177,15 +177,13 @@ def report(results: dict, args: argparse.Namespace, loads: list[float], steal_pc
 
     for kind in kinds:
         for q, name in ((0.5, "p50"), (0.95, "p95")):
-            def metric(rnd, kind=kind, q=q) -> float:
-                return pct(rnd["lat"].get(kind, []), q) * 1000
             cells = [pct([x for lat in results[b]["lat"] for x in lat.get(kind, [])], q) * 1000 for b in ("sqlite", "postgresql")]
-            lines.append(f"| API {kind} {name} (ms) | {cells[0]:.1f} | {cells[1]:.1f} | {ratio(metric)} |")
+            lines.append(f"| API {kind} {name} (ms) | {cells[0]:.1f} | {cells[1]:.1f} | "
+                         f"{ratio(lambda rnd, kind=kind, q=q: pct(rnd['lat'].get(kind, []), q) * 1000)} |")
     for q, name in ((0.5, "median"), (0.95, "p95")):
         cells = [pct([x for t in results[b]["run"] for x in t], q) for b in ("sqlite", "postgresql")]
-        def run_q(rnd: dict, q: float = q) -> float:
-            return pct(rnd["run"], q)
-        lines.append(f"| flow run overhead {name} (s) | {cells[0]:.3f} | {cells[1]:.3f} | {ratio(run_q)} |")
+        lines.append(f"| flow run overhead {name} (s) | {cells[0]:.3f} | {cells[1]:.3f} | "
+                     f"{ratio(lambda rnd, q=q: pct(rnd['run'], q))} |")
     rates = [statistics.median(results[b]["rate"]) for b in ("sqlite", "postgresql")]
     lines.append(f"| flow runs per second, {args.procs} processes (wall from their start) | {rates[0]:.2f} | {rates[1]:.2f} | "
                  f"{ratio(lambda rnd: rnd['rate'])} |")

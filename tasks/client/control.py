@@ -19,6 +19,3 @@ def control() -> httpx.Client:
     # Every request carries the API key its server demands, if it demands one (tasks/client/auth.py).
     return httpx.Client(limits=httpx.Limits(max_connections=32, max_keepalive_connections=8),
                         event_hooks={"request": [auth.sign]})
-
-
-__all__ = ["control"]

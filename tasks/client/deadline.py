@@ -13,13 +13,9 @@ import os
 TTFT_ALLOWANCE_S = 30.0
 
 
-def floor_tok_s() -> float:
-    """Slowest decode speed that still counts as serving (tokens/s per request); env LANEBENCH_FLOOR_TOK_S."""
-    return max(0.01, float(os.environ.get("LANEBENCH_FLOOR_TOK_S", "1.0")))
-
-
 def request_deadline_s(max_tokens: int) -> float:
-    return TTFT_ALLOWANCE_S + max_tokens / floor_tok_s()
+    """The floor speed is the slowest decode that still counts as serving (tokens/s per request, env LANEBENCH_FLOOR_TOK_S)."""
+    return TTFT_ALLOWANCE_S + max_tokens / max(0.01, float(os.environ.get("LANEBENCH_FLOOR_TOK_S", "1.0")))
 
 
 STALL_FACTOR = 20.0  # a gap this many times the lane's warm steady ITL p99 is a stall, not a slow token

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from tasks.client.stamped import Stamped, connect
 
 _CRLF = b"\r\n"
+CONNECT_TIMEOUT_S = 10.0
 
 
 class HTTPError(Exception):
@@ -30,19 +31,12 @@ class HTTPError(Exception):
 class Connection:
     proto: Stamped
     connect_s: float  # how long the TCP connect took
-    served: int = 0  # requests this connection has carried
-
-    def write(self, data: bytes) -> None:
-        self.proto.write(data)
 
     @property
     def gone(self) -> bool:
         """The server closed it (or it broke), or we did."""
         p = self.proto
         return (p.eof and not p.chunks) or p.closed
-
-    def close(self) -> None:
-        self.proto.close()
 
 
 @dataclass
@@ -56,9 +50,8 @@ class Pool:
     """Keep-alive connections to one host:port. At most `size` are open at once: a caller that
     finds none idle opens one; a connection the server closed is replaced (and counted)."""
 
-    def __init__(self, host: str, port: int, size: int, connect_timeout: float = 10.0):
+    def __init__(self, host: str, port: int, size: int):
         self.host, self.port, self.size = host, port, size
-        self.connect_timeout = connect_timeout
         self.opened = 0
         self.server_closed = 0  # connections the server ended after a response (its choice, not ours)
         self._idle: list[Connection] = []
@@ -71,11 +64,11 @@ class Pool:
             if not conn.gone:
                 return conn, True
             self.server_closed += 1
-            conn.close()
+            conn.proto.close()
         t0 = time.perf_counter()
         # asyncio.timeout, not wait_for: wait_for wraps the connect in a task of its own, and at
         # C=64 against llama-server (a new connection per request) 64 of them start in one turn
-        async with asyncio.timeout(self.connect_timeout):
+        async with asyncio.timeout(CONNECT_TIMEOUT_S):
             sock = await connect(self.host, self.port)
         self.opened += 1
         return Connection(Stamped(asyncio.get_running_loop(), sock), connect_s=time.perf_counter() - t0), False
@@ -84,11 +77,11 @@ class Pool:
         if keep and len(self._idle) < self.size:
             self._idle.append(conn)
         else:
-            conn.close()
+            conn.proto.close()
 
     def close(self) -> None:
         while self._idle:
-            self._idle.pop().close()
+            self._idle.pop().proto.close()
 
 
 def request_bytes(host: str, port: int, path: str, body: bytes, extra: bytes = b"") -> bytes:
@@ -112,37 +105,24 @@ async def _head(proto: Stamped) -> tuple[int, dict[str, str]]:
     parts = lines[0].split(" ", 2)
     if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
         raise HTTPError(f"not an HTTP/1.x status line: {lines[0][:200]!r}")
-    headers = {}
-    for line in lines[1:]:
-        if ":" in line:
-            k, v = line.split(":", 1)
-            headers[k.strip().lower()] = v.strip()
-    return int(parts[1]), headers
-
-
-class _Pieces(list):
-    """The body's pieces; each one is also handed to `sink` (after it was stamped)."""
-
-    def __init__(self, sink: Callable[[float, bytes], None] | None):
-        super().__init__()
-        self.sink = sink
-
-    def append(self, item: tuple[float, bytes]) -> None:
-        super().append(item)
-        if self.sink is not None:
-            self.sink(*item)
+    return int(parts[1]), {k.strip().lower(): v.strip() for k, sep, v in (line.partition(":") for line in lines[1:]) if sep}
 
 
 async def read_response(conn: Connection, sink: Callable[[float, bytes], None] | None = None) -> Response:
-    """Read one response to its end. Each piece of the body carries the time the host received
-    its bytes (`Stamped`), whenever this task got to them; a 2xx body's pieces go to `sink` as
-    they come (its parsing then overlaps the wait for the next chunk)."""
+    """Read one response to its end, each body piece stamped (`Stamped`); a 2xx body's pieces go to
+    `sink` as they come (their parsing then overlaps the wait for the next chunk)."""
     proto = conn.proto
     read = proto.read
     status, headers = await _head(proto)
     keep = headers.get("connection", "").lower() != "close"
     resp = Response(status=status, reused=keep)
-    pieces = resp.pieces = _Pieces(sink if status < 400 else None)
+    store, sink = resp.pieces.append, sink if status < 400 else None
+
+    def piece(t: float, data: bytes) -> None:
+        store((t, data))
+        if sink is not None:
+            sink(t, data)
+
     if "chunked" in headers.get("transfer-encoding", "").lower():
         buf, pos = b"", 0  # pos: where the unread part of buf starts (no re-slicing per frame)
         need = -1  # bytes of chunk data still expected; -1: a size line comes next
@@ -165,7 +145,7 @@ async def read_response(conn: Connection, sink: Callable[[float, bytes], None] |
                     pos = i + 2
                     if need == 0:  # last chunk; the trailer ends with an empty line
                         if out:
-                            pieces.append((t, b"".join(out)))
+                            piece(t, b"".join(out))
                         buf = buf[pos:]
                         while not (buf.startswith(_CRLF) or b"\r\n\r\n" in buf):
                             _, more = await read()
@@ -183,7 +163,7 @@ async def read_response(conn: Connection, sink: Callable[[float, bytes], None] |
                 out.append(buf[pos:pos + need])
                 pos, need = pos + need + 2, -1
             if out:
-                pieces.append((t, b"".join(out)))
+                piece(t, b"".join(out))
     elif "content-length" in headers:
         left = int(headers["content-length"])
         while left > 0:
@@ -193,7 +173,7 @@ async def read_response(conn: Connection, sink: Callable[[float, bytes], None] |
             if len(data) > left:  # bytes past this body stay on the connection
                 proto.unread(t, data[left:])
                 data = data[:left]
-            pieces.append((t, data))
+            piece(t, data)
             left -= len(data)
     else:  # a body delimited by the connection's close
         resp.reused = False
@@ -201,19 +181,15 @@ async def read_response(conn: Connection, sink: Callable[[float, bytes], None] |
             t, data = await read()
             if not data:
                 break
-            pieces.append((t, data))
+            piece(t, data)
     return resp
 
 
 class EventSplitter:
     """Server-sent events (blank-line separated) as the chunks arrive, each event with the stamp
-    of the chunk that carried its first byte, and whether that stamp is its own.
-
-    A read's kernel stamp is the arrival of the last bytes it returned (Linux: segments queued
-    before a read are merged in the receive queue, the merged one keeping the later stamp, so
-    smaller reads do not separate them: docs/metrics.md). An event whose first chunk also carried
-    bytes of a later event shared a read: its stamp is an upper bound (`shared`), exact only
-    for the last event the read returned."""
+    of the chunk that carried its first byte, and whether that stamp is its own: an event whose
+    read also carried bytes of a later event has that read's stamp, an upper bound (`shared`;
+    docs/metrics.md, "Coalesced reads")."""
 
     def __init__(self) -> None:
         self.buf, self.t_first = b"", 0.0

@@ -1,10 +1,8 @@
-"""The field's metrics over a level's measured waves (formulas in docs/metrics.md).
+"""The field's metrics over a level's measured waves (formulas: docs/metrics.md, "Per level").
 
-TTFT and TPOT are per request; ITL pools every gap between chunks of every request (not a
-median of medians), and a chunk's token count is kept beside it, so a speculative burst reads
-as a burst (tokens per chunk > 1) instead of as a tiny ITL. Throughput counts the tokens that
-arrived inside a wave's steady window, when every stream was running; ramp-up and ramp-down
-are reported apart. Goodput counts the requests that met the declared TTFT and TPOT bounds.
+ITL pools every exactly stamped gap of every request (not a median of medians), each chunk's token
+count beside it, so a speculative burst reads as a burst, not as a tiny ITL; throughput counts the
+tokens inside each wave's steady window (ramps apart); goodput, the requests within the bounds.
 """
 
 from __future__ import annotations

@@ -1,12 +1,10 @@
 """A wave's finished requests become records one per loop turn, never in a burst.
 
-At C=64 on an H200 (issue 23) llama-server ends 64 streams in one decode step; building their 64
-records (pydantic, the ITL median) and appending each to `requests.jsonl` and its seal (~0.1 ms) took
-one 10-20 ms loop turn, twice per wave: the lag probe's p99 hit 2.8-4.8 ms (bound 2 ms), flagging the
-level client-bound, and every stream's bytes waited too. So a finished request hands over a builder
-(its stamps already taken) and one task builds and keeps them one per loop turn. A thread was tried
-first and is worse: it holds the GIL while building (up to the 5 ms switch interval for several).
-Records are kept in the order requests ended; a crash loses at most the few not yet built.
+Building 64 records and appending them to `requests.jsonl` in the turn 64 streams ended in held the
+loop 10-20 ms (issue 23; docs/benchmarks.md, "Why the flag fired"). So a finished request hands
+over a builder (its stamps already taken) and one task builds and keeps them, one a turn (a thread
+is worse: it holds the GIL while building). Records are kept in the order requests ended; a crash
+loses at most the few not yet built.
 """
 
 from __future__ import annotations
@@ -58,6 +56,3 @@ class Recorder:
         while self._pending:
             self._keep(self._pending.popleft())
         return self.records
-
-
-__all__ = ["Builder", "Recorder"]

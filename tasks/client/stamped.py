@@ -3,15 +3,9 @@ received its bytes (the kernel's receive timestamp), whatever the event loop was
 
 The event loop only says a socket is readable; `recvmsg` then returns the bytes together with
 their SO_TIMESTAMPNS stamp, so neither the loop's wake-up (an idle vCPU's, on a VM: tens to
-hundreds of µs) nor its work for other streams sits in a TTFT or an ITL gap
-(docs/metrics.md, docs/benchmarks.md).
-
-What holds, and what does not: a stream socket gets ONE stamp per recvmsg, the arrival of the
-last bytes it returned. When one segment waits, that is its own arrival. When several waited
-(the loop was busy longer than the server's gap), Linux has already merged them in the receive
-queue and the merged bytes carry the later stamp, so a smaller read does not get the earlier
-one back (tests/test_load_generator.py checks this kernel behaviour). The earlier events of
-such a read are marked coalesced downstream (http.EventSplitter): their stamp is an upper bound.
+hundreds of µs) nor its work for other streams sits in a TTFT or an ITL gap. One recvmsg has ONE
+stamp, the arrival of the last bytes it returned (docs/metrics.md, "Coalesced reads"): the earlier
+events of such a read are marked coalesced downstream (http.EventSplitter).
 """
 
 from __future__ import annotations
@@ -78,11 +72,8 @@ def _arrival(anc: list[tuple[int, int, bytes]], now: float, wall: float) -> floa
 
 
 class Stamped:
-    """A connection's socket, read by this class itself (the event loop only says it is
-    readable): each recvmsg returns the bytes with the kernel's receive timestamp, the moment the
-    host got the last of them, so neither the event loop's wake-up nor the work it was doing for
-    other streams is in the stamp (bytes that arrived earlier in the same read: see above).
-    Without kernel stamps, the time of the read is taken instead."""
+    """A connection's socket, each recvmsg stamped as the module says (without kernel stamps, the
+    time of the read is taken instead)."""
 
     __slots__ = ("loop", "sock", "fd", "chunks", "buffered", "eof", "exc", "closed", "_waiter", "_paused", "_out")
 

@@ -1,10 +1,8 @@
 """One stream's events -> what the request did: chunks with their arrival stamps, the final
 event, or the one error that makes it THAT request's error row.
 
-Every event comes with the arrival stamp of the received bytes that carried its first byte
-(the kernel's receive time, tasks/client/stamped.py), taken before anything parsed it, so neither
-JSON nor pydantic sits inside a measured interval. The engine adapter parses each
-event's raw bytes (`Engine.parse_stream_event`); nothing here knows which engine spoke.
+Every event comes already stamped (docs/metrics.md); the engine adapter parses its raw bytes
+(`Engine.parse_stream_event`): nothing here knows which engine spoke.
 """
 
 from __future__ import annotations

@@ -4,20 +4,11 @@ Closed loop: `concurrency` streams of `requests_per_stream` requests each (start
 open loop: a Poisson or constant schedule with at most `concurrency` in flight. The pool opens at most
 `concurrency` connections, reads every body to its end (so connections are reused) and counts what it opened.
 
-Clocks (docs/metrics.md): send time is taken just before the request's bytes are written, after any
-connect (timed apart); each received piece carries the kernel's receive time (tasks/client/stamped.py)
-and is split and parsed later, overlapping the wait for the next bytes. During a wave the objects alive
-before it are frozen out of the cycle collector (a full collection stopped the loop for tens of ms).
-The loop is asyncio's own: uvloop was measured and dropped (docs/benchmarks.md, 2026-12-01 13:18 UTC).
-A wall deadline, not a read timeout, bounds each request (llama-server pings an idle stream every 30 s);
-once one request runs past it the wave sends no new request, so a fault costs one deadline, not one per
-request left in the stream.
-
-A probe measures loop lag and process CPU, so a client that is itself the bottleneck says so
-(WaveResult.client_saturated) instead of reporting its own queueing as server latency. Per request the
-loop does only what the clocks need: records are built one per loop turn (tasks/client/recorder.py) and
-one watchdog per wave looks for stalls (issue 23: at C=64 on an H200 the 64 streams end in one decode
-step, and building and writing their records in one loop turn held it for 10-20 ms).
+Clocks, the frozen cycle collector and the lag probe (WaveResult.client_saturated): docs/metrics.md;
+uvloop was measured and dropped (docs/benchmarks.md). A wall deadline, not a read timeout, bounds each
+request (llama-server pings an idle stream every 30 s); once one request runs past it the wave sends no
+new request, so a fault costs one deadline, not one per request left in the stream. Per request the loop
+does only what the clocks need: records are built one per loop turn (recorder.py), one watchdog a wave.
 """
 
 from __future__ import annotations
@@ -36,9 +27,9 @@ from tasks.client.metrics import percentile
 from tasks.client.prompts import Prompt, nonce, with_nonce
 from tasks.client.deadline import request_deadline_s
 from tasks.client.recorder import Builder, Recorder
-from tasks.wire.records import RequestRecord, truncation_of
+from tasks.wire.records import RequestRecord, StreamEvent, truncation_of
 from tasks.client.shapes import LoadShape
-from tasks.client.stream import Assembler
+from tasks.client.stream import Assembler, Outcome
 from tasks.engines.base import Engine
 
 LAG_PROBE_S = 0.005  # how often the loop-lag probe wakes
@@ -78,14 +69,6 @@ class Wave:
 
 
 STALL_POLL_S = 0.25  # how often the stall watchdog looks at each request's last token
-
-
-def _stall_words(since: float, gap: float, bound: float, chunks: int, sent_s: float) -> str:
-    """A cut request's error: the stall and its span in seconds from the wave's start."""
-    start = sent_s + since
-    after = f"after {chunks} token chunks" if chunks else "before the first token"
-    return (f"stall: no token for {gap:.1f} s {after} (span {start:.2f}-{start + gap:.2f} s of the "
-            f"wave; bound {bound:.1f} s from the lane's warm steady state)")
 
 
 @dataclass(repr=False)
@@ -139,7 +122,7 @@ class _Client:
             try:
                 t_send = time.perf_counter()
                 flight.acc.t_send = t_send
-                conn.write(payload)
+                conn.proto.write(payload)
                 resp = await http.read_response(conn, sink)
                 keep = resp.reused
                 self.pool.server_closed += not keep  # `Connection: close` or a body ended by the close
@@ -168,8 +151,11 @@ class _Client:
                 gap = now - acc.t_send - since
                 bound = wave.stall_s if arrivals else (wave.first_token_stall_s or wave.stall_s)
                 if bound is not None and gap > bound:
-                    f.stalled = _stall_words(since, gap, bound, len(arrivals), acc.t_send - self.t0)
-                    f.conn.close()  # its read ends now; the request records the stall
+                    start = acc.t_send - self.t0 + since  # the stall's span, from the wave's start
+                    after = f"after {len(arrivals)} token chunks" if arrivals else "before the first token"
+                    f.stalled = (f"stall: no token for {gap:.1f} s {after} (span {start:.2f}-{start + gap:.2f} s of the "
+                                 f"wave; bound {bound:.1f} s from the lane's warm steady state)")
+                    f.conn.proto.close()  # its read ends now; the request records the stall
 
     async def request(self, prompt: Prompt, stream: int | None, scheduled: float | None,
                       queued: float = 0.0) -> Builder:
@@ -214,7 +200,7 @@ class _Client:
         wave = self.wave
         if error is not None and acc.out.error is not None:
             error = acc.out.error  # the server said why before the stream broke off: its words
-        out = None
+        out, final = Outcome(), StreamEvent()  # what a request that never got a 2xx stream records
         if resp is not None and resp.status >= 400:
             body = b"".join(p for _, p in resp.pieces).decode(errors="replace")
             error = f"HTTP {resp.status}: {body[:300]}"
@@ -222,33 +208,26 @@ class _Client:
             for et, raw, shared in splitter.close():
                 acc.feed(et, raw, shared)
             out = acc.finish()
-            error = out.error
+            final, error = out.final or final, out.error
             if error is None and out.output_tokens == 0 and out.arrivals:  # never `ok` with 0 tokens (issue 27)
                 error = f"no token count: the stream carried {len(out.arrivals)} token-bearing chunks and ended counting 0"
             t_end = resp.pieces[-1][0] if resp.pieces else t_end
-        ok = error is None and out is not None
-        final = out.final if out else None
+        ok = error is None and resp is not None
         e2el = t_end - t_send if ok and t_send is not None else None
-        ttft = out.ttft_s if out else None
-        tokens = out.output_tokens if ok and out else 0
+        ttft, tokens = out.ttft_s, out.output_tokens if ok else 0
         return RequestRecord(
             lane=wave.lane, stage=wave.stage,
             repeat=wave.repeat, concurrency=wave.concurrency, prompt_class=prompt.prompt_class,
             prompt_id=prompt.id, nonce=tag, max_tokens=wave.max_tokens, ok=ok,
-            http_status=resp.status if resp else None, error=error,
-            prompt_tokens=final.prompt_tokens if final else None, output_tokens=tokens,
-            finish_reason=final.finish_reason if final else None, started_at=started,
-            ttft_s=ttft, e2el_s=e2el, itl_p50_s=out.itl_p50_s() if out else None,
-            chunks=len(out.arrivals) if out else 0, spec=final.spec if final else None,
-            server_timings=final.timings if final else None,
+            http_status=resp.status if resp else None, error=error, prompt_tokens=final.prompt_tokens,
+            output_tokens=tokens, finish_reason=final.finish_reason, started_at=started, ttft_s=ttft, e2el_s=e2el,
+            itl_p50_s=out.itl_p50_s(), chunks=len(out.arrivals), spec=final.spec, server_timings=final.timings,
             tpot_s=(e2el - ttft) / (tokens - 1) if e2el is not None and ttft is not None and tokens > 1 else None,
             stream=stream, sent_s=(t_send if t_send is not None else t_start) - self.t0,
             ended_s=t_end - self.t0, scheduled_s=scheduled, queued_s=queued, connect_s=connect_s,
-            reused_connection=reused, chunk_arrivals_s=out.arrivals if out else [],
-            chunk_tokens=out.tokens if out else [], chunk_coalesced=out.coalesced if out else [],
-            events=out.events if out else 0, deadline_s=wave.deadline_s,
-            truncation=truncation_of(ok, final.finish_reason if final else None, tokens, wave.max_tokens,
-                                     final.truncated if final else None),
+            reused_connection=reused, chunk_arrivals_s=out.arrivals, chunk_tokens=out.tokens,
+            chunk_coalesced=out.coalesced, events=out.events, deadline_s=wave.deadline_s,
+            truncation=truncation_of(ok, final.finish_reason, tokens, wave.max_tokens, final.truncated),
         )
 
 
@@ -342,6 +321,3 @@ def run_part(base_url: str, engine: Engine, wave: Wave, prompts: list[Prompt],
         return asyncio.run(_run_wave(base_url, engine, wave, prompts, on_record, part, t0))
     finally:
         gc.unfreeze()
-
-
-__all__ = ["Wave", "WaveResult", "run_part"]

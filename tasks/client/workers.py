@@ -18,6 +18,7 @@ Records reach `on_record` as each ends. A request past its deadline stops new se
 from __future__ import annotations
 
 import atexit
+import contextlib
 import multiprocessing as mp
 import os
 import time
@@ -65,15 +66,10 @@ class _Pool:
             proc.start()
             child.close()
 
-    def alive(self) -> bool:
-        return all(proc.is_alive() for proc in self.procs)
-
     def close(self) -> None:
         for conn in self.conns:
-            try:
+            with contextlib.suppress(OSError):  # that worker is gone already
                 conn.send(None)
-            except OSError:
-                pass  # that worker is gone already
         for proc in self.procs:
             proc.join(5)
             if proc.is_alive():
@@ -83,14 +79,6 @@ class _Pool:
 
 
 _pools: dict[tuple[int, tuple[int, ...] | None], _Pool] = {}
-
-
-def _pool(key: tuple[int, tuple[int, ...] | None]) -> _Pool:
-    if key in _pools and not _pools[key].alive():
-        _pools.pop(key).close()
-    if key not in _pools:
-        _pools[key] = _Pool(*key)
-    return _pools[key]
 
 
 @atexit.register
@@ -107,7 +95,11 @@ def run_spread(base_url: str, engine: Engine, wave: Wave, prompts: list[Prompt],
     given) and merge what they measured into one WaveResult."""
     count = min(wave.workers, wave.concurrency)
     key = (count, tuple(cpus) if cpus else None)
-    pool = _pool(key)
+    if key in _pools and not all(proc.is_alive() for proc in _pools[key].procs):
+        _pools.pop(key).close()
+    if key not in _pools:
+        _pools[key] = _Pool(*key)
+    pool = _pools[key]
     keys = auth.snapshot()
     try:
         for index, conn in enumerate(pool.conns):

@@ -10,7 +10,6 @@ from typing import Any, ClassVar
 import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
-from tasks.wire.replies import ChatReply, parse_openai_chat
 from tasks.inventory.flag_conflicts import RULES
 from tasks.inventory.models import Agentic, Lane
 from tasks.wire.kl_probes import ForcedProbe, ForcedScore
@@ -50,7 +49,6 @@ class Engine(ABC):
     # (tasks/inventory/api_key.py).
     api_key_env: ClassVar[str | None] = None
     local_binary_name: ClassVar[str | None] = None  # what local_build runs, as `lanebench plan` shows it
-    chat_path: ClassVar[str] = "/v1/chat/completions"  # common to llama.cpp, SGLang and vLLM
 
     @property
     def spans_nodes_by_rpc(self) -> bool:
@@ -81,10 +79,6 @@ class Engine(ABC):
     def same_method(self, given: str, declared: str) -> bool:
         """Whether a method flag's value names the lane's declared method to this engine."""
         return self.method_name(given).lower() == self.method_name(declared).lower()
-
-    def speculative_flags(self, method: str, k: int, drafter: str | None) -> list[str]:
-        """Launch flags that make the engine draft K tokens per verification step with `method`."""
-        return []
 
     def draft_plan(self, argv: list[str]) -> DraftPlan | None:
         """What the engine will draft for this argv, as the release resolves it (the last repeated
@@ -212,10 +206,7 @@ class Engine(ABC):
             body["tool_choice"] = tool_choice or "auto"
         if template_kwargs:
             body["chat_template_kwargs"] = template_kwargs
-        return RequestSpec(path=self.chat_path, body=body)
-
-    def parse_chat(self, data: dict[str, Any]) -> ChatReply:
-        return parse_openai_chat(data)
+        return RequestSpec(path="/v1/chat/completions", body=body)  # common to llama.cpp, SGLang and vLLM
 
     def agentic_flags(self, agentic: Agentic, chat_template: str | None) -> list[str]:
         """Launch flags for what the lane serves (tool calls, reasoning, the resolved template path)."""
@@ -250,8 +241,9 @@ class Engine(ABC):
     # --- Teacher-forced scoring, for the KL gate (not abstract: an adapter without it says so) ---
 
     def tokenize_request(self, text: str) -> RequestSpec:
-        """Tokenize `text` as a prompt is tokenized, special tokens (BOS) included."""
-        raise NotImplementedError(f"the {self.name} adapter cannot tokenize")
+        """Tokenize `text` as a prompt is tokenized, special tokens (BOS) included (vLLM's and SGLang's
+        /tokenize: {"prompt", "add_special_tokens"} -> {"tokens", "count", ...})."""
+        return RequestSpec(path="/tokenize", body={"prompt": text, "add_special_tokens": True})
 
     def parse_tokenize(self, data: dict) -> list[int]:
         return [int(t) for t in data["tokens"]]

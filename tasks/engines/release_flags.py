@@ -63,11 +63,6 @@ class ReleaseFlags(BaseModel):
     flags: list[str]
 
 
-def _constant_flags(call: ast.Call) -> list[str]:
-    return [a.value for a in call.args if isinstance(a, ast.Constant) and isinstance(a.value, str)
-            and a.value.startswith("-")]
-
-
 def _keyword(call: ast.Call, name: str) -> ast.expr | None:
     return next((k.value for k in call.keywords if k.arg == name), None)
 
@@ -171,7 +166,8 @@ def flags_in_source(engine: str, path: str, text: str,
     found: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "add_argument":
-            flags = _constant_flags(node)
+            flags = [a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)
+                     and a.value.startswith("-")]
             boolean = bool(_names(_keyword(node, "action")) & _BOOL_ACTIONS)
             if (ref := _kwargs_field(node)) is not None and ref[0] in configs:
                 annotation = classes.get(configs[ref[0]], {}).get(ref[1])

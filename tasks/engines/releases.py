@@ -15,12 +15,8 @@ PINNED = {"sglang": "0.5.23", "vllm": "0.33.0"}
 
 def version_key(version: str) -> tuple[int, ...]:
     """'0.5.23rc1' -> (0, 5, 23): the numeric release parts, enough to order releases."""
-    parts = []
-    for piece in version.lstrip("v").split("."):
-        if (m := re.match(r"\d+", piece)) is None:
-            break
-        parts.append(int(m[0]))
-    return tuple(parts)
+    m = re.match(r"v?(\d+(?:\.\d+)*)", version)
+    return tuple(int(p) for p in m[1].split(".")) if m else ()
 
 
 class Format(BaseModel):

@@ -18,11 +18,9 @@ Facts read from sgl-project/sglang (paths under python/sglang/srt/):
 - `extra_key` (managers/io_struct.py, "e.g. cache_salt") namespaces the radix cache: a fresh key
   per request means no prefix reuse.
 
-K (draft tokens per verification step) per method: EAGLE/EAGLE3/NEXTN/STANDALONE ->
-`--speculative-num-steps K --speculative-eagle-topk 1 --speculative-num-draft-tokens K+1`
-(num_draft_tokens counts the verified root); DFLASH -> `--speculative-dflash-block-size K+1` (the
-block holds the anchor; DFLASH forces steps=1, topk=1); DSPARK -> `--speculative-dspark-block-size K`
-(proposed = verify_ct x block, block+1 histogram buckets: PR #33518); NGRAM -> `--speculative-num-draft-tokens K+1`.
+K (draft tokens per verification step) converts both ways in `speculative_flags` / `sglang_draft_plan`:
+num_draft_tokens and the DFLASH block count the verified root (DFLASH forces steps=1, topk=1); DSPARK's
+block is K (proposed = verify_ct x block, block+1 histogram buckets: PR #33518).
 
 `binary` is the Python interpreter of the environment with sglang (SGLang has no entry point).
 """
@@ -136,8 +134,7 @@ class SGLang(Engine):
                                            lane.drafter.path if lane.drafter else None)
         return argv + list(lane.flags)
 
-    def method_name(self, method: str) -> str:
-        return sglang_method(method)
+    method_name = staticmethod(sglang_method)
 
     def speculative_flags(self, method: str, k: int, drafter: str | None) -> list[str]:
         """K -> SGLang's flags, the inverse of `sglang_draft_plan` (module docstring: which include the root)."""
@@ -156,8 +153,7 @@ class SGLang(Engine):
             flags += ["--speculative-num-draft-tokens", str(k + 1)]
         return flags
 
-    def draft_plan(self, argv: list[str]) -> DraftPlan | None:
-        return sglang_draft_plan(argv)
+    draft_plan = staticmethod(sglang_draft_plan)
 
     def same_method(self, given: str, declared: str) -> bool:
         a, b = given.upper(), sglang_method(declared).upper()
@@ -177,16 +173,48 @@ class SGLang(Engine):
         per_step = window[1] / window[0] if window is not None and window[0] > 0 else None
         return int(per_step) if per_step is not None and per_step == int(per_step) else None
 
-    def boot_facts(self, log: str, version: str | None = None) -> BootFacts:
-        """Per release (tasks/engines/sglang_boot.py): server args, per-worker caps x DP workers."""
-        return sglang_boot.boot_facts(log, version)
+    boot_facts = staticmethod(sglang_boot.boot_facts)  # per release: server args, per-worker caps x DP workers
 
     def info_facts(self, facts: BootFacts, info: dict | list) -> BootFacts:
         """/server_info's cap, speculation type and version beside the log's (the lowest cap wins)."""
         return sglang_boot.info_facts(facts, info) if isinstance(info, dict) else facts
 
     def planned_cap(self, lane: Lane) -> PlannedCap | None:
-        return planned.sglang_cap(lane, self.launch_command(lane, "python3", "0.0.0.0"))
+        """0.5.23 (`srt/mem_cache/kv_cache_configurator.py` `_calculate_mamba_ratio`): per worker,
+        `max_mamba_cache_size // ratio` and `--max-running-requests // attn_dp_size`; ratio = 3 state slots
+        per request plus the radix cache's extra buffer (2 with the overlap scheduler, 1 without or lazy,
+        `srt/mem_cache/allocation_sizing.py`), or 1 with `--disable-radix-cache`. 'auto' resolves per
+        model; we take the extra buffer (5, as the GLM field logs print), its lowest cap. Workers =
+        dp_size x attn_dp_size."""
+        argv = self.launch_command(lane, "python3", "0.0.0.0")
+        dp = planned.int_flag(argv, "--dp-size", "--data-parallel-size") or 1
+        attn_dp = planned.int_flag(argv, "--attn-dp-size", "--attention-data-parallel-size") or 1
+        if "--enable-dp-attention" in argv:  # deprecated spelling: --dp-size N means N attention-DP workers
+            dp, attn_dp = 1, dp
+        workers = dp * attn_dp
+        per_worker_wanted = -(-max(lane.bench.decode.gated_levels()) // workers)
+        caps: list[tuple[int, str, str]] = []
+        if (cache := planned.int_flag(argv, "--max-mamba-cache-size")) is not None:
+            strategy = planned.flag_value(argv, "--mamba-radix-cache-strategy") or "auto"
+            if "--disable-radix-cache" in argv:
+                ratio, why = 1, "--disable-radix-cache"
+            elif strategy == "no_buffer":
+                ratio, why = 3, "strategy no_buffer"
+            elif strategy == "extra_buffer_lazy" or "--disable-overlap-schedule" in argv:
+                ratio, why = 4, f"strategy {strategy}, extra buffer of 1"
+            else:
+                ratio, why = 5, f"strategy {strategy}: extra buffer with the overlap scheduler"
+            caps.append((cache // ratio, f"--max-mamba-cache-size {cache} // {ratio} state slots per request ({why})",
+                         f"raise --max-mamba-cache-size to at least {per_worker_wanted * ratio}"))
+        if (asked := planned.int_flag(argv, "--max-running-requests")) is not None:
+            split = f" // {attn_dp} attention-DP workers" if attn_dp > 1 else ""
+            caps.append((max(1, asked // attn_dp), f"--max-running-requests {asked}{split}",
+                         f"raise --max-running-requests to at least {per_worker_wanted * attn_dp}"))
+        if not caps:
+            return None
+        per_worker, reason, fix = min(caps)
+        shape = f" x {workers} data-parallel workers" if workers > 1 else ""
+        return PlannedCap(cap=per_worker * workers, reason=f"{reason}{shape}", fix=fix)
 
     def node_flags(self, rank: int, nnodes: int, master: str, port: int) -> list[str]:
         # srt/arg_groups/fields/parallel.py: --nnodes, --node-rank, --dist-init-addr HOST:PORT.
@@ -240,10 +268,6 @@ class SGLang(Engine):
     # `max_new_tokens: 0` generates nothing (managers/tokenizer_manager.py
     # `detokenize_logprob_tokens`; slime/miles reward models send this body). Input logprobs from
     # 0 bypass the radix cache; a fresh `extra_key` makes that explicit.
-
-    def tokenize_request(self, text: str) -> RequestSpec:
-        # /tokenize (vLLM-compatible shape): {"prompt", "add_special_tokens"} -> {"tokens", "count", ...}
-        return RequestSpec(path="/tokenize", body={"prompt": text, "add_special_tokens": True})
 
     def greedy_tokens_request(self, tokens: list[int], max_tokens: int, ignore_eos: bool) -> RequestSpec:
         return RequestSpec(path="/generate", body={

