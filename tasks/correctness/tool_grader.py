@@ -268,15 +268,9 @@ def _check_value(value: Any, schema: dict[str, Any], possible: list[Any]) -> str
         value = float(value)  # an int is accepted for a float
     wanted = _PY_TYPES.get(type_name)
     answers = [p for p in possible if p != ""]
-    if wanted is not None and not _same_type(value, wanted):
-        answer_type = type(answers[0]) if answers else None
-        if answer_type is None or type(value) is not answer_type:
-            return f"type {type(value).__name__} ({value!r}), expected {type_name}"
-        wanted = answer_type  # BFCL's "variable" case: compare as the answers' type
-    if isinstance(value, str):
-        if standardize(value) not in [standardize(p) for p in answers if isinstance(p, str)]:
-            return f"{value!r} not among {answers}"
-        return None
+    # BFCL's "variable" case: a value of the answers' type is compared whatever the schema says.
+    if wanted is not None and not _same_type(value, wanted) and not (answers and type(value) is type(answers[0])):
+        return f"type {type(value).__name__} ({value!r}), expected {type_name}"
     if isinstance(value, dict):
         return _check_dict(value, answers)
     if isinstance(value, list):
@@ -284,12 +278,8 @@ def _check_value(value: Any, schema: dict[str, Any], possible: list[Any]) -> str
             return _check_list_of_dicts(value, answers)
         norm = [standardize(v) if isinstance(v, str) else v for v in value]
         options = [[standardize(v) if isinstance(v, str) else v for v in p] for p in answers if isinstance(p, list)]
-        if norm not in options:
-            return f"{value!r} not among {answers}"
-        return None
-    if not any(_equal(value, a) for a in answers):
-        return f"{value!r} not among {answers}"
-    return None
+        return None if norm in options else f"{value!r} not among {answers}"
+    return None if _member(value, answers) else f"{value!r} not among {answers}"
 
 
 def _equal(value: Any, answer: Any) -> bool:
