@@ -290,23 +290,19 @@ def _equal(value: Any, answer: Any) -> bool:
 
 
 def _check_dict(value: dict[str, Any], answers: list[Any]) -> str | None:
-    problem = f"{value!r} not among {answers}"
-    for answer in answers:
-        if not isinstance(answer, dict):
-            continue
-        if any(k not in answer for k in value):
-            problem = f"unexpected key {next(k for k in value if k not in answer)!r} in {value!r}"
-            continue
-        bad = [k for k, v in value.items() if not _member(v, answer[k])]
-        if bad:
-            problem = f"key {bad[0]!r}={value[bad[0]]!r} not among {answer[bad[0]]}"
-            continue
-        missing = [k for k, vs in answer.items() if k not in value and "" not in vs]
-        if missing:
-            problem = f"key {missing[0]!r} missing from {value!r}"
-            continue
-        return None
-    return problem
+    """None when `value` matches one of the dict answers, else what is wrong against the last one."""
+    problems = [_dict_problem(value, a) for a in answers if isinstance(a, dict)]
+    return None if None in problems else problems[-1] if problems else f"{value!r} not among {answers}"
+
+
+def _dict_problem(value: dict[str, Any], answer: dict[str, list[Any]]) -> str | None:
+    if extra := [k for k in value if k not in answer]:
+        return f"unexpected key {extra[0]!r} in {value!r}"
+    if bad := [k for k, v in value.items() if not _member(v, answer[k])]:
+        return f"key {bad[0]!r}={value[bad[0]]!r} not among {answer[bad[0]]}"
+    if missing := [k for k, vs in answer.items() if k not in value and "" not in vs]:
+        return f"key {missing[0]!r} missing from {value!r}"
+    return None
 
 
 def _member(value: Any, options: list[Any]) -> bool:
