@@ -234,9 +234,8 @@ class Gate:
         flags = self._flags()
         # The headline states what the verdict rests on: positions scored against those asked, and
         # a reference that is not what it claims (kl/suspicious.py).
-        short = [f"{r.lane} {int(r.positions)}/{int(r.positions_expected)} positions scored"
-                 for r in summary_df.itertuples() if int(r.positions) < int(r.positions_expected)] \
-            if {"positions", "positions_expected"} <= set(summary_df.columns) else []
+        short = [f"{r.lane} {r.positions}/{r.positions_expected} positions scored"
+                 for r in summary if r.positions < r.positions_expected]
         asked = len(self.prompts) * self.spec.tokens_per_prompt  # a reference that stopped early scored fewer
         if self.sequences and _expected(self.sequences) < asked:
             short.insert(0, f"{self.spec.reference} generated {_expected(self.sequences)}/{asked} positions asked")
