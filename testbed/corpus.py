@@ -365,16 +365,14 @@ def _math_problem(rng: random.Random, idx: int) -> str:
         other = rng.choice([n for n in NAMES_F + NAMES_M if n != name])
         q = (f"{name} has {a} {obj}. {name} buys {b} more and gives {c} to {other}. "
              f"How many {obj} does {name} have now?")
-        steps = [f"Step 1: {a} + {b} = {a + b}.", f"Step 2: {a + b} - {c} = {a + b - c}."]
-        return (f"Problem {idx}: {q}\n" + "\n".join(steps)
-                + f"\nAnswer: {name} has {a + b - c} {obj}.\n")
-    a, b = rng.randint(2, 12), rng.randint(2, 30)
-    extra = rng.randint(1, 40)
-    q = (f"A box holds {b} {obj}. {name} has {a} boxes and {extra} loose {obj}. "
-         f"How many {obj} does {name} have?")
-    steps = [f"Step 1: {a} * {b} = {a * b}.", f"Step 2: {a * b} + {extra} = {a * b + extra}."]
-    return (f"Problem {idx}: {q}\n" + "\n".join(steps)
-            + f"\nAnswer: {name} has {a * b + extra} {obj}.\n")
+        steps, total = [f"Step 1: {a} + {b} = {a + b}.", f"Step 2: {a + b} - {c} = {a + b - c}."], a + b - c
+    else:
+        a, b = rng.randint(2, 12), rng.randint(2, 30)
+        extra = rng.randint(1, 40)
+        q = (f"A box holds {b} {obj}. {name} has {a} boxes and {extra} loose {obj}. "
+             f"How many {obj} does {name} have?")
+        steps, total = [f"Step 1: {a} * {b} = {a * b}.", f"Step 2: {a * b} + {extra} = {a * b + extra}."], a * b + extra
+    return f"Problem {idx}: {q}\n" + "\n".join(steps) + f"\nAnswer: {name} has {total} {obj}.\n"
 
 
 def gen_math(rng: random.Random) -> str:

@@ -124,12 +124,9 @@ def attempt(lane_name: str, index: int, which: Literal["first", "reask"], cap: i
 
 
 def measure(lane: str, name: Measure, cap: int, count: int, of: int, confidence: float) -> AccuracyRow:
-    if of == 0:
-        return AccuracyRow(lane=lane, measure=name, max_tokens=cap, count=0, of=0, value=None, ci_low=None,
-                           ci_high=None, confidence=confidence)
-    ci = binomtest(count, of).proportion_ci(confidence_level=confidence, method="wilson")
-    return AccuracyRow(lane=lane, measure=name, max_tokens=cap, count=count, of=of, value=count / of,
-                       ci_low=float(ci.low), ci_high=float(ci.high), confidence=confidence)
+    ci = binomtest(count, of).proportion_ci(confidence_level=confidence, method="wilson") if of else None
+    return AccuracyRow(lane=lane, measure=name, max_tokens=cap, count=count, of=of, value=count / of if of else None,
+                       ci_low=float(ci.low) if ci else None, ci_high=float(ci.high) if ci else None, confidence=confidence)
 
 
 def score(lane: str, plan: AccuracyPlan, first: list[AccuracyAttempt], reasked: dict[int, AccuracyAttempt]) -> list[AccuracyRow]:

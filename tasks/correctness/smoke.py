@@ -9,6 +9,7 @@ fails the boot, quoting what came back.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
@@ -85,17 +86,13 @@ def smoke_gate(endpoint: Endpoint, lane: Lane) -> list[GateResult]:
     if agentic is None or not (agentic.tools or agentic.reasoning):
         return []
     engine = engine_for(lane.engine)
-    specs: list[RequestSpec] = []
-    judges: list = []
+    checks: list[tuple[RequestSpec, Callable[[ChatReply], GateResult]]] = []
     if agentic.tools:
-        specs.append(engine.chat_request([{"role": "user", "content": TOOL_QUESTION}], TOOL_MAX_TOKENS,
-                                         tools=[WEATHER_TOOL], tool_choice="auto",
-                                         template_kwargs=switch_kwargs(agentic, "off")))
-        judges.append(judge_tool_calls)
+        checks.append((engine.chat_request([{"role": "user", "content": TOOL_QUESTION}], TOOL_MAX_TOKENS,
+                                           tools=[WEATHER_TOOL], tool_choice="auto",
+                                           template_kwargs=switch_kwargs(agentic, "off")), judge_tool_calls))
     if agentic.reasoning:
-        specs.append(engine.chat_request([{"role": "user", "content": REASONING_QUESTION}],
-                                         REASONING_MAX_TOKENS,
-                                         template_kwargs=switch_kwargs(agentic, "on")))
-        judges.append(judge_reasoning)
-    replies = send_chats(endpoint.base_url, engine, specs, concurrency=len(specs))
-    return [judge(reply) for judge, reply in zip(judges, replies)]
+        checks.append((engine.chat_request([{"role": "user", "content": REASONING_QUESTION}], REASONING_MAX_TOKENS,
+                                           template_kwargs=switch_kwargs(agentic, "on")), judge_reasoning))
+    replies = send_chats(endpoint.base_url, engine, [spec for spec, _ in checks], concurrency=len(checks))
+    return [judge(reply) for (_, judge), reply in zip(checks, replies)]

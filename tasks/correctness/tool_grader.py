@@ -268,15 +268,9 @@ def _check_value(value: Any, schema: dict[str, Any], possible: list[Any]) -> str
         value = float(value)  # an int is accepted for a float
     wanted = _PY_TYPES.get(type_name)
     answers = [p for p in possible if p != ""]
-    if wanted is not None and not _same_type(value, wanted):
-        answer_type = type(answers[0]) if answers else None
-        if answer_type is None or type(value) is not answer_type:
-            return f"type {type(value).__name__} ({value!r}), expected {type_name}"
-        wanted = answer_type  # BFCL's "variable" case: compare as the answers' type
-    if isinstance(value, str):
-        if standardize(value) not in [standardize(p) for p in answers if isinstance(p, str)]:
-            return f"{value!r} not among {answers}"
-        return None
+    # BFCL's "variable" case: a value of the answers' type is compared whatever the schema says.
+    if wanted is not None and not _same_type(value, wanted) and not (answers and type(value) is type(answers[0])):
+        return f"type {type(value).__name__} ({value!r}), expected {type_name}"
     if isinstance(value, dict):
         return _check_dict(value, answers)
     if isinstance(value, list):
@@ -284,12 +278,8 @@ def _check_value(value: Any, schema: dict[str, Any], possible: list[Any]) -> str
             return _check_list_of_dicts(value, answers)
         norm = [standardize(v) if isinstance(v, str) else v for v in value]
         options = [[standardize(v) if isinstance(v, str) else v for v in p] for p in answers if isinstance(p, list)]
-        if norm not in options:
-            return f"{value!r} not among {answers}"
-        return None
-    if not any(_equal(value, a) for a in answers):
-        return f"{value!r} not among {answers}"
-    return None
+        return None if norm in options else f"{value!r} not among {answers}"
+    return None if _member(value, answers) else f"{value!r} not among {answers}"
 
 
 def _equal(value: Any, answer: Any) -> bool:
@@ -300,23 +290,19 @@ def _equal(value: Any, answer: Any) -> bool:
 
 
 def _check_dict(value: dict[str, Any], answers: list[Any]) -> str | None:
-    problem = f"{value!r} not among {answers}"
-    for answer in answers:
-        if not isinstance(answer, dict):
-            continue
-        if any(k not in answer for k in value):
-            problem = f"unexpected key {next(k for k in value if k not in answer)!r} in {value!r}"
-            continue
-        bad = [k for k, v in value.items() if not _member(v, answer[k])]
-        if bad:
-            problem = f"key {bad[0]!r}={value[bad[0]]!r} not among {answer[bad[0]]}"
-            continue
-        missing = [k for k, vs in answer.items() if k not in value and "" not in vs]
-        if missing:
-            problem = f"key {missing[0]!r} missing from {value!r}"
-            continue
-        return None
-    return problem
+    """None when `value` matches one of the dict answers, else what is wrong against the last one."""
+    problems = [_dict_problem(value, a) for a in answers if isinstance(a, dict)]
+    return None if None in problems else problems[-1] if problems else f"{value!r} not among {answers}"
+
+
+def _dict_problem(value: dict[str, Any], answer: dict[str, list[Any]]) -> str | None:
+    if extra := [k for k in value if k not in answer]:
+        return f"unexpected key {extra[0]!r} in {value!r}"
+    if bad := [k for k, v in value.items() if not _member(v, answer[k])]:
+        return f"key {bad[0]!r}={value[bad[0]]!r} not among {answer[bad[0]]}"
+    if missing := [k for k, vs in answer.items() if k not in value and "" not in vs]:
+        return f"key {missing[0]!r} missing from {value!r}"
+    return None
 
 
 def _member(value: Any, options: list[Any]) -> bool:

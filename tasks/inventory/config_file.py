@@ -80,15 +80,6 @@ def config_error(path: str | Path, e: ValidationError, *, under: str = "",
     return ConfigError(path, field, problem, fix)
 
 
-def read_yaml_mapping(path: Path, missing_fix: str, keys: str, example: str) -> dict:
-    """A YAML file that must hold a mapping: a missing file, a syntax error (with its line and
-    column) or another top-level shape is one ConfigError, for every lanebench input file."""
-    raw = load_yaml(path, missing_fix)
-    if not isinstance(raw, dict):
-        raise ConfigError(path, "(top level)", f"must be a mapping with {keys}", f"start from {example}")
-    return raw
-
-
 def validate(path: str | Path, model: type[M], data: Any, *, under: str = "",
              fixes: Mapping[str, str] | None = None) -> M:
     """`model` from `data` (read from `path`); a ValidationError is one ConfigError line."""
@@ -100,6 +91,9 @@ def validate(path: str | Path, model: type[M], data: Any, *, under: str = "",
 
 def load_model(path: str | Path, model: type[M], *, missing_fix: str, keys: str, example: str,
                fixes: Mapping[str, str] | None = None) -> M:
-    """A YAML config file as `model`: any problem (missing, unreadable, bad YAML, wrong shape,
+    """A YAML config file as `model`: any problem (missing, unreadable, bad YAML, not a mapping,
     invalid field) is one ConfigError naming the file, the field and the fix."""
-    return validate(path, model, read_yaml_mapping(Path(path), missing_fix, keys, example), fixes=fixes)
+    raw = load_yaml(Path(path), missing_fix)
+    if not isinstance(raw, dict):
+        raise ConfigError(Path(path), "(top level)", f"must be a mapping with {keys}", f"start from {example}")
+    return validate(Path(path), model, raw, fixes=fixes)

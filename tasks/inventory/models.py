@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, Field, field_validator, model_validator
 
 from tasks.inventory import api_key
 from tasks.inventory.base import _NAME, _SAFE_FLAG, ConfigError, _RefError, _Strict  # noqa: F401  (re-exported)
@@ -215,7 +215,7 @@ class Lane(_Strict):
     context: Annotated[int, Field(ge=64)] = 4096
     threads: Annotated[int, Field(ge=1)] | None = None
     flags: list[str] = []
-    env: dict[str, str] = {}
+    env: Annotated[dict[str, str], AfterValidator(check_env)] = {}
     # Env names and flags whose values are secret (besides *_TOKEN, *_KEY, --api-key ...), and those kept
     # in clear although they look like credentials (tasks/inventory/secrets.py).
     secrets: list[Annotated[str, Field(pattern=r"^(--?[A-Za-z0-9][A-Za-z0-9-]*|[A-Z_][A-Z0-9_]*)$")]] = []
@@ -236,39 +236,30 @@ class Lane(_Strict):
         return api_key.refuse_inline(data)
 
     @model_validator(mode="after")
-    def _key_by_reference(self) -> Lane:
+    def _consistent(self) -> Lane:
         api_key.check(self)
-        return self
-
-    @model_validator(mode="after")
-    def _rpc_engine(self) -> Lane:
         if self.rpc is not None and not RULES[self.engine].rpc:
             raise ValueError(f"rpc is llama.cpp's RPC backend; engine {self.engine} spans hosts with 'nodes' "
                              "(nodes: {hosts: [head, worker], link: LINK}) plus its parallel flags "
                              "(e.g. --tensor-parallel-size)")
-        return self
-
-    @model_validator(mode="after")
-    def _flags_agree(self) -> Lane:
         if found := conflicts(self):
             field, problem, fix = found[0]
             raise _RefError("." + field, problem, fix)
-        return self
-
-    @model_validator(mode="after")
-    def _nodes(self) -> Lane:
-        if self.nodes is None:
-            return self
-        if self.nodes.hosts[0] != self.host:
-            raise ValueError(f"nodes.hosts[0] is the head node and must be the lane's host {self.host!r}, "
-                             f"not {self.nodes.hosts[0]!r}")
-        if len(set(self.nodes.hosts)) != len(self.nodes.hosts):
-            raise ValueError("nodes.hosts names a host twice; one node per host")
-        if RULES[self.engine].rpc and self.nodes.link is None:
-            raise ValueError("a llama.cpp lane across nodes needs nodes.link (rpc-server listens on its end)")
-        if not RULES[self.engine].node_env and self.nodes.env:
-            raise ValueError("nodes.env sets the environment of vLLM and SGLang node processes; llama.cpp's "
-                             "rpc-server takes none: remove nodes.env (the server's own environment is 'env')")
+        if self.nodes is not None:
+            if self.nodes.hosts[0] != self.host:
+                raise ValueError(f"nodes.hosts[0] is the head node and must be the lane's host {self.host!r}, "
+                                 f"not {self.nodes.hosts[0]!r}")
+            if len(set(self.nodes.hosts)) != len(self.nodes.hosts):
+                raise ValueError("nodes.hosts names a host twice; one node per host")
+            if RULES[self.engine].rpc and self.nodes.link is None:
+                raise ValueError("a llama.cpp lane across nodes needs nodes.link (rpc-server listens on its end)")
+            if not RULES[self.engine].node_env and self.nodes.env:
+                raise ValueError("nodes.env sets the environment of vLLM and SGLang node processes; llama.cpp's "
+                                 "rpc-server takes none: remove nodes.env (the server's own environment is 'env')")
+        needles = self.correctness.needles if self.correctness else None
+        if needles is not None and needles.rungs and max(needles.rungs) > (room := self.context - needles.max_tokens):
+            raise ValueError(f"needle rung {max(needles.rungs)} does not fit a context of {self.context} tokens "
+                             f"per slot with {needles.max_tokens} answer tokens (at most {room})")
         return self
 
     @model_validator(mode="before")
@@ -290,14 +281,6 @@ class Lane(_Strict):
                 raise ValueError("give either 'nodes' or 'rpc', not both (nodes is the rpc plan's general form)")
         return {**data, "rpc": {**(given or {}), **rpc}}
 
-    @model_validator(mode="after")
-    def _needles_fit(self) -> Lane:
-        needles = self.correctness.needles if self.correctness else None
-        if needles is not None and needles.rungs and max(needles.rungs) > (room := self.context - needles.max_tokens):
-            raise ValueError(f"needle rung {max(needles.rungs)} does not fit a context of {self.context} tokens "
-                             f"per slot with {needles.max_tokens} answer tokens (at most {room})")
-        return self
-
     @field_validator("flags")
     @classmethod
     def _flags(cls, v: list[str]) -> list[str]:
@@ -305,11 +288,6 @@ class Lane(_Strict):
             if not _SAFE_FLAG.fullmatch(flag):
                 raise ValueError(f"flag {flag!r} has characters not allowed on a command line ($, `, ;, |, &, <, >, newline)")
         return v
-
-    @field_validator("env")
-    @classmethod
-    def _env(cls, v: dict[str, str]) -> dict[str, str]:
-        return check_env(v)
 
 
 class Inventory(_Strict):

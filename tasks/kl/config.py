@@ -152,8 +152,7 @@ def resolve_lanes(spec: KlFile, kl_path: Path) -> dict[str, ResolvedLane]:
             base_dir = inv_path.parent
         else:
             base, base_dir = None, kl_path.parent
-        overrides = k.model_dump(include={"host", "engine", "binary", "port", "context", "threads", "flags", "env",
-                                          "boot_timeout_s"}, exclude_none=True)
+        overrides = k.model_dump(exclude={"lane", "model", "quantize"}, exclude_none=True)
         if k.model is not None:
             overrides["model"] = {**k.model.model_dump(), "path": str(resolve(kl_path.parent, k.model.path))}
         data = {**(base.model_dump() if base else {"host": "localhost"}), **overrides, "drafter": None, "speculative": None,

@@ -16,7 +16,7 @@ import pandas as pd
 from prefect import get_run_logger
 
 from tasks.client import auth
-from tasks.engines import engine_for
+from tasks.engines import Engine, engine_for
 from tasks.record.manifest import KlSection
 from tasks.inventory.lane_hosts import every_host
 from tasks.record.run_folder import RunFolder
@@ -77,7 +77,7 @@ class Gate:
             self.run.lane(name).config["model"] = model.model_dump(mode="json")
 
     @contextmanager
-    def _served(self, name: str) -> Iterator[tuple[Server, httpx.Client] | None]:
+    def _served(self, name: str) -> Iterator[tuple[Server, httpx.Client, Engine] | None]:
         """Serve one lane as every flow does (host lock, preflight, pull, boot, teardown); None: it cannot run."""
         rl, record = self.lanes[name], self.run.lane(name)
         with host_lock(every_host(rl.lane), on_wait=lambda m: progress(name, m)) as hold:
@@ -91,7 +91,7 @@ class Gate:
                 n = self.spec.concurrency + 1
                 with httpx.Client(limits=httpx.Limits(max_connections=n, max_keepalive_connections=n),
                                   headers=auth.headers(served.server.base_url)) as client:
-                    yield served.server, client
+                    yield served.server, client, engine_for(rl.lane.engine)
             record.host_lock = hold.model_copy()  # as acquired
 
     def _keep(self, lane: str, scoring: Scoring):
@@ -113,8 +113,7 @@ class Gate:
                 if served is None:
                     self.refusal = f"reference {name} could not run: {record.reason}"
                     return False
-                server, client = served
-                engine = engine_for(self.lanes[name].lane.engine)
+                server, client, engine = served
                 self.run.stage(name, "tokenizer probe")
                 self.probe = tokenize(client, server, engine, TOKENIZER_PROBE)
                 self.run.stage(name, f"generate {len(self.prompts)} x {self.spec.tokens_per_prompt} tokens")
@@ -152,8 +151,7 @@ class Gate:
                 if served is None:
                     self.outcomes[name] = Outcome("skipped", record.reason)
                     return
-                server, client = served
-                engine = engine_for(self.lanes[name].lane.engine)
+                server, client, engine = served
                 self.run.stage(name, "tokenizer probe")
                 diff = tokenizer_difference(self.probe, tokenize(client, server, engine, TOKENIZER_PROBE))
                 if diff is not None:
@@ -218,16 +216,12 @@ class Gate:
             if not df.empty:
                 frames[name] = df
         self.run.lane_dir(GATE_DIR)
-        summary_df, entry = self.run.write_table(GATE_DIR, "kl_summary", summary)
-        failed_tables = [entry] if entry.validation == "failed" else []
+        summary_df = self.run.write_table(GATE_DIR, "kl_summary", summary)[0]
         pairs = pair_rows(frames, spec.bootstrap_resamples, spec.seed)
-        pairs_df = pd.DataFrame()
-        if pairs:
-            pairs_df, entry = self.run.write_table(GATE_DIR, "kl_pairs", pairs)
-            failed_tables += [entry] if entry.validation == "failed" else []
-        failed_tables += [e for e in self.run.manifest.artifacts if e.kind == "kl_positions" and e.validation == "failed"]
-        if failed_tables:
-            reasons.append("expectations failed for " + ", ".join(sorted({e.path for e in failed_tables})) + "; quarantined")
+        pairs_df = self.run.write_table(GATE_DIR, "kl_pairs", pairs)[0] if pairs else pd.DataFrame()
+        if failed_tables := {e.path for e in self.run.manifest.artifacts
+                             if e.kind in ("kl_summary", "kl_pairs", "kl_positions") and e.validation == "failed"}:
+            reasons.append("expectations failed for " + ", ".join(sorted(failed_tables)) + "; quarantined")
         plot = f"{GATE_DIR}/kl_hist.png" if histogram(frames, self.run.path / GATE_DIR / "kl_hist.png") else None
         if plot:
             self.run.register(GATE_DIR, plot, "plot")
@@ -240,9 +234,8 @@ class Gate:
         flags = self._flags()
         # The headline states what the verdict rests on: positions scored against those asked, and
         # a reference that is not what it claims (kl/suspicious.py).
-        short = [f"{r.lane} {int(r.positions)}/{int(r.positions_expected)} positions scored"
-                 for r in summary_df.itertuples() if int(r.positions) < int(r.positions_expected)] \
-            if {"positions", "positions_expected"} <= set(summary_df.columns) else []
+        short = [f"{r.lane} {r.positions}/{r.positions_expected} positions scored"
+                 for r in summary if r.positions < r.positions_expected]
         asked = len(self.prompts) * self.spec.tokens_per_prompt  # a reference that stopped early scored fewer
         if self.sequences and _expected(self.sequences) < asked:
             short.insert(0, f"{self.spec.reference} generated {_expected(self.sequences)}/{asked} positions asked")

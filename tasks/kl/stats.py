@@ -49,9 +49,8 @@ def describe(df: pd.DataFrame) -> dict[str, float | None]:
 def bar_failures(stats: dict[str, float | None], bars: Bars) -> list[str]:
     """Each declared bar the numbers miss, as 'name value > bar'."""
     out = []
-    for stat, bar in (("mean_abs_dlogprob", bars.max_mean_abs_dlogprob), ("p95_abs_dlogprob", bars.max_p95_abs_dlogprob),
-                      ("argmax_flip_share", bars.max_argmax_flip_share)):
-        value = stats.get(stat)
+    for name, bar in bars.model_dump().items():  # max_<stat>
+        value = stats.get(stat := name.removeprefix("max_"))
         if bar is not None and (value is None or value > bar):
             out.append(f"{stat} {value:.4g} > {bar:g}" if value is not None else f"{stat} not measured")
     return out

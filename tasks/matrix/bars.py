@@ -57,16 +57,15 @@ class Bar(BaseModel):
 
     @model_validator(mode="after")
     def _shape(self) -> Bar:
-        selector = METRICS[self.metric][2]
-        if selector == "class" and self.prompt_class is None:
-            raise ValueError(f"metric {self.metric} is per prompt class: give 'class'")
-        if selector == "concurrency":
-            if self.concurrency is None:
-                raise ValueError("metric aggregate_tok_s is per concurrency level: give 'concurrency'")
-            if self.prompt_class is not None:
-                raise ValueError("aggregate_tok_s is measured on the speed prompt set: remove 'class'")
-        if selector == "class" and self.concurrency is not None:
-            raise ValueError(f"metric {self.metric} is measured one request at a time: remove 'concurrency'")
+        if METRICS[self.metric][2] == "class":
+            if self.prompt_class is None:
+                raise ValueError(f"metric {self.metric} is per prompt class: give 'class'")
+            if self.concurrency is not None:
+                raise ValueError(f"metric {self.metric} is measured one request at a time: remove 'concurrency'")
+        elif self.concurrency is None:
+            raise ValueError("metric aggregate_tok_s is per concurrency level: give 'concurrency'")
+        elif self.prompt_class is not None:
+            raise ValueError("aggregate_tok_s is measured on the speed prompt set: remove 'class'")
         if (self.metric == "position_rate") != (self.position is not None):
             raise ValueError("'position' goes with metric position_rate, and only with it")
         if self.relative_to is None:

@@ -223,9 +223,7 @@ def arm_lane(m: Matrix, arm: Arm) -> Lane:
         correctness=data.get("correctness") if m.spec.correctness else None,
         bench=BenchPlan(
             repeats=m.spec.repeats,
-            decode=DecodePlan(concurrency=m.spec.speed.concurrency, max_tokens=m.spec.speed.max_tokens,
-                              requests_per_stream=m.spec.speed.requests_per_stream,
-                              prompts=str(m.prompt_sets[m.speed_set])),
+            decode=DecodePlan(**m.spec.speed.model_dump(exclude={"prompt_set"}), prompts=str(m.prompt_sets[m.speed_set])),
             acceptance=AcceptancePlan(classes={c: str(p) for c, p in m.prompt_sets.items()},
                                       max_tokens=m.spec.max_tokens, prompts_per_class=m.spec.prompts_per_class),
         ).model_dump(),
@@ -305,13 +303,9 @@ def _listening(address: str, port: int) -> bool:
 
 
 def arm_port(address: str, port: int, span: int = 16) -> tuple[int, str]:
-    """The port an arm boots on: the lane's own, unless only the previous arm's TIME_WAIT holds it.
-
-    A stopped llama-server leaves its connections in TIME_WAIT for 60 s; the server binds over them
-    (cpp-httplib sets SO_REUSEPORT) but preflight's plain bind() does not. When nothing listens and a
-    plain bind fails, the arm moves to the next free port above (recorded); a port someone listens
-    on is left to preflight, which skips the arm.
-    """
+    """The lane's port, or the next free one above (recorded) when only TIME_WAIT connections hold it: a stopped
+    llama-server leaves them for 60 s, the server binds over them (cpp-httplib sets SO_REUSEPORT), preflight's plain
+    bind() does not. A port someone listens on is left to preflight, which skips the arm."""
     from tasks.stages.preflight import port_free
 
     if port_free(address, port) or _listening(address, port):

@@ -60,12 +60,9 @@ def curves_png(m: Matrix, rows: list[ArmClassRow], path: Path) -> bool:
 
 
 def _by_k(points: list[tuple[int, float | None, float | None, float | None]]):
-    pts = sorted((k, v, low, high) for k, v, low, high in points if v is not None)
-    xs = [p[0] for p in pts]
-    ys = [p[1] for p in pts]
-    lo = [p[1] - (p[2] if p[2] is not None else p[1]) for p in pts]
-    hi = [(p[3] if p[3] is not None else p[1]) - p[1] for p in pts]
-    return xs, ys, [lo, hi]
+    """xs, ys and [down, up] error bars, by K; a missing bound draws no bar."""
+    pts = sorted((k, v, v if low is None else low, v if high is None else high) for k, v, low, high in points if v is not None)
+    return [p[0] for p in pts], [p[1] for p in pts], [[v - lo for _, v, lo, _ in pts], [hi - v for _, v, _, hi in pts]]
 
 
 def k_png(m: Matrix, rows: list[ArmClassRow], speed: list[SpeedRow], path: Path) -> bool:

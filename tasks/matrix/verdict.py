@@ -178,7 +178,7 @@ def judge(reg: Registration, m: Matrix, rows: list[ArmClassRow], speed: list[Spe
         for arm in judged_arms(bar, m.arms):
             measured, lo, hi = _measure(bar, arm, rows, speed)
             base = baseline_arm(arm, m.arms) if bar.relative_to else None
-            base_value = _measure(bar, base, rows, speed)[0] if base else None
+            base_value, b_lo, b_hi = _measure(bar, base, rows, speed) if base else (None, None, None)
             notes = []
             outcome: Literal["pass", "fail", "no-data"]
             threshold = bar.margin if not bar.relative_to else base_value + bar.margin if base_value is not None else None
@@ -194,11 +194,8 @@ def judge(reg: Registration, m: Matrix, rows: list[ArmClassRow], speed: list[Spe
                 outcome = "pass" if margin >= 0 else "fail"
                 if lo is not None and hi is not None and lo < threshold < hi:
                     notes.append("the bound lies inside the repeats' range: a close call")
-                if base is not None:
-                    b_lo, b_hi = _measure(bar, base, rows, speed)[1:]
-                    if (lo is not None and hi is not None and b_lo is not None and b_hi is not None
-                            and not (hi < b_lo or lo > b_hi)):
-                        notes.append("arm and baseline ranges overlap")
+                if lo is not None and hi is not None and b_lo is not None and b_hi is not None and not (hi < b_lo or lo > b_hi):
+                    notes.append("arm and baseline ranges overlap")
             out.append(VerdictRow(
                 bar_index=i, bar=words, bars_sha256=reg.bars_sha256, arm=arm.name, drafter=arm.drafter, k=arm.k,
                 metric=bar.metric, prompt_class=bar.prompt_class, concurrency=bar.concurrency, op=bar.op,
