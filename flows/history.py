@@ -166,16 +166,14 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if not api:
         return _bad_input("worker: no server. Fix: --api-url http://SERVER:4200/api (or PREFECT_API_URL)")
     _quiet_prefect()
-    from flows.deployments import ensure_pool, prefect_env, wait_healthy
+    from flows.deployments import ensure_pool, prefect_env, wait_healthy, worker_args
     from tasks.inventory.paths import REPO
 
     env = prefect_env(api)
     wait_healthy(api, None, 60)
     ensure_pool(env, args.pool, args.work_queue)
-    argv = [sys.executable, "-m", "prefect", "worker", "start", "--pool", args.pool, "--type", "process",
-            *[a for q in args.work_queue or [] for a in ("--work-queue", q)], *(["--name", args.name] if args.name else [])]
     os.chdir(REPO)
-    os.execve(sys.executable, argv, env)
+    os.execve(sys.executable, [sys.executable, "-m", "prefect", *worker_args(args.pool, args.work_queue, args.name)], env)
 
 
 def _params(pairs: list[str]) -> dict[str, Any] | str:

@@ -19,9 +19,8 @@ from pydantic import BaseModel
 
 from tasks.engines import engine_for, planned, release_flags
 from tasks.engines.releases import PINNED
-from tasks.inventory.load import load_inventory
 from tasks.inventory.lane_hosts import every_host
-from tasks.inventory.models import ConfigError, CounterGate, Inventory, Lane
+from tasks.inventory.models import CounterGate, Inventory, Lane
 from tasks.stages import topology
 
 
@@ -222,16 +221,11 @@ def render(plans: list[LanePlan]) -> str:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from flows.cli import _bad_input
+    from flows.cli import _bad_input, inventory_of
 
     hosts = Path(args.hosts)
-    try:
-        inventory = load_inventory(hosts)
-    except ConfigError as e:
-        return _bad_input(str(e))
-    unknown = [name for name in args.lanes if name not in inventory.lanes]
-    if unknown:
-        return _bad_input(f"{unknown[0]}: no such lane in {hosts}. Fix: use one of: {', '.join(inventory.lanes)}")
+    if isinstance(inventory := inventory_of(hosts, args.lanes, named=""), str):
+        return _bad_input(inventory)
     names = args.lanes or list(inventory.lanes)
     plans = [plan_lane(name, inventory.lanes[name], inventory, hosts.resolve().parent) for name in names]
     print(json.dumps([p.model_dump() for p in plans], indent=1) if args.json else render(plans))

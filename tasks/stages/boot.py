@@ -84,11 +84,6 @@ def _listening(server: Server, port: int) -> bool | None:
                     f"{server.process.pid}) does not hold it. Nothing was sent to it; free port {port} and run again")
 
 
-def launch_argv(lane: Lane, binary: str, address: str, host: Host) -> list[str]:
-    """The engine's launch command with the host's offload (tasks/stages/topology.py)."""
-    return topology.launch_argv(lane, engine_for(lane.engine), binary, address, host)
-
-
 def process_env(lane: Lane, host: Host, env: dict[str, str] | None) -> dict[str, str]:
     """A host process's environment: on `gpus: 0` the engine's switch that hides the GPUs, the process's
     own env over it (a lane that names CUDA_VISIBLE_DEVICES keeps it)."""
