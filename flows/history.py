@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}  # a launched run's end (`launch --wait`)
 _SHORT = ("git_sha", "model_sha256", "drafter_sha256", "engine_sha256", "inventory_sha256", "config_sha256")
 
 
@@ -224,7 +223,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
               f"{args.work_queue or deployment.work_queue_name}", flush=True)
         if not args.wait:
             return 0
-        while (state := client.read_flow_run(run.id).state) is None or state.type.value not in TERMINAL:
+        while (state := client.read_flow_run(run.id).state) is None or not state.is_final():
             time.sleep(2)
         print(f"{state.type.value}: {state.message or ''}".rstrip())
         return 0 if state.type.value == "COMPLETED" else 1

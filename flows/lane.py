@@ -83,12 +83,9 @@ class _Prompts:
 
 
 def _prompt_sets(lane: Lane, base_dir: Path) -> _Prompts:
-    decode = load_prompts(resolve(base_dir, lane.bench.decode.prompts))
-    classes: dict[str, list[Prompt]] = {}
-    if lane.bench.acceptance is not None:
-        plan = lane.bench.acceptance
-        classes = {c: load_prompts(resolve(base_dir, p), plan.prompts_per_class) for c, p in plan.classes.items()}
-    return _Prompts(decode, classes)
+    plan = lane.bench.acceptance
+    classes = {c: load_prompts(resolve(base_dir, p), plan.prompts_per_class) for c, p in plan.classes.items()} if plan else {}
+    return _Prompts(load_prompts(resolve(base_dir, lane.bench.decode.prompts)), classes)
 
 
 @flow(name="lane", flow_run_name="lane-{lane_name}")

@@ -66,9 +66,7 @@ _FACTS = {
 def _binary(lane: Lane) -> str:
     if lane.image is not None:
         return lane.container.entrypoint_binary
-    if lane.binary is not None:
-        return lane.binary
-    return engine_for(lane.engine).local_binary_name or "<no binary: set 'binary' or 'image'>"
+    return lane.binary or engine_for(lane.engine).local_binary_name or "<no binary: set 'binary' or 'image'>"
 
 
 def _resolved(lane: Lane, inventory: Inventory, base_dir: Path) -> Lane:
