@@ -80,17 +80,16 @@ def stop(proc: subprocess.Popen | None, grace_s: float = 30) -> None:
     """SIGTERM to the process group, then SIGKILL after `grace_s`: children (flow runs, servers) included."""
     if proc is None or proc.poll() is not None:
         return
-    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10)):
-        try:
-            os.killpg(proc.pid, sig)
-            proc.wait(timeout=wait)
-            break
-        except ProcessLookupError:
-            return
-        except subprocess.TimeoutExpired:
-            continue
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    with suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=grace_s)
     with suppress(ProcessLookupError, PermissionError):  # the group may outlive its leader (a flow run tearing down)
         os.killpg(proc.pid, signal.SIGKILL)
+    with suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=10)
 
 
 def _healthy(api_url: str, timeout_s: float = 2) -> bool:

@@ -250,9 +250,8 @@ class _OnServer:
         filler = load_prompts(resolve(self.base_dir, pre.prompts)) if pre.prompts else self.prompts.decode
         ladder = prefill_ladder(self.served.endpoint, str(self.run.path), pre, self.served.facts, self.lane.context,
                                 filler)
-        for row in ladder:
-            if row.status != "measured":
-                self.record.warnings.append(f"prefill ladder: rung {row.rung} {row.status}: {row.reason}")
+        self.record.warnings += [f"prefill ladder: rung {row.rung} {row.status}: {row.reason}"
+                                 for row in ladder if row.status != "measured"]
         self.run.write_table(self.name, "prefill", ladder)
 
     def acceptance_probe(self) -> None:
@@ -265,8 +264,7 @@ class _OnServer:
                                             engine_for(lane.engine).acceptance_log_interval_s(lane.env),
                                             draft_shape(lane.engine, self.served.server.argv))
         live.check(endpoint)
-        for prompt_class in silent:
-            self.record.warnings.append(f"acceptance probe: class {prompt_class} had no verification step")
+        self.record.warnings += [f"acceptance probe: class {c} had no verification step" for c in silent]
         self.record.flags += [f.model_dump(mode="json") for f in acceptance_findings(lane, acc_rows)]
         if acc_rows:
             self.run.write_table(self.name, "acceptance", acc_rows)

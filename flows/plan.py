@@ -118,8 +118,10 @@ def _drafting(lane: Lane, argv: list[str]) -> str | None:
 
 
 def _preflight(lane: Lane, inventory: Inventory) -> list[str]:
+    from tasks.hosts.links import lane_links
+
     out = []
-    for name in [*lane.links, *([lane.rpc.link] if lane.rpc else []), *([lane.nodes.link] if lane.nodes and lane.nodes.link else [])]:
+    for name in lane_links(lane):
         link = next(lk for lk in inventory.links if lk.name == name)
         need = ", ".join(x for x in (f"MTU {link.mtu}" if link.mtu else "", f">= {link.min_gbps:g} Gb/s" if link.min_gbps else "") if x)
         out.append(f"link {name}: {link.a.host} {link.a.interface} {link.a.address} <-> {link.b.host} "
@@ -182,7 +184,7 @@ def plan_lane(name: str, lane: Lane, inventory: Inventory, base_dir: Path) -> La
             for flag in dict.fromkeys(release_flags.unknown_flags(proc.argv, known)):
                 result.problems.append(f"{proc.role} on {proc.host}: flag {flag} is not defined by "
                                        f"{lane.engine} {known.version} (tasks/engines/flags/)")
-    if lane.image is None and lane.binary is None and engine_for(lane.engine).local_binary_name is None:
+    if lane.image is None and lane.binary is None and engine.local_binary_name is None:
         result.skipped = f"lane declares no binary for engine {lane.engine} (set 'binary', or run it from a pinned 'image')"
     elif inventory.hosts[lane.host].transport == "local":
         for role, ref in (("model", resolved.model), ("drafter", resolved.drafter)):

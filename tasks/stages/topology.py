@@ -115,8 +115,8 @@ class Launch:
 
 def launches(lane: Lane, engine: Engine, hosts: Mapping[str, Host], master: str, binaries: Binaries,
              rpc_endpoints: list[str]) -> list[Launch]:
-    """Every process of the lane, the head first: node ranks (each its node flags, then the offload its own
-    host implies), or llama.cpp's rpc-servers on their link ends. The one place a lane's argv and environment are built."""
+    """Every process of the lane, the head first: node ranks (node flags, then their own host's offload) or
+    llama.cpp's rpc-servers on their link ends. The one place a lane's argv and environment are built."""
     head = hosts[lane.host]
     out = [Launch("head (node 0)" if lane.nodes else "server", lane.host, head, head.address,
                   launch_argv(at_rank(lane, engine, 0, master), engine, binaries.head, head.address, head),
