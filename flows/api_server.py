@@ -57,13 +57,6 @@ def launch() -> tuple[subprocess.Popen, str] | None:
     return proc, f"http://127.0.0.1:{port}/api"
 
 
-def _configured_elsewhere() -> bool:
-    """A server named in Prefect's profile or prefect.toml (visible once Prefect is imported)."""
-    from prefect.settings import get_current_settings
-
-    return bool(get_current_settings().api.url)
-
-
 def stop(launched: tuple[subprocess.Popen, str] | None) -> None:
     """Stop a launched server (its own session, so its process group): `lanebench serve`'s stop."""
     if launched is not None:
@@ -73,20 +66,16 @@ def stop(launched: tuple[subprocess.Popen, str] | None) -> None:
 
 
 @contextlib.contextmanager
-def api_server(launched: tuple[subprocess.Popen, str] | None = None, timeout_s: float | None = None
-               ) -> Iterator[str | None]:
-    """Run the body against a Prefect server of its own (`launched`, or launched now), or the configured one (None)."""
-    from prefect.settings import PREFECT_API_URL, PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+def api_server(launched: tuple[subprocess.Popen, str] | None) -> Iterator[str | None]:
+    """Run the body against the server `launch` started, or the configured one (None)."""
+    from prefect.settings import PREFECT_API_URL, PREFECT_FLOWS_HEARTBEAT_FREQUENCY, get_current_settings, temporary_settings
 
-    launched = launched or launch()
-    if launched is not None and _configured_elsewhere():
+    if launched is None or get_current_settings().api.url:  # none launched, or one in Prefect's profile or prefect.toml
         stop(launched)
-        launched = None
-    if launched is None:
         yield None
         return
     proc, url = launched
-    timeout_s = timeout_s or float(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120"))
+    timeout_s = float(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120"))
     try:
         from flows.deployments import wait_healthy
 

@@ -80,17 +80,23 @@ def stop(proc: subprocess.Popen | None, grace_s: float = 30) -> None:
     """SIGTERM to the process group, then SIGKILL after `grace_s`: children (flow runs, servers) included."""
     if proc is None or proc.poll() is not None:
         return
-    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10)):
-        try:
-            os.killpg(proc.pid, sig)
-            proc.wait(timeout=wait)
-            break
-        except ProcessLookupError:
-            return
-        except subprocess.TimeoutExpired:
-            continue
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    with suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=grace_s)
     with suppress(ProcessLookupError, PermissionError):  # the group may outlive its leader (a flow run tearing down)
         os.killpg(proc.pid, signal.SIGKILL)
+    with suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=10)
+
+
+def _healthy(api_url: str, timeout_s: float = 2) -> bool:
+    try:
+        return httpx.get(f"{api_url}/health", timeout=timeout_s).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 def wait_healthy(api_url: str, proc: subprocess.Popen | None, timeout_s: float, poll_s: float = 0.5) -> None:
@@ -98,10 +104,7 @@ def wait_healthy(api_url: str, proc: subprocess.Popen | None, timeout_s: float, 
     def healthy() -> bool:
         if proc is not None and proc.poll() is not None:
             raise RuntimeError(f"prefect server exited with code {proc.returncode} while starting")
-        try:
-            return httpx.get(f"{api_url}/health", timeout=2).status_code == 200
-        except httpx.HTTPError:
-            return False
+        return _healthy(api_url)
 
     if not retrying(within_s=timeout_s, wait_s=poll_s, until=bool)(healthy):
         raise TimeoutError(f"prefect server at {api_url} not healthy after {timeout_s:.0f} s")
@@ -197,10 +200,10 @@ def deploy(env: dict[str, str], prefect_file: Path = PREFECT_FILE, pool: str = P
     return names
 
 
-def worker(env: dict[str, str], pool: str, log: Path, queues: list[str] | None = None) -> subprocess.Popen:
-    """A process worker on `pool` (only `queues` of it, when given): each flow run a process in this checkout."""
-    picks = [arg for q in queues or [] for arg in ("--work-queue", q)]
-    return _spawn(["worker", "start", "--pool", pool, "--type", "process", *picks], env, log)
+def worker_args(pool: str, queues: list[str] | None = None, name: str | None = None) -> list[str]:
+    """`prefect worker start` on `pool` (only `queues` of it, when given): each flow run a process in this checkout."""
+    return ["worker", "start", "--pool", pool, "--type", "process", *[a for q in queues or [] for a in ("--work-queue", q)],
+            *(["--name", name] if name else [])]
 
 
 def serve(host: str, port: int, home: Path | None, prefect_file: Path, pool: str, api_url: str | None,
@@ -215,7 +218,7 @@ def serve(host: str, port: int, home: Path | None, prefect_file: Path, pool: str
         env = prefect_env(url, home)
         names = deploy(env, prefect_file, pool, say, queues)
         say(f"deployed to {url}: {', '.join(names) or '(none)'} on work pool {pool}")
-        proc = worker(env, pool, logs / "worker.log", queues) if start_worker else None
+        proc = _spawn(worker_args(pool, queues), env, logs / "worker.log") if start_worker else None
         say(f"{'worker running' if proc else 'no worker started'}; logs in {logs}; Ctrl-C stops")
         misses, last_check = 0, time.monotonic()
         try:
@@ -225,10 +228,7 @@ def serve(host: str, port: int, home: Path | None, prefect_file: Path, pool: str
                     return 1
                 if time.monotonic() - last_check > 10:
                     last_check = time.monotonic()
-                    try:
-                        misses = 0 if httpx.get(f"{url}/health", timeout=5).status_code == 200 else misses + 1
-                    except httpx.HTTPError:
-                        misses += 1
+                    misses = 0 if _healthy(url, 5) else misses + 1
                     if misses >= 3:
                         say(f"prefect server at {url} stopped answering")
                         return 1

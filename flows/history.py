@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}  # a launched run's end (`launch --wait`)
 _SHORT = ("git_sha", "model_sha256", "drafter_sha256", "engine_sha256", "inventory_sha256", "config_sha256")
 
 
@@ -166,16 +165,14 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if not api:
         return _bad_input("worker: no server. Fix: --api-url http://SERVER:4200/api (or PREFECT_API_URL)")
     _quiet_prefect()
-    from flows.deployments import ensure_pool, prefect_env, wait_healthy
+    from flows.deployments import ensure_pool, prefect_env, wait_healthy, worker_args
     from tasks.inventory.paths import REPO
 
     env = prefect_env(api)
     wait_healthy(api, None, 60)
     ensure_pool(env, args.pool, args.work_queue)
-    argv = [sys.executable, "-m", "prefect", "worker", "start", "--pool", args.pool, "--type", "process",
-            *[a for q in args.work_queue or [] for a in ("--work-queue", q)], *(["--name", args.name] if args.name else [])]
     os.chdir(REPO)
-    os.execve(sys.executable, argv, env)
+    os.execve(sys.executable, [sys.executable, "-m", "prefect", *worker_args(args.pool, args.work_queue, args.name)], env)
 
 
 def _params(pairs: list[str]) -> dict[str, Any] | str:
@@ -226,7 +223,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
               f"{args.work_queue or deployment.work_queue_name}", flush=True)
         if not args.wait:
             return 0
-        while (state := client.read_flow_run(run.id).state) is None or state.type.value not in TERMINAL:
+        while (state := client.read_flow_run(run.id).state) is None or not state.is_final():
             time.sleep(2)
         print(f"{state.type.value}: {state.message or ''}".rstrip())
         return 0 if state.type.value == "COMPLETED" else 1

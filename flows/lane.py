@@ -83,12 +83,9 @@ class _Prompts:
 
 
 def _prompt_sets(lane: Lane, base_dir: Path) -> _Prompts:
-    decode = load_prompts(resolve(base_dir, lane.bench.decode.prompts))
-    classes: dict[str, list[Prompt]] = {}
-    if lane.bench.acceptance is not None:
-        plan = lane.bench.acceptance
-        classes = {c: load_prompts(resolve(base_dir, p), plan.prompts_per_class) for c, p in plan.classes.items()}
-    return _Prompts(decode, classes)
+    plan = lane.bench.acceptance
+    classes = {c: load_prompts(resolve(base_dir, p), plan.prompts_per_class) for c, p in plan.classes.items()} if plan else {}
+    return _Prompts(load_prompts(resolve(base_dir, lane.bench.decode.prompts)), classes)
 
 
 @flow(name="lane", flow_run_name="lane-{lane_name}")
@@ -253,9 +250,8 @@ class _OnServer:
         filler = load_prompts(resolve(self.base_dir, pre.prompts)) if pre.prompts else self.prompts.decode
         ladder = prefill_ladder(self.served.endpoint, str(self.run.path), pre, self.served.facts, self.lane.context,
                                 filler)
-        for row in ladder:
-            if row.status != "measured":
-                self.record.warnings.append(f"prefill ladder: rung {row.rung} {row.status}: {row.reason}")
+        self.record.warnings += [f"prefill ladder: rung {row.rung} {row.status}: {row.reason}"
+                                 for row in ladder if row.status != "measured"]
         self.run.write_table(self.name, "prefill", ladder)
 
     def acceptance_probe(self) -> None:
@@ -268,8 +264,7 @@ class _OnServer:
                                             engine_for(lane.engine).acceptance_log_interval_s(lane.env),
                                             draft_shape(lane.engine, self.served.server.argv))
         live.check(endpoint)
-        for prompt_class in silent:
-            self.record.warnings.append(f"acceptance probe: class {prompt_class} had no verification step")
+        self.record.warnings += [f"acceptance probe: class {c} had no verification step" for c in silent]
         self.record.flags += [f.model_dump(mode="json") for f in acceptance_findings(lane, acc_rows)]
         if acc_rows:
             self.run.write_table(self.name, "acceptance", acc_rows)

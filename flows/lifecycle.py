@@ -44,10 +44,6 @@ def in_artifacts(kind: str, artifacts_root: str, body: Callable[[str], State]) -
     return in_store(artifacts_root, kind, str(flow_run.get_id()), body)
 
 
-def _nothing(run: RunFolder) -> None:
-    return None
-
-
 R = TypeVar("R")
 
 
@@ -66,7 +62,7 @@ class Closing(Generic[R]):
 
     report: Callable[[RunFolder], R]
     verdict: Callable[[RunFolder, R], State]
-    settle: Callable[[RunFolder], None] = _nothing
+    settle: Callable[[RunFolder], None] = lambda run: None
     # The KL gate's report also sets its candidates' end states: the folder is finished after it,
     # so a run killed while it reports is left unfinished (and reclaimed), not finished half-judged.
     finish_after_report: bool = False

@@ -206,11 +206,9 @@ def _finish(run: RunFolder, m: Matrix) -> tuple[bool, str]:
     if sha256_of(m.path) != facts.file_sha256:
         facts.file_changed_during_run = f"sha256 now {sha256_of(m.path)[:12]}, registered {facts.file_sha256[:12]}"
     rows, speed, warnings = collect(run, m)
-    warnings[:0] = [f"FLAG: {line}" for line in facts.identical_drafters]
     facts.against_no_speculation = losing = against_no_speculation(run, speed)
-    warnings[:0] = losing
     drift = model_drift(run, m)
-    warnings[:0] = drift + contention(run, m)
+    warnings[:0] = [*drift, *contention(run, m), *losing, *(f"FLAG: {line}" for line in facts.identical_drafters)]
     for c, f in reg.prompt_sets.items():
         if sha256_of(f.path) != f.sha256:
             warnings.append(f"prompt set {c} ({f.path}) changed during the run: later arms may have probed other prompts")

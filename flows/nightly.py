@@ -13,6 +13,7 @@ the manifest).
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -45,10 +46,6 @@ def warm() -> None:
     warm_up(WARM_KINDS, and_then=plots.warm)
 
 
-def _artifact_key(*parts: str) -> str:
-    return "-".join(parts).lower().replace("_", "-").replace(".", "-").replace("@", "-")
-
-
 def _publish(run: RunFolder, report: str) -> None:
     """The same tables as Prefect artifacts, and the report with its plots inlined, for the UI."""
     import pandas as pd
@@ -57,9 +54,9 @@ def _publish(run: RunFolder, report: str) -> None:
 
     published = published_kinds()
     for entry in run.manifest.artifacts:
-        if entry.kind in published and entry.validation == "passed":
-            table_artifact(_artifact_key(entry.lane, entry.kind), pd.read_parquet(run.path / entry.path),
-                           f"{entry.kind} for lane {entry.lane}")
+        if entry.kind in published and entry.validation == "passed":  # a key of lowercase letters, digits and dashes
+            table_artifact(re.sub(r"[_.@]", "-", f"{entry.lane}-{entry.kind}".lower()),
+                           pd.read_parquet(run.path / entry.path), f"{entry.kind} for lane {entry.lane}")
     create_markdown_artifact(key="nightly-report", markdown=embed_images(report, run.path), description=run.path.name)
 
 

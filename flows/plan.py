@@ -19,9 +19,8 @@ from pydantic import BaseModel
 
 from tasks.engines import engine_for, planned, release_flags
 from tasks.engines.releases import PINNED
-from tasks.inventory.load import load_inventory
 from tasks.inventory.lane_hosts import every_host
-from tasks.inventory.models import ConfigError, CounterGate, Inventory, Lane
+from tasks.inventory.models import CounterGate, Inventory, Lane
 from tasks.stages import topology
 
 
@@ -67,9 +66,7 @@ _FACTS = {
 def _binary(lane: Lane) -> str:
     if lane.image is not None:
         return lane.container.entrypoint_binary
-    if lane.binary is not None:
-        return lane.binary
-    return engine_for(lane.engine).local_binary_name or "<no binary: set 'binary' or 'image'>"
+    return lane.binary or engine_for(lane.engine).local_binary_name or "<no binary: set 'binary' or 'image'>"
 
 
 def _resolved(lane: Lane, inventory: Inventory, base_dir: Path) -> Lane:
@@ -121,8 +118,10 @@ def _drafting(lane: Lane, argv: list[str]) -> str | None:
 
 
 def _preflight(lane: Lane, inventory: Inventory) -> list[str]:
+    from tasks.hosts.links import lane_links
+
     out = []
-    for name in [*lane.links, *([lane.rpc.link] if lane.rpc else []), *([lane.nodes.link] if lane.nodes and lane.nodes.link else [])]:
+    for name in lane_links(lane):
         link = next(lk for lk in inventory.links if lk.name == name)
         need = ", ".join(x for x in (f"MTU {link.mtu}" if link.mtu else "", f">= {link.min_gbps:g} Gb/s" if link.min_gbps else "") if x)
         out.append(f"link {name}: {link.a.host} {link.a.interface} {link.a.address} <-> {link.b.host} "
@@ -185,7 +184,7 @@ def plan_lane(name: str, lane: Lane, inventory: Inventory, base_dir: Path) -> La
             for flag in dict.fromkeys(release_flags.unknown_flags(proc.argv, known)):
                 result.problems.append(f"{proc.role} on {proc.host}: flag {flag} is not defined by "
                                        f"{lane.engine} {known.version} (tasks/engines/flags/)")
-    if lane.image is None and lane.binary is None and engine_for(lane.engine).local_binary_name is None:
+    if lane.image is None and lane.binary is None and engine.local_binary_name is None:
         result.skipped = f"lane declares no binary for engine {lane.engine} (set 'binary', or run it from a pinned 'image')"
     elif inventory.hosts[lane.host].transport == "local":
         for role, ref in (("model", resolved.model), ("drafter", resolved.drafter)):
@@ -222,16 +221,11 @@ def render(plans: list[LanePlan]) -> str:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from flows.cli import _bad_input
+    from flows.cli import _bad_input, inventory_of
 
     hosts = Path(args.hosts)
-    try:
-        inventory = load_inventory(hosts)
-    except ConfigError as e:
-        return _bad_input(str(e))
-    unknown = [name for name in args.lanes if name not in inventory.lanes]
-    if unknown:
-        return _bad_input(f"{unknown[0]}: no such lane in {hosts}. Fix: use one of: {', '.join(inventory.lanes)}")
+    if isinstance(inventory := inventory_of(hosts, args.lanes, named=""), str):
+        return _bad_input(inventory)
     names = args.lanes or list(inventory.lanes)
     plans = [plan_lane(name, inventory.lanes[name], inventory, hosts.resolve().parent) for name in names]
     print(json.dumps([p.model_dump() for p in plans], indent=1) if args.json else render(plans))

@@ -18,13 +18,14 @@ from pathlib import Path
 
 import pytest
 
+from tasks.engines import engine_for
 from tasks.engines.facts import Metrics
 from tasks.engines.llamacpp import LlamaCpp
 from tasks.hosts.gpu import APPS, QUERY, gpu_facts, idle_gpu_gate, parse_query, server_gpu_memory
 from tasks.hosts.transport import LocalTransport
 from tasks.inventory.models import Host, Lane
 from tasks.record.rows import DecodeRow
-from tasks.stages.boot import launch_argv
+from tasks.stages import topology
 from tasks.stages.limits import bandwidth_share, with_bandwidth_share
 
 REPO = Path(__file__).resolve().parents[1]
@@ -35,6 +36,10 @@ def lane(**over) -> Lane:
     base = {"host": "gpu", "engine": "llamacpp", "port": 18300, "slots": 2, "context": 512,
             "model": {"path": "/m/target.gguf"}, "bench": {"decode": {"prompts": "p.jsonl"}}}
     return Lane.model_validate({**base, **over})
+
+
+def launch_argv(lane: Lane, binary: str, address: str, host: Host) -> list[str]:
+    return topology.launch_argv(lane, engine_for(lane.engine), binary, address, host)
 
 
 DRAFTED = {"drafter": {"path": "/m/drafter.gguf"}, "speculative": {"method": "draft-simple", "k": 4}}

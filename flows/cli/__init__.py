@@ -120,22 +120,21 @@ def cmd_nightly(args: argparse.Namespace) -> int:
     return closing_verdict(state, folder, "nightly")
 
 
-def _inventory(args: argparse.Namespace, files: bool) -> Any:
-    """The --hosts inventory holding every --lane (`files`: its input files checked first), or the one-line problem."""
+def inventory_of(hosts: Path, lanes: list[str] | None, files: bool = False, named: str = "--lane ") -> Any:
+    """The inventory holding every lane of `lanes` (`files`: its input files checked first), or the one-line problem."""
     from tasks.inventory.models import ConfigError
     from tasks.inventory.load import load_inventory
-    from tasks.stages.input_files import check_prompt_files
 
-    hosts = Path(args.hosts)
     try:
         inventory = load_inventory(hosts)
         if files:
+            from tasks.stages.input_files import check_prompt_files
+
             check_prompt_files(inventory, hosts)
     except ConfigError as e:
         return str(e)
-    unknown = [name for name in args.lane or [] if name not in inventory.lanes]
-    if unknown:
-        return f"--lane {unknown[0]}: no such lane in {hosts}. Fix: use one of: {', '.join(inventory.lanes)}"
+    if unknown := [name for name in lanes or [] if name not in inventory.lanes]:
+        return f"{named}{unknown[0]}: no such lane in {hosts}. Fix: use one of: {', '.join(inventory.lanes)}"
     return inventory
 
 
@@ -145,7 +144,7 @@ def _refused_nightly(args: argparse.Namespace) -> int | None:
     from tasks.inventory.models import ConfigError
     from tasks.stages.input_files import check_prompt_files
 
-    if isinstance(inventory := _inventory(args, files=False), str):
+    if isinstance(inventory := inventory_of(Path(args.hosts), args.lane), str):
         return _bad_input(inventory)
     # A lane whose own config caps running requests below its bench (and gates on capacity) fails
     # for sure: said before anything is pulled or booted (`lanebench plan` shows the computation).
@@ -227,7 +226,7 @@ def cmd_matrix(args: argparse.Namespace) -> int:
 
 def _tool_lanes(args: argparse.Namespace) -> list[str] | str:
     """`lanebench tools`: the lanes to run, or the one-line problem with them."""
-    if isinstance(inventory := _inventory(args, files=True), str):
+    if isinstance(inventory := inventory_of(Path(args.hosts), args.lane, files=True), str):
         return inventory
     hosts = Path(args.hosts)
     gated = [n for n, lane in inventory.lanes.items() if lane.correctness and lane.correctness.tool_gate]

@@ -77,11 +77,11 @@ class Late:
         return "; ".join(parts)
 
 
-def check_alive(server, engine_health_path: str = "/health", late: Late | None = None) -> None:
+def check_alive(server, late: Late | None = None) -> None:
     """ServerDied when the server's process exited or its health is silent; with `late` holding late
     requests, in any case, naming them."""
     try:
-        _check_alive(server, engine_health_path)
+        _check_alive(server)
     except ServerDied as e:
         if late is not None and late.any:
             raise ServerDied(f"{late.words()}; {e}") from None
@@ -93,7 +93,7 @@ def check_alive(server, engine_health_path: str = "/health", late: Late | None =
                          "gone), or too slow for that deadline")
 
 
-def _check_alive(server, engine_health_path: str) -> None:
+def _check_alive(server) -> None:
     try:  # over SSH, a dropped connection asks the host again: its sshd may be gone
         code = server.process.poll()
         if code is not None:
@@ -105,7 +105,7 @@ def _check_alive(server, engine_health_path: str) -> None:
     except TransportError as e:
         raise ServerDied(f"a host of the lane cannot be reached to ask after its processes ({e})") from None
     try:
-        r = control().get(server.base_url + engine_health_path, timeout=HEALTH_TIMEOUT_S)
+        r = control().get(server.base_url + "/health", timeout=HEALTH_TIMEOUT_S)
     except httpx.TimeoutException:
         raise ServerDied(f"the server stopped answering (health gave no answer within {HEALTH_TIMEOUT_S:g} s: "
                          "hung, stopped, or its link cut)") from None

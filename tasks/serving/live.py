@@ -144,16 +144,11 @@ def transport(name: str, host_name: str) -> Transport:
     return reach.transports[host_name]
 
 
-def server(endpoint: Endpoint) -> Server:
-    found = handles(endpoint.lane).server
-    if found is None:
-        raise LookupError(f"lane {endpoint.lane} has no healthy server yet")
-    return found
-
-
 def check(endpoint: Endpoint) -> None:
     """Between waves and after a stage: ServerDied when the server is gone or silent, or a request ran late."""
-    check_alive(server(endpoint), late=handles(endpoint.lane).late)
+    if (lane := handles(endpoint.lane)).server is None:
+        raise LookupError(f"lane {endpoint.lane} has no healthy server yet")
+    check_alive(lane.server, late=lane.late)
 
 
 def keeper(run_dir: str, endpoint: Endpoint, judged: bool = True) -> Callable[[RequestRecord], None]:

@@ -21,9 +21,8 @@ from tasks.inventory.models import Host, Lane
 from tasks.engines import engine_for
 from tasks.engines.facts import BootFacts
 from tasks.hosts import containers
-from tasks.hosts.listener import Listeners
 from tasks.hosts.retry import retrying
-from tasks.hosts.transport import Spawned
+from tasks.hosts.transport import Spawned, Transport
 from tasks.serving import live
 from tasks.stages import topology
 from tasks.serving.live import Endpoint, Placement, Server
@@ -52,15 +51,10 @@ def server_words(path: Path) -> str:
     return said[:300]
 
 
-def _held_by_other(server: Server, port: int) -> Listeners | None:
-    found = server.process.listeners(port)
-    return found if found is not None and found.sockets and not server.process.owns(found) else None
-
-
 def _exited(server: Server, code: int, port: int) -> BootError:
     """The server exited while booting: its own words, and who holds its port if another does."""
     said = server_words(server.log_path)
-    if (other := _held_by_other(server, port)) is not None:
+    if (other := server.process.listeners(port)) is not None and other.sockets and not server.process.owns(other):
         return BootError(f"impostor on the lane's port: {other.describe()}; the lane's server exited with "
                          f"code {code}: {said!r}. Nothing was sent to it; free port {port} and run again")
     return BootError(f"server exited with code {code} while booting: {said!r}; "
@@ -84,16 +78,23 @@ def _listening(server: Server, port: int) -> bool | None:
                     f"{server.process.pid}) does not hold it. Nothing was sent to it; free port {port} and run again")
 
 
-def launch_argv(lane: Lane, binary: str, address: str, host: Host) -> list[str]:
-    """The engine's launch command with the host's offload (tasks/stages/topology.py)."""
-    return topology.launch_argv(lane, engine_for(lane.engine), binary, address, host)
-
-
 def process_env(lane: Lane, host: Host, env: dict[str, str] | None) -> dict[str, str]:
     """A host process's environment: on `gpus: 0` the engine's switch that hides the GPUs, the process's
     own env over it (a lane that names CUDA_VISIBLE_DEVICES keeps it)."""
     hidden = engine_for(lane.engine).cpu_only_env() if host.gpus == 0 else {}
     return {**hidden, **(env or {})}
+
+
+def _spawn(lane: Lane, transport: Transport, host: Host, image: str | None, name: str, argv: list[str],
+           env: dict[str, str] | None, log: Path, mounts: list[str]) -> Spawned:
+    """One process of the lane, a crashed run's leftover under its name stopped first: in `image` on its host's
+    docker, or bare, named by lane and port (a crashed run's server on this port is what would block this boot)."""
+    if image is not None:
+        containers.remove_leftover(transport, host.docker_host, name)
+        return containers.run_container(transport, host.docker_host, name, image, argv[1:], lane.container, host.gpus,
+                                        mounts, env or {}, log, entrypoint=argv[0])
+    transport.stop_leftover(f"{name}.{lane.port}")
+    return transport.spawn(argv, log, name=f"{name}.{lane.port}", env=process_env(lane, host, env))
 
 
 def start(lane_name: str, lane: Lane, binary: str, address: str, log_path: Path,
@@ -114,28 +115,10 @@ def start(lane_name: str, lane: Lane, binary: str, address: str, log_path: Path,
                     | set(lane.container.mounts))
     try:
         for i, worker in enumerate(where.workers):
-            worker_log = log_path.with_name(f"worker-{worker.host_name}.log")
-            if worker.image is not None:  # a node of a container lane: the same image, on its host's docker
-                node = f"{lane_name}-node{worker.rank}"
-                containers.remove_leftover(worker.transport, worker.host.docker_host, node)
-                workers.append(containers.run_container(
-                    worker.transport, worker.host.docker_host, node, worker.image, worker.argv[1:], lane.container,
-                    worker.host.gpus, mounts, worker.env or {}, worker_log, entrypoint=worker.argv[0]))
-                continue
-            name = f"{lane_name}-rpc{i}.{lane.port}" if worker.rank is None else f"{lane_name}-node{worker.rank}.{lane.port}"
-            worker.transport.stop_leftover(name)
-            workers.append(worker.transport.spawn(worker.argv, worker_log, name=name,
-                                                  env=process_env(lane, worker.host, worker.env)))
-        if where.image is not None:
-            containers.remove_leftover(where.transport, where.host.docker_host, lane_name)
-            process: Spawned = containers.run_container(
-                where.transport, where.host.docker_host, lane_name, where.image, argv[1:], lane.container,
-                where.host.gpus, mounts, env, log_path, entrypoint=argv[0])
-        else:
-            # Named by lane and port: a crashed run's server on this port is what would block this boot.
-            name = f"{lane_name}.{lane.port}"
-            where.transport.stop_leftover(name)
-            process = where.transport.spawn(argv, log_path, name=name, env=process_env(lane, where.host, env))
+            name = f"{lane_name}-rpc{i}" if worker.rank is None else f"{lane_name}-node{worker.rank}"
+            workers.append(_spawn(lane, worker.transport, worker.host, worker.image, name, worker.argv, worker.env,
+                                  log_path.with_name(f"worker-{worker.host_name}.log"), mounts))
+        process = _spawn(lane, where.transport, where.host, where.image, lane_name, argv, env, log_path, mounts)
     except BaseException:
         for w in workers:
             w.stop()

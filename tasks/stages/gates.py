@@ -40,13 +40,7 @@ class GateFailed(RuntimeError):
 
 
 def _transient(task, task_run, state) -> bool:
-    try:
-        state.result()
-    except TransientFault:
-        return True
-    except Exception:
-        return False
-    return False
+    return isinstance(state.result(raise_on_failure=False), TransientFault)
 
 
 @task(name="scrape-metrics", cache_policy=NO_CACHE, retries=3, retry_delay_seconds=exponential_backoff(0.5),

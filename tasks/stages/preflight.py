@@ -196,32 +196,34 @@ def preflight(lane_name: str, lane: Lane, host: Host, base_dir: Path, inventory:
         api_key.resolve(lane, base_dir)  # its value stays here: Preflight is a task result
     except api_key.KeyUnavailable as e:
         return Preflight(ok=False, reason=str(e))
-    if _needs_reach(lane, host):
-        reach = live.handles(lane_name).reach if live.served(lane_name) else None
-        if reach is None:
-            return Preflight(ok=False, reason="a remote, container or RPC lane needs its hosts' transports")
-        pre = Preflight(ok=False)
+    pre = Preflight(ok=False)
+    if not _needs_reach(lane, host):
+        reason = _local(lane, host, base_dir, pre)
+    elif (reach := live.handles(lane_name).reach if live.served(lane_name) else None) is None:
+        reason = "a remote, container or RPC lane needs its hosts' transports"
+    else:
         try:
             reason = _remote(lane, host, base_dir, inventory, reach, pre)
         except TransportError as e:
             return Preflight(ok=False, reason=f"preflight: {e}")
-        pre.ok, pre.reason = reason is None, reason or ""
-        return pre
-    found = _local_binary(lane)
-    if isinstance(found, str):
-        return Preflight(ok=False, reason=found)
-    binary, identity = found
+    pre.ok, pre.reason = reason is None, reason or ""
+    return pre
+
+
+def _local(lane: Lane, host: Host, base_dir: Path, pre: Preflight) -> str | None:
+    """The checks on this machine, recorded in `pre` as they pass; the first failure's reason."""
+    if isinstance(found := _local_binary(lane), str):
+        return found
+    pre.binary, pre.engine_identity = found
     models = []
     for role, ref in (("model", lane.model), ("drafter", lane.drafter)):
         if ref is None:
             continue
         if isinstance(facts := _check_file(role, ref, base_dir), str):
-            return Preflight(ok=False, reason=facts, binary=binary, engine_identity=identity)
+            return facts
         models.append(facts)
-    if not port_free(host.address, lane.port):
-        return Preflight(ok=False, reason=f"port {lane.port} on {host.address} is already in use",
-                         binary=binary, engine_identity=identity, models=models)
-    return Preflight(ok=True, binary=binary, engine_identity=identity, models=models)
+    pre.models = models
+    return None if port_free(host.address, lane.port) else f"port {lane.port} on {host.address} is already in use"
 
 
 def model_paths(lane: Lane, host: Host, base_dir: Path) -> dict[str, str]:

@@ -12,7 +12,7 @@ recorded. The lane's live handles are registered by name for the block (tasks/se
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -133,18 +133,12 @@ def boot_gates(run: RunFolder, served: Served, probe: Prompt | None) -> None:
 
 @contextmanager
 def served_lane(run: RunFolder, name: str, lane: Lane, host: Host, base_dir: Path,
-                inventory: Inventory | None = None, probe: Prompt | None = None, gates: bool = True,
-                on_stage: Callable[[str], None] | None = None) -> Iterator[Served | None]:
+                inventory: Inventory | None = None, probe: Prompt | None = None, gates: bool = True
+                ) -> Iterator[Served | None]:
     """Serve one lane for the body of a `with` block; yields None when it cannot be served. `probe`:
     the prompt a counter gate sends; `gates=False`: no boot gates (the KL gate judges by scores)."""
     record = run.lane(name)
-
-    def stage(what: str) -> None:
-        run.stage(name, what)
-        if on_stage is not None:
-            on_stage(what)
-
-    stage("preflight")
+    run.stage(name, "preflight")
     reach = Reach.of(lane.host, lane, host, base_dir, inventory)
     server: Server | None = None
     handles: live.Handles | None = None
@@ -159,12 +153,12 @@ def served_lane(run: RunFolder, name: str, lane: Lane, host: Host, base_dir: Pat
         served_as = resolved(lane, host, base_dir, pre)
 
         if served_as.image is not None:  # container lanes: pulled by digest, verified either way
-            stage("image pull")
+            run.stage(name, "image pull")
             if not _pulled(run, name, served_as, host, reach, inventory):
                 yield None
                 return
 
-        stage("boot")
+        run.stage(name, "boot")
         handles.placement = placement(served_as, host, reach, pre, inventory)  # node 0 first, as plan prints it
         _, facts, seconds = boot(name, served_as, pre.binary, host.address, run.lane_dir(name) / "boot.log")
         server = handles.server
@@ -172,19 +166,17 @@ def served_lane(run: RunFolder, name: str, lane: Lane, host: Host, base_dir: Pat
         record.launch_command, record.boot_seconds = secrets.scrub(server.command), seconds
         record.boot_facts = facts.model_dump(mode="json")
         if gpu_seen:  # what the booted server holds on the GPU: the offload that happened
-            booted = gpu_facts(reach.transport)
-            record.gpu.booted = booted
+            record.gpu.booted = booted = gpu_facts(reach.transport)
             pids = None if server.image else group_pids(reach.transport, server.process.pid) or None
             record.gpu.server_memory_mib = held = server_gpu_memory(booted, pre.binary, pids)
             if host.gpus == 0 and held:
-                line = cpu_lane_on_gpu(held)
-                record.gpu.cpu_lane_holds_gpu = line
+                record.gpu.cpu_lane_holds_gpu = line = cpu_lane_on_gpu(held)
                 record.warnings.append(line)
                 progress(name, line)
         run.save_manifest()
         served = Served(name, served_as, host, server, facts, record)
         if gates:
-            stage("boot gates")
+            run.stage(name, "boot gates")
             boot_gates(run, served, probe)
         try:
             yield served

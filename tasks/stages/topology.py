@@ -51,11 +51,6 @@ def launch_argv(lane: Lane, engine: Engine, binary: str, address: str, host: Hos
     return argv
 
 
-def node_argv(lane: Lane, engine: Engine, rank: int, master: str, binary: str, address: str, host: Host) -> list[str]:
-    """Node `rank`'s full argv: its node flags, then the offload its own host implies."""
-    return launch_argv(at_rank(lane, engine, rank, master), engine, binary, address, host)
-
-
 def node_env(lane: Lane, host_name: str) -> dict[str, str]:
     """The environment of the lane's process on `host_name`: `env`, with `nodes.env[host]` over it."""
     return {**lane.env, **(lane.nodes.env.get(host_name, {}) if lane.nodes is not None else {})}
@@ -120,16 +115,18 @@ class Launch:
 
 def launches(lane: Lane, engine: Engine, hosts: Mapping[str, Host], master: str, binaries: Binaries,
              rpc_endpoints: list[str]) -> list[Launch]:
-    """Every process of the lane, the head first: node ranks, or llama.cpp's rpc-servers on their link
-    ends. The one place a lane's argv and environment are built."""
+    """Every process of the lane, the head first: node ranks (node flags, then their own host's offload) or
+    llama.cpp's rpc-servers on their link ends. The one place a lane's argv and environment are built."""
     head = hosts[lane.host]
     out = [Launch("head (node 0)" if lane.nodes else "server", lane.host, head, head.address,
-                  node_argv(lane, engine, 0, master, binaries.head, head.address, head), node_env(lane, lane.host), 0)]
+                  launch_argv(at_rank(lane, engine, 0, master), engine, binaries.head, head.address, head),
+                  node_env(lane, lane.host), 0)]
     for rank, name in worker_ranks(lane):
         node = hosts.get(name, Host())
         binary = binaries.head if lane.image else binaries.nodes[name]
         out.append(Launch(f"node {rank}", name, node, node.address,
-                          node_argv(lane, engine, rank, master, binary, node.address, node), node_env(lane, name), rank))
+                          launch_argv(at_rank(lane, engine, rank, master), engine, binary, node.address, node),
+                          node_env(lane, name), rank))
     for worker, endpoint in zip(lane.rpc.workers if lane.rpc else [], rpc_endpoints):
         address, port = endpoint.rsplit(":", 1)
         out.append(Launch("rpc-server", worker, hosts.get(worker, Host()), address,
