@@ -17,6 +17,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from lab.docker import docker
+
 REPOSITORY = "lanebench/llama-server"
 BINARIES = ("llama-server", "rpc-server")
 LABEL_BUILD = "lanebench.llama_cpp.build"  # the build's pin (the sdist sha256 the build is keyed by)
@@ -42,10 +44,8 @@ def build_identity(bin_dir: Path) -> dict[str, str]:
 
 
 def _docker(docker_host: str, *args: str, timeout: float) -> subprocess.CompletedProcess:
-    env = {**os.environ, "DOCKER_BUILDKIT": "0"}
     try:
-        return subprocess.run(["docker", "--host", docker_host, *args], capture_output=True, text=True,
-                              timeout=timeout, env=env, check=False)
+        return docker(docker_host, *args, timeout=timeout, env={**os.environ, "DOCKER_BUILDKIT": "0"})
     except subprocess.TimeoutExpired as e:
         raise ImageBuildError(f"docker {args[0]} did not finish within {timeout:.0f}s") from e
 

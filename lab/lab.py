@@ -21,7 +21,6 @@ import json
 import os
 import shutil
 import string
-import subprocess
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -80,23 +79,19 @@ def lab_lock(wait_s: float = 0.0) -> Iterator[None]:
     if inherited and inherited.isdigit() and _lock_holder() == int(inherited) and procs.alive(int(inherited)):
         yield
         return
-    fd = os.open(LOCK_PATH, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
+    with open(os.open(LOCK_PATH, os.O_RDWR | os.O_CREAT, 0o644), "r+") as f:  # closing it releases the lock
         try:
-            retrying(within_s=wait_s, wait_s=1.0, on=BlockingIOError)(fcntl.flock, fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            retrying(within_s=wait_s, wait_s=1.0, on=BlockingIOError)(fcntl.flock, f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = _lock_holder()
             what = procs.cmdline(holder).replace(b"\0", b" ").decode(errors="replace")[:100] if holder else "?"
             raise LabBusy(f"the lab is in use by pid {holder} ({what.strip()}). Fix: wait for it to finish") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        f.write(f"{os.getpid()}\n")
+        f.truncate()  # flushes it too
         try:
             yield
         finally:
-            os.ftruncate(fd, 0)
-            fcntl.flock(fd, fcntl.LOCK_UN)
-    finally:
-        os.close(fd)
+            f.truncate(0)
 
 
 class Lab:
@@ -104,15 +99,12 @@ class Lab:
 
     def __init__(self, lab_dir: Path = LAB_DIR, inventory: Path = INVENTORY, say: Say = print) -> None:
         self.dir = Path(lab_dir).resolve()
+        self.state_path = self.dir / "state.json"
         self.inventory_path = Path(inventory).resolve()
         self.say = say
         self._live: list[Any] = []  # daemons started by this process, stopped first by down()
 
     # ---- state -------------------------------------------------------------------------------
-    @property
-    def state_path(self) -> Path:
-        return self.dir / "state.json"
-
     def state(self) -> dict[str, Any]:
         try:
             return json.loads(self.state_path.read_text())
@@ -127,17 +119,6 @@ class Lab:
         tmp = self.state_path.with_suffix(".tmp")
         tmp.write_text(json.dumps(state, indent=2))
         tmp.replace(self.state_path)
-
-    @property
-    def identity_file(self) -> Path:
-        return self.dir / "id_ed25519"
-
-    @property
-    def known_hosts(self) -> Path:
-        return self.dir / "known_hosts"
-
-    def host_dir(self, host: str) -> Path:
-        return self.dir / "hosts" / host
 
     # ---- up ----------------------------------------------------------------------------------
     def leftovers(self) -> list[str]:
@@ -192,22 +173,22 @@ class Lab:
         """Each host's 'disk': its models (copies of the testbed's, so they are files on that host) and artifacts."""
         models = sorted((REPO / "testbed" / "models").glob("*.gguf"))
         for host in HOSTS:
-            for folder in ("artifacts", "models"):
-                (self.host_dir(host) / folder).mkdir(parents=True, exist_ok=True)
+            (self.dir / "hosts" / host / "artifacts").mkdir(parents=True, exist_ok=True)
+            (self.dir / "hosts" / host / "models").mkdir(parents=True, exist_ok=True)
             for model in models:
-                shutil.copy2(model, self.host_dir(host) / "models" / model.name)
+                shutil.copy2(model, self.dir / "hosts" / host / "models" / model.name)
         self.say(f"lab: copied {len(models)} model files to {self.dir / 'hosts'}/<host>/models")
 
     def _sshds(self) -> None:
         from lab.sshd import make_keypair
 
-        (self.dir / "authorized_keys").write_text(make_keypair(self.identity_file, "lanebench-lab") + "\n")
+        (self.dir / "authorized_keys").write_text(make_keypair(self.dir / "id_ed25519", "lanebench-lab") + "\n")
         lines = []
         for host, address in HOSTS.items():
             sshd = self.start_sshd(host)
             lines.append(sshd.known_hosts_line())
             self.say(f"lab: sshd in {host} on {address}:{SSH_PORT} (pid {sshd.pid})")
-        self.known_hosts.write_text("\n".join(lines) + "\n")
+        (self.dir / "known_hosts").write_text("\n".join(lines) + "\n")
 
     def _docker(self) -> tuple[Any, Any]:
         from lab.docker import start_dockerd
@@ -289,7 +270,7 @@ class Lab:
         pid = int(self.state()["processes"][f"sshd-{host}"])
         killed = kill_sessions(pid, pid)
         for daemon in self._live:  # reap it if this process started it
-            if getattr(daemon, "pid", None) == pid and getattr(daemon, "_proc", None) is not None:
+            if daemon.pid == pid:
                 daemon._proc.wait(timeout=10)
         return 1 + killed
 
@@ -299,7 +280,7 @@ class Lab:
 
         old = self.state().get("processes", {}).get(f"sshd-{host}")
         sshd = start_sshd(self.dir / host / "sshd", HOSTS[host], SSH_PORT, self.dir / "authorized_keys", netns=host)
-        self._live = [d for d in self._live if old is None or getattr(d, "pid", None) != old] + [sshd]
+        self._live = [d for d in self._live if d.pid != old] + [sshd]
         self._record(processes={f"sshd-{host}": sshd.pid})
         return sshd
 
@@ -309,7 +290,7 @@ class Lab:
         pid = self.state().get("processes", {}).get("registry")
         if pid:
             procs.kill_all({int(pid)}, _TERM_GRACE_S, _KILL_GRACE_S)
-        self._live = [d for d in self._live if getattr(d, "pid", None) != pid]
+        self._live = [d for d in self._live if d.pid != pid]
 
     def start_registry(self) -> Any:
         from lab.docker import start_registry
@@ -321,10 +302,10 @@ class Lab:
 
     def drop_image(self) -> None:
         """Remove the pinned image from gb300's daemon, as on a host that never pulled it."""
-        state = self.state()
-        if state.get("image"):
-            subprocess.run(["docker", "--host", state["docker_host"], "image", "rm", "--force", state["image"]],
-                           capture_output=True, timeout=60, check=False)
+        from lab.docker import docker
+
+        if (state := self.state()).get("image"):
+            docker(state["docker_host"], "image", "rm", "--force", state["image"])
 
     # ---- down --------------------------------------------------------------------------------
     def down(self) -> list[str]:

@@ -115,15 +115,6 @@ def set_link(ifname: str, up: bool, netns: str | None = None) -> None:
     ip("link", "set", _name(ifname), "up" if up else "down", netns=netns)
 
 
-def set_mtu(ifname: str, mtu: int, netns: str | None = None) -> None:
-    ip("link", "set", _name(ifname), "mtu", str(int(mtu)), netns=netns)
-
-
 def operstate(ifname: str, netns: str | None = None) -> str | None:
     done = ip("-j", "link", "show", "dev", _name(ifname), netns=netns, check=False)
     return json.loads(done.stdout)[0].get("operstate") if done.returncode == 0 else None
-
-
-def root_links() -> list[str]:
-    """Interface names in this (the root) namespace."""
-    return [entry["ifname"] for entry in json.loads(ip("-j", "link", "show").stdout)]

@@ -96,12 +96,6 @@ def end_facts(end: LinkEnd, t: Transport) -> EndFacts:
     return facts
 
 
-def _state(f: EndFacts) -> str:
-    if not f.admin_up:
-        return f"{f.operstate} (administratively down)"
-    return f"{f.operstate} (carrier {f.carrier if f.carrier is not None else 'unknown'})"
-
-
 def _end_problems(link: Link, f: EndFacts) -> list[str]:
     if f.error and not f.exists:
         if "does not exist" in f.error:
@@ -111,7 +105,8 @@ def _end_problems(link: Link, f: EndFacts) -> list[str]:
         return [f"{f.host} {f.interface} could not be read: {f.error}"]
     out = []
     if not f.up:
-        out.append(f"{f.host} {f.interface} is {_state(f)}")
+        why = "administratively down" if not f.admin_up else f"carrier {f.carrier if f.carrier is not None else 'unknown'}"
+        out.append(f"{f.host} {f.interface} is {f.operstate} ({why})")
     if link.mtu is not None and f.mtu != link.mtu:
         out.append(f"{f.host} {f.interface} MTU {f.mtu}, expected {link.mtu}")
     if not f.has_address:

@@ -156,15 +156,14 @@ class StreamText:
 # ---------------------------------------------------------------------------------------------
 # local: subprocesses on this machine
 
-_LIVE: dict[int, subprocess.Popen] = {}
+# Our running process groups, each with its pidfile (None for a `run`): none outlives this process.
+_LIVE: dict[int, Path | None] = {}
 
 
 def _killpg(pgid: int, sig: int = signal.SIGKILL) -> None:
     with suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
 
-
-_PIDFILES: dict[int, Path] = {}  # a spawned group's pidfile, removed with it at exit
 
 
 def _pidfile_pgid(pidfile: Path) -> int | None:
@@ -187,8 +186,7 @@ def _pidfile_owner_alive(pidfile: Path) -> bool:
 
 def _unrecord(pgid: int) -> None:
     """Forget the group; remove its pidfile while it still names it (a newer spawn may own the name)."""
-    _LIVE.pop(pgid, None)
-    pidfile = _PIDFILES.pop(pgid, None)
+    pidfile = _LIVE.pop(pgid, None)
     if pidfile is not None and _pidfile_pgid(pidfile) == pgid:
         with suppress(OSError):
             pidfile.unlink()
@@ -226,11 +224,11 @@ def _group_alive(pgid: int) -> bool:
         return True
 
 
-def _stop_group(pgid: int, grace_s: float) -> None:
-    """SIGTERM a process group, SIGKILL it after `grace_s` if anything in it still runs."""
+def _stop_group(pgid: int, grace_s: float, running: Callable[[int], bool] = _group_alive) -> None:
+    """SIGTERM a process group, SIGKILL it after `grace_s` while it is still `running`."""
     _killpg(pgid, signal.SIGTERM)
     _killpg(pgid, signal.SIGCONT)  # a stopped (SIGSTOP) process acts on SIGTERM only once continued
-    if retrying(within_s=grace_s, wait_s=0.05, until=lambda alive: not alive)(_group_alive, pgid):
+    if retrying(within_s=grace_s, wait_s=0.05, until=lambda alive: not alive)(running, pgid):
         _killpg(pgid, signal.SIGKILL)
 
 
@@ -252,13 +250,8 @@ class LocalSpawned(Spawned):
 
     def stop(self, grace_s: float = 10.0) -> None:
         if self.proc.poll() is None:
-            _killpg(self.pid, signal.SIGTERM)
-            _killpg(self.pid, signal.SIGCONT)  # a stopped server would hold SIGTERM for the whole grace
-            try:
-                self.proc.wait(timeout=grace_s)
-            except subprocess.TimeoutExpired:
-                _killpg(self.pid, signal.SIGKILL)
-                self.proc.wait(timeout=10)
+            _stop_group(self.pid, grace_s, lambda _: self.proc.poll() is None)
+            self.proc.wait(timeout=10)
         _killpg(self.pid)  # children that outlived the leader
         _unrecord(self.pid)
 
@@ -283,7 +276,7 @@ class LocalTransport(Transport):
             code = 127 if isinstance(e, FileNotFoundError) else 126
             return CommandResult(argv=argv, exit_code=code, stdout="", stderr=f"{argv[0]}: {e.strerror}\n",
                                  seconds=time.monotonic() - t0)
-        _LIVE[proc.pid] = proc
+        _LIVE[proc.pid] = None
         out, err = StreamText(on_output), StreamText(on_output)
         threads = [threading.Thread(target=_pump, args=(proc.stdout, out), daemon=True),
                    threading.Thread(target=_pump, args=(proc.stderr, err), daemon=True)]
@@ -312,10 +305,9 @@ class LocalTransport(Transport):
         with log_path.open("ab") as log:
             proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     env=full_env, start_new_session=True)
-        _LIVE[proc.pid] = proc
+        _LIVE[proc.pid] = pidfile
         pidfile.parent.mkdir(parents=True, exist_ok=True)
         pidfile.write_text(f"{proc.pid}\n{Owner.here().model_dump_json()}\n")  # pgid, then who spawned it
-        _PIDFILES[proc.pid] = pidfile
         return LocalSpawned(proc, argv)
 
     def stop_leftover(self, name: str, grace_s: float = 5.0) -> bool:
