@@ -50,11 +50,6 @@ def _docker(docker_host: str, *args: str, timeout: float) -> subprocess.Complete
         raise ImageBuildError(f"docker {args[0]} did not finish within {timeout:.0f}s") from e
 
 
-def _labels(docker_host: str, ref: str) -> dict[str, str] | None:
-    r = _docker(docker_host, "image", "inspect", "--format", "{{json .Config.Labels}}", ref, timeout=60)
-    return (json.loads(r.stdout) or {}) if r.returncode == 0 else None
-
-
 def _libraries(binary: Path) -> list[Path]:
     out = subprocess.run(["ldd", str(binary)], capture_output=True, text=True, check=True).stdout
     if missing := [line.strip() for line in out.splitlines() if "not found" in line]:
@@ -89,8 +84,8 @@ def build_and_push(docker_host: str, registry: str, bin_dir: Path | None = None)
     tag = f"{registry}/{REPOSITORY}:{identity[LABEL_BUILD][:12]}"
 
     def same_build() -> bool:
-        labels = _labels(docker_host, tag)
-        return labels is not None and all(labels.get(k) == v for k, v in identity.items())
+        r = _docker(docker_host, "image", "inspect", "--format", "{{json .Config.Labels}}", tag, timeout=60)
+        return r.returncode == 0 and all((json.loads(r.stdout) or {}).get(k) == v for k, v in identity.items())
 
     # Already here, or already in the registry (a pull of a present tag moves only what is missing).
     if not same_build() and not (_docker(docker_host, "pull", tag, timeout=300).returncode == 0 and same_build()):

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import datetime as dt
 import fcntl
-import hashlib
 import json
 import os
 import shutil
@@ -217,17 +216,13 @@ class Lab:
 
     def _render(self, docker_host: str, image: str) -> None:
         """hosts.lab.yaml from the template: this machine's image digest, paths and model sizes."""
+        from tasks.hosts.files import file_sha256
         from tasks.inventory.load import load_inventory
 
-        def facts(name: str) -> tuple[int, str]:
-            path = REPO / "testbed" / "models" / name
-            return path.stat().st_size, hashlib.sha256(path.read_bytes()).hexdigest()
-
-        target_bytes, target_sha = facts("target-f16.gguf")
-        drafter_bytes, _ = facts("drafter-good-f16.gguf")
+        target, drafter = (REPO / "testbed" / "models" / name for name in ("target-f16.gguf", "drafter-good-f16.gguf"))
         text = string.Template(TEMPLATE.read_text()).substitute(
-            lab=str(self.dir), image=image, gb300_docker_host=docker_host,
-            target_bytes=target_bytes, target_sha256=target_sha, drafter_bytes=drafter_bytes)
+            lab=str(self.dir), image=image, gb300_docker_host=docker_host, target_bytes=target.stat().st_size,
+            target_sha256=file_sha256(target), drafter_bytes=drafter.stat().st_size)
         tmp = self.inventory_path.with_suffix(".tmp")
         tmp.write_text(text)
         load_inventory(tmp)  # raises ConfigError naming the field if the template is wrong
@@ -331,14 +326,8 @@ class Lab:
             procs.kill_all(pids, _TERM_GRACE_S, _KILL_GRACE_S)
             removed.append(f"killed {len(pids)} processes ({', '.join(str(p) for p in sorted(pids))})")
         removed += [f"unmounted {point}" for point in procs.unmount_under(self.dir)]
-        for host in HOSTS:
-            if host in netns.list_netns():
-                netns.del_netns(host)
-                removed.append(f"namespace {host}")
-        for ifname in [BRIDGE, *(_root_end(h) for h in HOSTS)]:
-            if netns.link_exists(ifname):
-                netns.del_link(ifname)
-                removed.append(f"link {ifname}")
+        removed += [f"namespace {host}" for host in HOSTS if netns.del_netns(host)]
+        removed += [f"link {ifname}" for ifname in [BRIDGE, *(_root_end(h) for h in HOSTS)] if netns.del_link(ifname)]
         if self.inventory_path.exists():
             self.inventory_path.unlink()
             removed.append(f"file {self.inventory_path}")
@@ -374,10 +363,7 @@ class Lab:
             a, b = netns.operstate(DIRECT_IF, DIRECT_A[0]), netns.operstate(DIRECT_IF, DIRECT_B[0])
             lines.append(f"direct link: {DIRECT_A[0]} {DIRECT_IF} {a}, {DIRECT_B[0]} {DIRECT_IF} {b}"
                          + ("" if a == b == "UP" else " (cut)"))
-        if state.get("image"):
-            lines.append(f"image: {state['image']}")
-        if state.get("inventory"):
-            lines.append(f"inventory: {state['inventory']}")
+        lines += [f"{key}: {state[key]}" for key in ("image", "inventory") if state.get(key)]
         return ok, lines
 
 

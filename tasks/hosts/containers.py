@@ -171,8 +171,8 @@ def remove_leftover(transport: Transport, docker_host: str | None, name: str) ->
         if labels.get(LANE_LABEL) != name:
             raise ContainerError(f"{transport.host_name}: a container named {container} exists without the label "
                                  f"{LANE_LABEL}={name}: lanebench did not start it; remove or rename it yourself")
-        if (rm := _docker(transport, docker_host, "rm", "-f", container, deadline_s=120)).exit_code != 0:
-            raise ContainerError(f"{transport.host_name}: docker rm -f {container} failed: {_message(rm)}")
+        _gone_or_ok(_docker(transport, docker_host, "rm", "-f", container, deadline_s=120),
+                    f"{transport.host_name}: docker rm -f {container}")
     _gone_or_ok(r, f"{transport.host_name}: docker container inspect {container}")
     transport.stop_leftover(f"{container}-logs")
     return found
@@ -202,11 +202,10 @@ class ContainerHandle(Spawned):
                         f"docker inspect {self.name}")
         if r.exit_code != 0:
             self._exit_code = -1
-            return self._exit_code
-        running, code = r.stdout.split()
-        if running == "true":
+        elif (state := r.stdout.split())[0] == "true":
             return None
-        self._exit_code = int(code)
+        else:
+            self._exit_code = int(state[1])
         return self._exit_code
 
     def listeners(self, port: int) -> Listeners | None:

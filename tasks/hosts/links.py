@@ -130,10 +130,6 @@ def _has(t: Transport, tool: str) -> bool:
     return _run(t, ["sh", "-c", 'command -v "$1" >/dev/null', "sh", tool]).exit_code == 0
 
 
-def _measured(got: Bandwidth | str) -> bool:
-    return isinstance(got, Bandwidth)
-
-
 def _iperf3(link: Link, ta: Transport, tb: Transport) -> Bandwidth | str:
     """A one-shot iperf3 server on b (daemon, exits after one client or 10 s idle), 1 s client from a."""
     pidfile = f"/tmp/lanebench-iperf3-{link.name}.pid"
@@ -156,7 +152,7 @@ def _iperf3(link: Link, ta: Transport, tb: Transport) -> Bandwidth | str:
         return data.get("error") or r.stderr.strip() or r.stdout.strip()[-200:]
 
     try:  # the daemon listens a moment after it forks
-        got = retrying(tries=10, wait_s=0.3, until=_measured)(client)
+        got = retrying(tries=10, wait_s=0.3, until=lambda got: isinstance(got, Bandwidth))(client)
         return got if isinstance(got, Bandwidth) else f"iperf3 from {link.a.host} to {link.b.address} failed: {got}"
     finally:
         _run(tb, ["sh", "-c", 'test -f "$1" && kill "$(cat "$1")" 2>/dev/null; rm -f "$1"; true', "sh", pidfile])
@@ -180,7 +176,7 @@ def _ib_write_bw(link: Link, ta: Transport, tb: Transport) -> Bandwidth | str:
         return (r.stderr or r.stdout).strip()[-200:]
 
     time.sleep(1.0)  # the server listens a moment after it starts
-    got = retrying(tries=5, wait_s=1.0, until=_measured)(client)
+    got = retrying(tries=5, wait_s=1.0, until=lambda got: isinstance(got, Bandwidth))(client)
     return got if isinstance(got, Bandwidth) else f"ib_write_bw from {link.a.host} to {link.b.address} failed: {got}"
 
 

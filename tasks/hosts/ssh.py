@@ -33,7 +33,6 @@ from typing import TYPE_CHECKING
 import paramiko
 from tenacity import Retrying
 
-from tasks.hosts.listener import Listeners, listeners
 from tasks.hosts.retry import Faults, retrying
 from tasks.hosts.transport import (
     PIDFILE_DIR,
@@ -91,6 +90,7 @@ exit 0
 '''
 
 _CONNECTION_FAULTS = (paramiko.SSHException, OSError, EOFError)
+_RSA_ALGORITHMS = ["rsa-sha2-512", "rsa-sha2-256", "ssh-rsa"]  # the host-key algorithms of a known_hosts `ssh-rsa` key
 
 
 class _Dropped(TransportError):
@@ -150,11 +150,13 @@ class _FirstLine:
 class SSHSpawned(Spawned):
     """A remote server started by `SSHTransport.spawn`; its output is copied into a local log."""
 
+    transport: SSHTransport
+
     def __init__(self, transport: SSHTransport, chan: paramiko.Channel, argv: list[str], name: str,
                  log_path: Path) -> None:
         self.argv, self.name, self.log_path = argv, name, log_path
         self.pid = 0
-        self._transport, self._chan = transport, chan
+        self.transport, self._chan = transport, chan
         self._exit: int | None = None
         self._stopped = False
         self._started = threading.Event()
@@ -184,7 +186,7 @@ class SSHSpawned(Spawned):
         if not self._started.wait(timeout_s) or not self.pid:
             head = self._first.head.decode(errors="replace").strip()[-2000:]
             self._chan.close()
-            raise TransportError(f"{self._transport.host_name}: could not start {self.argv[0]} "
+            raise TransportError(f"{self.transport.host_name}: could not start {self.argv[0]} "
                                  f"(no pid reported within {timeout_s:g} s); output: {head or '(none)'}")
 
     def poll(self) -> int | None:
@@ -202,25 +204,22 @@ class SSHSpawned(Spawned):
             self._exit = status
             return status
         # The channel closed without an exit status: the connection dropped. Ask the host.
-        if self._transport.run(["sh", "-c", 'kill -0 -"$1" 2>/dev/null', "sh", str(self.pid)], deadline_s=30.0,
+        if self.transport.run(["sh", "-c", 'kill -0 -"$1" 2>/dev/null', "sh", str(self.pid)], deadline_s=30.0,
                                idempotent=True).exit_code == 0:
             return None
         self._exit = 255  # gone while we were cut off: its own exit code is lost (255 as ssh says)
         return self._exit
 
-    def listeners(self, port: int) -> Listeners | None:
-        return listeners(self._transport, port)
-
     def stop(self, grace_s: float = 10.0) -> None:
         if self._stopped:
             return
         if self.pid:
-            self._transport.stop_group(self.pid, grace_s, self.name)
+            self.transport.stop_group(self.pid, grace_s, self.name)
         self._reader.join(timeout=5.0)
         self._chan.close()
         self._reader.join(timeout=1.0)
         self._stopped = True
-        self._transport._spawns.discard(self)
+        self.transport._spawns.discard(self)
 
 
 class SSHTransport(Transport):
@@ -295,7 +294,7 @@ class SSHTransport(Transport):
             known = self._known_keys()
             if known:  # ask for the key type we have on record, as OpenSSH does
                 opts = conn.get_security_options()
-                wanted = [t for k in known for t in _negotiated_types(k) if t in opts.key_types]
+                wanted = [t for k in known for t in (_RSA_ALGORITHMS if k == "ssh-rsa" else [k]) if t in opts.key_types]
                 opts.key_types = wanted + [t for t in opts.key_types if t not in wanted]
             conn.start_client(timeout=self.connect_timeout_s)
             self._verify_host_key(conn.get_remote_server_key(), known)
@@ -473,8 +472,7 @@ class SSHTransport(Transport):
         try:
             chan.set_combine_stderr(True)
             chan.exec_command(_wrap(_SPAWN_WRAPPER, [name, *argv], env))
-            if env:
-                chan.sendall(_env_block(env))  # read by the wrapper, never on a command line
+            chan.sendall(_env_block(env))  # read by the wrapper (when there is an env), never on a command line
             chan.shutdown_write()  # the server's stdin sees EOF, as with DEVNULL locally
         except _CONNECTION_FAULTS as e:
             self._drop(conn)
@@ -493,11 +491,6 @@ def _send_stdin(chan: paramiko.Channel, data: bytes) -> None:
     with suppress(*_CONNECTION_FAULTS):
         chan.sendall(data)
         chan.shutdown_write()
-
-
-def _negotiated_types(key_type: str) -> list[str]:
-    """The host-key algorithms that yield a key of this known_hosts type."""
-    return ["rsa-sha2-512", "rsa-sha2-256", "ssh-rsa"] if key_type == "ssh-rsa" else [key_type]
 
 
 _TRANSPORTS: weakref.WeakSet[SSHTransport] = weakref.WeakSet()

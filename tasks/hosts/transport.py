@@ -75,6 +75,7 @@ class Spawned(ABC):
 
     pid: int
     argv: list[str]
+    transport: Transport  # where it runs
 
     @abstractmethod
     def poll(self) -> int | None:
@@ -85,8 +86,10 @@ class Spawned(ABC):
         """SIGTERM the process group, SIGKILL after `grace_s`; idempotent."""
 
     def listeners(self, port: int) -> Listeners | None:
-        """Who listens on `port` where this process runs; None: this kind of spawn cannot be asked."""
-        return None
+        """Who listens on `port` where this process runs; None when it cannot be asked there."""
+        from tasks.hosts.listener import listeners
+
+        return listeners(self.transport, port)
 
     def owns(self, found: Listeners) -> bool:
         """A listener's owners include this spawn's process group (its pid), wrapper or not."""
@@ -237,16 +240,11 @@ def local_pidfile(name: str) -> Path:
 
 
 class LocalSpawned(Spawned):
-    def __init__(self, proc: subprocess.Popen, argv: list[str]) -> None:
-        self.proc, self.pid, self.argv = proc, proc.pid, argv
+    def __init__(self, proc: subprocess.Popen, argv: list[str], transport: Transport) -> None:
+        self.proc, self.pid, self.argv, self.transport = proc, proc.pid, argv, transport
 
     def poll(self) -> int | None:
         return self.proc.poll()
-
-    def listeners(self, port: int) -> Listeners | None:
-        from tasks.hosts.listener import listeners
-
-        return listeners(LocalTransport(), port)
 
     def stop(self, grace_s: float = 10.0) -> None:
         if self.proc.poll() is None:
@@ -308,7 +306,7 @@ class LocalTransport(Transport):
         _LIVE[proc.pid] = pidfile
         pidfile.parent.mkdir(parents=True, exist_ok=True)
         pidfile.write_text(f"{proc.pid}\n{Owner.here().model_dump_json()}\n")  # pgid, then who spawned it
-        return LocalSpawned(proc, argv)
+        return LocalSpawned(proc, argv, self)
 
     def stop_leftover(self, name: str, grace_s: float = 5.0) -> bool:
         pidfile = local_pidfile(name)
