@@ -84,13 +84,9 @@ class Daemon:
             self._stopped = True
 
     def _kill(self, grace_s: float) -> None:
-        if self._proc.poll() is None:
-            self._proc.terminate()
-            try:
-                self._proc.wait(timeout=grace_s)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait(timeout=10)
+        if self._proc.poll() is None:  # polled first: a reaped daemon's pid may be another process's now
+            procs.kill_all({self.pid}, term_grace_s=grace_s, kill_grace_s=10.0)
+            self._proc.wait(timeout=10)
         # containerd, shims and what runs under them outlive a dockerd that was killed.
         roots = _pids_naming(self.state_dir)
         if leftovers := roots | set(procs.descendants(roots)):
@@ -210,7 +206,6 @@ def start_registry(state_dir: Path, address: str = "127.0.0.1", port: int = 5000
     config = state_dir / "registry.yml"
     config.write_text(json.dumps({  # JSON is YAML
         "version": 0.1,
-        "log": {"level": "info", "formatter": "text"},
         "storage": {"filesystem": {"rootdirectory": str(state_dir / "data")}, "delete": {"enabled": True}},
         "http": {"addr": f"{host}:{port}", "headers": {"X-Content-Type-Options": ["nosniff"]}},
     }))

@@ -49,8 +49,6 @@ KEEP = {"cache"}
 # Killing lab processes: SIGTERM, then SIGKILL after this long (daemons clean up on SIGTERM).
 _TERM_GRACE_S, _KILL_GRACE_S = 15.0, 5.0
 
-Say = Callable[[str], None]
-
 
 def _root_end(host: str) -> str:
     return f"lbm-{host}"[:15]
@@ -96,7 +94,7 @@ def lab_lock(wait_s: float = 0.0) -> Iterator[None]:
 class Lab:
     """One lab on this machine. `up` and `down` are idempotent; `down` is safe to run twice."""
 
-    def __init__(self, lab_dir: Path = LAB_DIR, inventory: Path = INVENTORY, say: Say = print) -> None:
+    def __init__(self, lab_dir: Path = LAB_DIR, inventory: Path = INVENTORY, say: Callable[[str], None] = print) -> None:
         self.dir = Path(lab_dir).resolve()
         self.state_path = self.dir / "state.json"
         self.inventory_path = Path(inventory).resolve()
@@ -135,7 +133,6 @@ class Lab:
         if left := self.leftovers():
             self.say(f"lab: removing a leftover lab first ({', '.join(left)})")
             self.down()
-        self.dir.mkdir(parents=True, exist_ok=True)
         self._record(started=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), lab_dir=str(self.dir),
                      namespaces=[], bridge=None, processes={}, complete=False)
         try:
@@ -241,8 +238,7 @@ class Lab:
         """A transport per lab host (SSH, keys checked against .lab/known_hosts); close them when done."""
         from tasks.hosts.connect import transport_for
 
-        inv = self.inventory()
-        return {name: transport_for(name, host, self.inventory_path.parent) for name, host in inv.hosts.items()}
+        return {name: transport_for(name, host, self.inventory_path.parent) for name, host in self.inventory().hosts.items()}
 
     # ---- the direct link ---------------------------------------------------------------------
     def cut_link(self) -> None:

@@ -90,8 +90,7 @@ def _gpus(host_name: str, host: Host, t: Transport) -> list[GpuFacts]:
     r = _run(t, ["nvidia-smi", "--query-gpu=index,name,memory.total,memory.used", "--format=csv,noheader,nounits"])
     if r.exit_code != 0:
         raise _Fail(f"{host_name} declares {host.gpus} GPU(s) but nvidia-smi failed: {_why(r)}")
-    columns = ("index", "name", "memory_total_mib", "memory_used_mib")
-    gpus = [GpuFacts(**dict(zip(columns, (p.strip() for p in line.split(",")), strict=True)))
+    gpus = [GpuFacts(**dict(zip(GpuFacts.model_fields, (p.strip() for p in line.split(",")), strict=True)))
             for line in r.stdout.strip().splitlines()]
     if len(gpus) != host.gpus:
         raise _Fail(f"{host_name} declares {host.gpus} GPU(s), nvidia-smi lists {len(gpus)}")

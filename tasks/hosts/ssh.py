@@ -230,6 +230,7 @@ class SSHTransport(Transport):
                  trust_on_first_use: bool = False, keepalive_s: float = 15.0, connect_timeout_s: float = 10.0) -> None:
         self.host_name, self.address, self.port = host_name, address, port
         self.user = user or getpass.getuser()
+        self.where = f"{self.user}@{address}:{port}"
         self.identity_file = Path(os.path.expanduser(identity_file))
         self.known_hosts = Path(os.path.expanduser(known_hosts))
         self.trust_on_first_use = trust_on_first_use
@@ -247,10 +248,6 @@ class SSHTransport(Transport):
                    known_hosts=resolve_path(host.known_hosts, "~/.ssh/known_hosts", base_dir),
                    trust_on_first_use=host.trust_on_first_use, keepalive_s=host.keepalive_s,
                    connect_timeout_s=host.connect_timeout_s)
-
-    @property
-    def where(self) -> str:
-        return f"{self.user}@{self.address}:{self.port}"
 
     def _retrying(self, on: Faults) -> Retrying:
         return retrying(tries=self.attempts, wait_s=0.5, growth=2.0, on=on)  # 0.5 s, 1 s between

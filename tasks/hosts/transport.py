@@ -168,7 +168,6 @@ def _killpg(pgid: int, sig: int = signal.SIGKILL) -> None:
         os.killpg(pgid, sig)
 
 
-
 def _pidfile_pgid(pidfile: Path) -> int | None:
     """The process group a local pidfile names (its first line), None when unreadable."""
     try:
