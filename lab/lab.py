@@ -117,6 +117,9 @@ class Lab:
         tmp.write_text(json.dumps(state, indent=2))
         tmp.replace(self.state_path)
 
+    def host_dir(self, host: str) -> Path:
+        return self.dir / "hosts" / host
+
     # ---- up ----------------------------------------------------------------------------------
     def leftovers(self) -> list[str]:
         """What a previous lab left on this machine (namespaces, bridge, state), if anything."""
@@ -169,10 +172,10 @@ class Lab:
         """Each host's 'disk': its models (copies of the testbed's, so they are files on that host) and artifacts."""
         models = sorted((REPO / "testbed" / "models").glob("*.gguf"))
         for host in HOSTS:
-            (self.dir / "hosts" / host / "artifacts").mkdir(parents=True, exist_ok=True)
-            (self.dir / "hosts" / host / "models").mkdir(parents=True, exist_ok=True)
+            (self.host_dir(host) / "artifacts").mkdir(parents=True, exist_ok=True)
+            (self.host_dir(host) / "models").mkdir(parents=True, exist_ok=True)
             for model in models:
-                shutil.copy2(model, self.dir / "hosts" / host / "models" / model.name)
+                shutil.copy2(model, self.host_dir(host) / "models" / model.name)
         self.say(f"lab: copied {len(models)} model files to {self.dir / 'hosts'}/<host>/models")
 
     def _sshds(self) -> None:
