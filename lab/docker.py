@@ -15,7 +15,6 @@ import ipaddress
 import json
 import os
 import subprocess
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,7 +38,7 @@ def _log_tail(path: Path, lines: int = 20) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
-def _netns_prefix(netns: str | None) -> list[str]:
+def netns_prefix(netns: str | None) -> list[str]:
     """Enter only the network namespace. Not `ip netns exec`: it also unshares the mount
     namespace and remounts /sys, which hides /sys/fs/cgroup ("Devices cgroup isn't mounted")."""
     if netns is None:
@@ -62,11 +61,14 @@ class Daemon:
     """A daemon we started: stopping it is idempotent and leaves no process or mount behind."""
 
     name: str
-    pid: int
     state_dir: Path
     log_path: Path
-    _proc: subprocess.Popen | None = field(default=None, repr=False, compare=False, kw_only=True)
+    _proc: subprocess.Popen = field(repr=False, compare=False, kw_only=True)
     _stopped: bool = field(default=False, repr=False, compare=False, kw_only=True)
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
 
     def _before_stop(self) -> None:
         """What must go before the daemon itself (a dockerd's containers)."""
@@ -75,20 +77,16 @@ class Daemon:
         if self._stopped:
             return
         try:
-            if self._proc is None or self._proc.poll() is None:
+            if self._proc.poll() is None:
                 self._before_stop()
         finally:
             self._kill(grace_s)
             self._stopped = True
 
     def _kill(self, grace_s: float) -> None:
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.terminate()
-            try:
-                self._proc.wait(timeout=grace_s)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait(timeout=10)
+        if self._proc.poll() is None:  # polled first: a reaped daemon's pid may be another process's now
+            procs.kill_all({self.pid}, term_grace_s=grace_s, kill_grace_s=10.0)
+            self._proc.wait(timeout=10)
         # containerd, shims and what runs under them outlive a dockerd that was killed.
         roots = _pids_naming(self.state_dir)
         if leftovers := roots | set(procs.descendants(roots)):
@@ -107,8 +105,7 @@ def spawn(argv: list[str], log_path: Path, env: dict[str, str] | None = None) ->
 def _wait(daemon: Daemon, probe, what: str, deadline_s: float) -> None:
     def answer() -> str | None:
         """None once `probe` answers, else what failed; the daemon's exit ends the wait."""
-        if daemon._proc is not None and daemon._proc.poll() is not None:
-            code = daemon._proc.returncode
+        if (code := daemon._proc.poll()) is not None:
             daemon.stop()
             raise DaemonError(f"{daemon.name} exited with code {code} before {what} answered; "
                               f"last log lines:\n{_log_tail(daemon.log_path)}")
@@ -133,23 +130,24 @@ class Dockerd(Daemon):
         return f"unix://{self.socket}"
 
     def docker(self, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess:
-        """The docker CLI against this daemon (lab and test convenience)."""
-        return subprocess.run(["docker", "--host", self.docker_host, *args], capture_output=True, text=True,
-                              timeout=timeout, check=False)
+        return docker(self.docker_host, *args, timeout=timeout)
 
     def _before_stop(self) -> None:
         remove_containers(self.docker_host)
 
 
+def docker(docker_host: str, *args: str, timeout: float = 60.0, env: dict[str, str] | None = None
+           ) -> subprocess.CompletedProcess:
+    """The docker CLI against the daemon at `docker_host` (the lab's and the tests' daemons)."""
+    return subprocess.run(["docker", "--host", docker_host, *args], capture_output=True, text=True,
+                          timeout=timeout, env=env, check=False)
+
+
 def remove_containers(docker_host: str) -> list[str]:
     """Remove every container of the daemon at `docker_host`; returns their ids ([] when it does not answer)."""
-    def docker(*args: str, timeout: float) -> list[str]:
-        return subprocess.run(["docker", "--host", docker_host, *args], capture_output=True, text=True,
-                              timeout=timeout, check=False).stdout.split()
-
     try:
-        if ids := docker("ps", "-aq", timeout=30):
-            docker("rm", "-f", *ids, timeout=120)
+        if ids := docker(docker_host, "ps", "-aq", timeout=30).stdout.split():
+            docker(docker_host, "rm", "-f", *ids, timeout=120)
     except (OSError, subprocess.TimeoutExpired):
         return []
     return ids
@@ -170,12 +168,11 @@ def start_dockerd(state_dir: Path, netns: str | None = None, insecure_registries
     config = state_dir / "daemon.json"
     config.write_text(json.dumps({"insecure-registries": list(insecure_registries)}))
     log_path = state_dir / "dockerd.log"
-    argv = [*_netns_prefix(netns), "dockerd", "--config-file", str(config), "--host", f"unix://{sock}",
+    argv = [*netns_prefix(netns), "dockerd", "--config-file", str(config), "--host", f"unix://{sock}",
             "--data-root", str(data_root), "--exec-root", str(exec_root), "--pidfile", str(state_dir / "docker.pid"),
             "--iptables=false", "--ip6tables=false", "--bridge=none"]
     proc = spawn(argv, log_path)
-    daemon = Dockerd(name=f"dockerd[{state_dir.name}]", pid=proc.pid, state_dir=state_dir, log_path=log_path,
-                     _proc=proc, socket=sock)
+    daemon = Dockerd(name=f"dockerd[{state_dir.name}]", state_dir=state_dir, log_path=log_path, _proc=proc, socket=sock)
 
     def ping() -> bool:
         with httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), timeout=2.0) as client:
@@ -196,7 +193,7 @@ class Registry(Daemon):
         return f"{host}:{self.port}"
 
 
-def start_registry(state_dir: Path, address: str = "127.0.0.1", port: int = 5000, netns: str | None = None,
+def start_registry(state_dir: Path, address: str = "127.0.0.1", port: int = 5000,
                    deadline_s: float = 30.0) -> Registry:
     """Debian's distribution registry (`docker-registry serve`), filesystem storage under
     `state_dir`, plain HTTP on `address:port` only, no auth (loopback or the lab network)."""
@@ -209,24 +206,14 @@ def start_registry(state_dir: Path, address: str = "127.0.0.1", port: int = 5000
     config = state_dir / "registry.yml"
     config.write_text(json.dumps({  # JSON is YAML
         "version": 0.1,
-        "log": {"level": "info", "formatter": "text"},
         "storage": {"filesystem": {"rootdirectory": str(state_dir / "data")}, "delete": {"enabled": True}},
         "http": {"addr": f"{host}:{port}", "headers": {"X-Content-Type-Options": ["nosniff"]}},
     }))
     log_path = state_dir / "registry.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("REGISTRY_")}  # no overrides from outside
-    proc = spawn([*_netns_prefix(netns), "/usr/bin/docker-registry", "serve", str(config)], log_path, env=env)
-    daemon = Registry(name=f"registry[{state_dir.name}]", pid=proc.pid, state_dir=state_dir, log_path=log_path,
-                      _proc=proc, address=address, port=port)
-    url = f"http://{host}:{port}/v2/"
-
-    def probe() -> bool:
-        if netns is None:
-            return httpx.get(url, timeout=2.0).status_code == 200
-        # the address may only be reachable inside the namespace
-        code = f"import urllib.request,sys; sys.exit(0 if urllib.request.urlopen({url!r}, timeout=2).status == 200 else 1)"
-        return subprocess.run([*_netns_prefix(netns), sys.executable, "-c", code], capture_output=True,
-                              timeout=10, check=False).returncode == 0
-
-    _wait(daemon, probe, f"registry GET {url}", deadline_s)
+    proc = spawn(["/usr/bin/docker-registry", "serve", str(config)], log_path, env=env)
+    daemon = Registry(name=f"registry[{state_dir.name}]", state_dir=state_dir, log_path=log_path, _proc=proc,
+                      address=address, port=port)
+    url = f"http://{daemon.url}/v2/"
+    _wait(daemon, lambda: httpx.get(url, timeout=2.0).status_code == 200, f"registry GET {url}", deadline_s)
     return daemon

@@ -17,6 +17,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from lab.docker import docker
+
 REPOSITORY = "lanebench/llama-server"
 BINARIES = ("llama-server", "rpc-server")
 LABEL_BUILD = "lanebench.llama_cpp.build"  # the build's pin (the sdist sha256 the build is keyed by)
@@ -42,17 +44,10 @@ def build_identity(bin_dir: Path) -> dict[str, str]:
 
 
 def _docker(docker_host: str, *args: str, timeout: float) -> subprocess.CompletedProcess:
-    env = {**os.environ, "DOCKER_BUILDKIT": "0"}
     try:
-        return subprocess.run(["docker", "--host", docker_host, *args], capture_output=True, text=True,
-                              timeout=timeout, env=env, check=False)
+        return docker(docker_host, *args, timeout=timeout, env={**os.environ, "DOCKER_BUILDKIT": "0"})
     except subprocess.TimeoutExpired as e:
         raise ImageBuildError(f"docker {args[0]} did not finish within {timeout:.0f}s") from e
-
-
-def _labels(docker_host: str, ref: str) -> dict[str, str] | None:
-    r = _docker(docker_host, "image", "inspect", "--format", "{{json .Config.Labels}}", ref, timeout=60)
-    return (json.loads(r.stdout) or {}) if r.returncode == 0 else None
 
 
 def _libraries(binary: Path) -> list[Path]:
@@ -89,8 +84,8 @@ def build_and_push(docker_host: str, registry: str, bin_dir: Path | None = None)
     tag = f"{registry}/{REPOSITORY}:{identity[LABEL_BUILD][:12]}"
 
     def same_build() -> bool:
-        labels = _labels(docker_host, tag)
-        return labels is not None and all(labels.get(k) == v for k, v in identity.items())
+        r = _docker(docker_host, "image", "inspect", "--format", "{{json .Config.Labels}}", tag, timeout=60)
+        return r.returncode == 0 and all((json.loads(r.stdout) or {}).get(k) == v for k, v in identity.items())
 
     # Already here, or already in the registry (a pull of a present tag moves only what is missing).
     if not same_build() and not (_docker(docker_host, "pull", tag, timeout=300).returncode == 0 and same_build()):

@@ -16,12 +16,10 @@ from __future__ import annotations
 
 import datetime as dt
 import fcntl
-import hashlib
 import json
 import os
 import shutil
 import string
-import subprocess
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -51,8 +49,6 @@ KEEP = {"cache"}
 # Killing lab processes: SIGTERM, then SIGKILL after this long (daemons clean up on SIGTERM).
 _TERM_GRACE_S, _KILL_GRACE_S = 15.0, 5.0
 
-Say = Callable[[str], None]
-
 
 def _root_end(host: str) -> str:
     return f"lbm-{host}"[:15]
@@ -80,39 +76,32 @@ def lab_lock(wait_s: float = 0.0) -> Iterator[None]:
     if inherited and inherited.isdigit() and _lock_holder() == int(inherited) and procs.alive(int(inherited)):
         yield
         return
-    fd = os.open(LOCK_PATH, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
+    with open(os.open(LOCK_PATH, os.O_RDWR | os.O_CREAT, 0o644), "r+") as f:  # closing it releases the lock
         try:
-            retrying(within_s=wait_s, wait_s=1.0, on=BlockingIOError)(fcntl.flock, fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            retrying(within_s=wait_s, wait_s=1.0, on=BlockingIOError)(fcntl.flock, f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = _lock_holder()
             what = procs.cmdline(holder).replace(b"\0", b" ").decode(errors="replace")[:100] if holder else "?"
             raise LabBusy(f"the lab is in use by pid {holder} ({what.strip()}). Fix: wait for it to finish") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        f.write(f"{os.getpid()}\n")
+        f.truncate()  # flushes it too
         try:
             yield
         finally:
-            os.ftruncate(fd, 0)
-            fcntl.flock(fd, fcntl.LOCK_UN)
-    finally:
-        os.close(fd)
+            f.truncate(0)
 
 
 class Lab:
     """One lab on this machine. `up` and `down` are idempotent; `down` is safe to run twice."""
 
-    def __init__(self, lab_dir: Path = LAB_DIR, inventory: Path = INVENTORY, say: Say = print) -> None:
+    def __init__(self, lab_dir: Path = LAB_DIR, inventory: Path = INVENTORY, say: Callable[[str], None] = print) -> None:
         self.dir = Path(lab_dir).resolve()
+        self.state_path = self.dir / "state.json"
         self.inventory_path = Path(inventory).resolve()
         self.say = say
         self._live: list[Any] = []  # daemons started by this process, stopped first by down()
 
     # ---- state -------------------------------------------------------------------------------
-    @property
-    def state_path(self) -> Path:
-        return self.dir / "state.json"
-
     def state(self) -> dict[str, Any]:
         try:
             return json.loads(self.state_path.read_text())
@@ -127,14 +116,6 @@ class Lab:
         tmp = self.state_path.with_suffix(".tmp")
         tmp.write_text(json.dumps(state, indent=2))
         tmp.replace(self.state_path)
-
-    @property
-    def identity_file(self) -> Path:
-        return self.dir / "id_ed25519"
-
-    @property
-    def known_hosts(self) -> Path:
-        return self.dir / "known_hosts"
 
     def host_dir(self, host: str) -> Path:
         return self.dir / "hosts" / host
@@ -155,7 +136,6 @@ class Lab:
         if left := self.leftovers():
             self.say(f"lab: removing a leftover lab first ({', '.join(left)})")
             self.down()
-        self.dir.mkdir(parents=True, exist_ok=True)
         self._record(started=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), lab_dir=str(self.dir),
                      namespaces=[], bridge=None, processes={}, complete=False)
         try:
@@ -192,8 +172,8 @@ class Lab:
         """Each host's 'disk': its models (copies of the testbed's, so they are files on that host) and artifacts."""
         models = sorted((REPO / "testbed" / "models").glob("*.gguf"))
         for host in HOSTS:
-            for folder in ("artifacts", "models"):
-                (self.host_dir(host) / folder).mkdir(parents=True, exist_ok=True)
+            (self.host_dir(host) / "artifacts").mkdir(parents=True, exist_ok=True)
+            (self.host_dir(host) / "models").mkdir(parents=True, exist_ok=True)
             for model in models:
                 shutil.copy2(model, self.host_dir(host) / "models" / model.name)
         self.say(f"lab: copied {len(models)} model files to {self.dir / 'hosts'}/<host>/models")
@@ -201,13 +181,13 @@ class Lab:
     def _sshds(self) -> None:
         from lab.sshd import make_keypair
 
-        (self.dir / "authorized_keys").write_text(make_keypair(self.identity_file, "lanebench-lab") + "\n")
+        (self.dir / "authorized_keys").write_text(make_keypair(self.dir / "id_ed25519", "lanebench-lab") + "\n")
         lines = []
         for host, address in HOSTS.items():
             sshd = self.start_sshd(host)
             lines.append(sshd.known_hosts_line())
             self.say(f"lab: sshd in {host} on {address}:{SSH_PORT} (pid {sshd.pid})")
-        self.known_hosts.write_text("\n".join(lines) + "\n")
+        (self.dir / "known_hosts").write_text("\n".join(lines) + "\n")
 
     def _docker(self) -> tuple[Any, Any]:
         from lab.docker import start_dockerd
@@ -236,17 +216,13 @@ class Lab:
 
     def _render(self, docker_host: str, image: str) -> None:
         """hosts.lab.yaml from the template: this machine's image digest, paths and model sizes."""
+        from tasks.hosts.files import file_sha256
         from tasks.inventory.load import load_inventory
 
-        def facts(name: str) -> tuple[int, str]:
-            path = REPO / "testbed" / "models" / name
-            return path.stat().st_size, hashlib.sha256(path.read_bytes()).hexdigest()
-
-        target_bytes, target_sha = facts("target-f16.gguf")
-        drafter_bytes, _ = facts("drafter-good-f16.gguf")
+        target, drafter = (REPO / "testbed" / "models" / name for name in ("target-f16.gguf", "drafter-good-f16.gguf"))
         text = string.Template(TEMPLATE.read_text()).substitute(
-            lab=str(self.dir), image=image, gb300_docker_host=docker_host,
-            target_bytes=target_bytes, target_sha256=target_sha, drafter_bytes=drafter_bytes)
+            lab=str(self.dir), image=image, gb300_docker_host=docker_host, target_bytes=target.stat().st_size,
+            target_sha256=file_sha256(target), drafter_bytes=drafter.stat().st_size)
         tmp = self.inventory_path.with_suffix(".tmp")
         tmp.write_text(text)
         load_inventory(tmp)  # raises ConfigError naming the field if the template is wrong
@@ -265,8 +241,7 @@ class Lab:
         """A transport per lab host (SSH, keys checked against .lab/known_hosts); close them when done."""
         from tasks.hosts.connect import transport_for
 
-        inv = self.inventory()
-        return {name: transport_for(name, host, self.inventory_path.parent) for name, host in inv.hosts.items()}
+        return {name: transport_for(name, host, self.inventory_path.parent) for name, host in self.inventory().hosts.items()}
 
     # ---- the direct link ---------------------------------------------------------------------
     def cut_link(self) -> None:
@@ -289,7 +264,7 @@ class Lab:
         pid = int(self.state()["processes"][f"sshd-{host}"])
         killed = kill_sessions(pid, pid)
         for daemon in self._live:  # reap it if this process started it
-            if getattr(daemon, "pid", None) == pid and getattr(daemon, "_proc", None) is not None:
+            if daemon.pid == pid:
                 daemon._proc.wait(timeout=10)
         return 1 + killed
 
@@ -299,7 +274,7 @@ class Lab:
 
         old = self.state().get("processes", {}).get(f"sshd-{host}")
         sshd = start_sshd(self.dir / host / "sshd", HOSTS[host], SSH_PORT, self.dir / "authorized_keys", netns=host)
-        self._live = [d for d in self._live if old is None or getattr(d, "pid", None) != old] + [sshd]
+        self._live = [d for d in self._live if d.pid != old] + [sshd]
         self._record(processes={f"sshd-{host}": sshd.pid})
         return sshd
 
@@ -309,7 +284,7 @@ class Lab:
         pid = self.state().get("processes", {}).get("registry")
         if pid:
             procs.kill_all({int(pid)}, _TERM_GRACE_S, _KILL_GRACE_S)
-        self._live = [d for d in self._live if getattr(d, "pid", None) != pid]
+        self._live = [d for d in self._live if d.pid != pid]
 
     def start_registry(self) -> Any:
         from lab.docker import start_registry
@@ -321,10 +296,10 @@ class Lab:
 
     def drop_image(self) -> None:
         """Remove the pinned image from gb300's daemon, as on a host that never pulled it."""
-        state = self.state()
-        if state.get("image"):
-            subprocess.run(["docker", "--host", state["docker_host"], "image", "rm", "--force", state["image"]],
-                           capture_output=True, timeout=60, check=False)
+        from lab.docker import docker
+
+        if (state := self.state()).get("image"):
+            docker(state["docker_host"], "image", "rm", "--force", state["image"])
 
     # ---- down --------------------------------------------------------------------------------
     def down(self) -> list[str]:
@@ -350,14 +325,8 @@ class Lab:
             procs.kill_all(pids, _TERM_GRACE_S, _KILL_GRACE_S)
             removed.append(f"killed {len(pids)} processes ({', '.join(str(p) for p in sorted(pids))})")
         removed += [f"unmounted {point}" for point in procs.unmount_under(self.dir)]
-        for host in HOSTS:
-            if host in netns.list_netns():
-                netns.del_netns(host)
-                removed.append(f"namespace {host}")
-        for ifname in [BRIDGE, *(_root_end(h) for h in HOSTS)]:
-            if netns.link_exists(ifname):
-                netns.del_link(ifname)
-                removed.append(f"link {ifname}")
+        removed += [f"namespace {host}" for host in HOSTS if netns.del_netns(host)]
+        removed += [f"link {ifname}" for ifname in [BRIDGE, *(_root_end(h) for h in HOSTS)] if netns.del_link(ifname)]
         if self.inventory_path.exists():
             self.inventory_path.unlink()
             removed.append(f"file {self.inventory_path}")
@@ -393,10 +362,7 @@ class Lab:
             a, b = netns.operstate(DIRECT_IF, DIRECT_A[0]), netns.operstate(DIRECT_IF, DIRECT_B[0])
             lines.append(f"direct link: {DIRECT_A[0]} {DIRECT_IF} {a}, {DIRECT_B[0]} {DIRECT_IF} {b}"
                          + ("" if a == b == "UP" else " (cut)"))
-        if state.get("image"):
-            lines.append(f"image: {state['image']}")
-        if state.get("inventory"):
-            lines.append(f"inventory: {state['inventory']}")
+        lines += [f"{key}: {state[key]}" for key in ("image", "inventory") if state.get(key)]
         return ok, lines
 
 

@@ -53,10 +53,11 @@ def add_netns(name: str) -> None:
     ip("link", "set", "lo", "up", netns=name)
 
 
-def del_netns(name: str) -> None:
-    """Remove a namespace (its interfaces and their veth peers go with it); absent is fine."""
-    if _name(name) in list_netns():
+def del_netns(name: str) -> bool:
+    """Remove a namespace (its interfaces and their veth peers go with it); False when absent."""
+    if present := _name(name) in list_netns():
         ip("netns", "del", name)
+    return present
 
 
 def netns_inode(name: str) -> int | None:
@@ -71,16 +72,17 @@ def link_exists(ifname: str, netns: str | None = None) -> bool:
     return ip("link", "show", "dev", _name(ifname), netns=netns, check=False).returncode == 0
 
 
-def del_link(ifname: str, netns: str | None = None) -> None:
-    """Remove a link; absent is fine. A veth whose peer's namespace was just deleted vanishes a
+def del_link(ifname: str, netns: str | None = None) -> bool:
+    """Remove a link; False when absent. A veth whose peer's namespace was just deleted vanishes a
     moment later (namespaces are torn down asynchronously): only a link still there after a failed
     `del` is an error."""
-    if link_exists(ifname, netns):
+    if present := link_exists(ifname, netns):
         try:
             ip("link", "del", "dev", _name(ifname), netns=netns)
         except NetnsError:
             if link_exists(ifname, netns):
                 raise
+    return present
 
 
 def add_bridge(name: str, cidr: str) -> None:
@@ -115,15 +117,6 @@ def set_link(ifname: str, up: bool, netns: str | None = None) -> None:
     ip("link", "set", _name(ifname), "up" if up else "down", netns=netns)
 
 
-def set_mtu(ifname: str, mtu: int, netns: str | None = None) -> None:
-    ip("link", "set", _name(ifname), "mtu", str(int(mtu)), netns=netns)
-
-
 def operstate(ifname: str, netns: str | None = None) -> str | None:
     done = ip("-j", "link", "show", "dev", _name(ifname), netns=netns, check=False)
     return json.loads(done.stdout)[0].get("operstate") if done.returncode == 0 else None
-
-
-def root_links() -> list[str]:
-    """Interface names in this (the root) namespace."""
-    return [entry["ifname"] for entry in json.loads(ip("-j", "link", "show").stdout)]

@@ -6,10 +6,11 @@ import os
 import re
 import signal
 import subprocess
-import time
 from collections.abc import Callable, Collection, Iterable
 from contextlib import suppress
 from pathlib import Path
+
+from tasks.hosts.retry import retrying
 
 _PROC = Path("/proc")
 _OCTAL_ESCAPE = re.compile(r"\\([0-7]{3})")
@@ -29,19 +30,14 @@ def ppid(pid: int) -> int | None:
         return None
 
 
-def parent_map() -> dict[int, list[int]]:
-    """Every process's children, keyed by parent pid, from one pass over /proc."""
+def descendants(roots: Iterable[int]) -> list[int]:
+    """Every process below `roots`, parents first: by the ppid chain, as a daemon's sessions and
+    shims each sit in their own session (a group or session kill would miss them)."""
     kids: dict[int, list[int]] = {}
     for entry in _PROC.iterdir():
         if entry.name.isdigit() and (parent := ppid(int(entry.name))) is not None:
             kids.setdefault(parent, []).append(int(entry.name))
-    return kids
-
-
-def descendants(roots: Iterable[int]) -> list[int]:
-    """Every process below `roots`, parents first: by the ppid chain, as a daemon's sessions and
-    shims each sit in their own session (a group or session kill would miss them)."""
-    kids, top = parent_map(), set(roots)
+    top = set(roots)
     found = list(top)
     for pid in found:  # grows while walked
         found += [k for k in kids.get(pid, []) if k not in found]
@@ -90,10 +86,7 @@ def kill_all(pids: Collection[int], term_grace_s: float, kill_grace_s: float) ->
     `term_grace_s`, then wait up to `kill_grace_s`; returns once none is alive."""
     for sig, wait_s in ((signal.SIGTERM, term_grace_s), (signal.SIGKILL, kill_grace_s)):
         signal_all(pids, sig)
-        end = time.monotonic() + wait_s
-        while time.monotonic() < end and any(alive(p) for p in pids):
-            time.sleep(0.1)
-        if not any(alive(p) for p in pids):
+        if retrying(within_s=wait_s, wait_s=0.1, until=bool)(lambda: not any(alive(p) for p in pids)):
             return
 
 

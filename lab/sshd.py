@@ -8,7 +8,6 @@ connection has its own session: killing the server's process group would leak th
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -16,7 +15,7 @@ from contextlib import suppress
 from pathlib import Path
 
 from lab import procs
-from lab.docker import spawn
+from lab.docker import netns_prefix, spawn
 from tasks.hosts.retry import retrying
 from tasks.hosts.ssh import host_key_name
 
@@ -27,10 +26,13 @@ SSHD = "/usr/sbin/sshd"
 class Sshd:
     address: str
     port: int
-    pid: int
     state_dir: Path
     host_key_line: str  # "ssh-ed25519 AAAA..." of the server's host key
-    _proc: subprocess.Popen | None = field(default=None, repr=False)
+    _proc: subprocess.Popen = field(repr=False)
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
 
     def known_hosts_line(self) -> str:
         return f"{host_key_name(self.address, self.port)} {self.host_key_line}"
@@ -39,24 +41,13 @@ class Sshd:
         path = self.state_dir / "sshd.log"
         return path.read_text(errors="replace") if path.exists() else ""
 
-    def drop_connections(self) -> int:
-        """SIGKILL every sshd process serving a connection (not the listener), as a pulled cable
-        drops them mid-command; returns how many."""
-        return kill_sessions(self.pid)
-
     def stop(self) -> None:
         """Kill the server and all its descendants, and wait; idempotent."""
-        victims = [*procs.descendants([self.pid]), self.pid] if self._alive() else []
+        victims = [*procs.descendants([self.pid]), self.pid] if self._proc.poll() is None else []
         procs.signal_all(victims, signal.SIGKILL)
-        if self._proc is not None:
-            with suppress(subprocess.TimeoutExpired):
-                self._proc.wait(timeout=10)
+        with suppress(subprocess.TimeoutExpired):
+            self._proc.wait(timeout=10)
         (self.state_dir / "sshd.pid").unlink(missing_ok=True)
-
-    def _alive(self) -> bool:
-        if self._proc is not None:
-            return self._proc.poll() is None
-        return Path(f"/proc/{self.pid}").exists()
 
 
 def make_keypair(path: Path, comment: str = "lanebench") -> str:
@@ -86,17 +77,13 @@ def start_sshd(state_dir: Path, address: str, port: int, authorized_keys: Path, 
         f"HostKey {host_key}",
         f"PidFile {state_dir / 'sshd.pid'}",
         f"AuthorizedKeysFile {Path(authorized_keys).resolve()}",
-        "PermitRootLogin prohibit-password",
-        "PubkeyAuthentication yes",
         "PasswordAuthentication no",
         "KbdInteractiveAuthentication no",
         "UsePAM no",
         "StrictModes no",
-        "UseDNS no",
         "PrintMotd no",
         "MaxSessions 32",
         "MaxStartups 32:30:64",
-        "LogLevel INFO",
         "Subsystem sftp internal-sftp",
         "",
     ]))
@@ -105,29 +92,19 @@ def start_sshd(state_dir: Path, address: str, port: int, authorized_keys: Path, 
         argv = ["ip", "netns", "exec", netns, *argv]  # `ip netns exec` execs: the pid is sshd's own
     (state_dir / "sshd.pid").unlink(missing_ok=True)
     proc = spawn(argv, state_dir / "sshd.log")
-    sshd = Sshd(address=address, port=port, pid=proc.pid, state_dir=state_dir,
-                host_key_line=" ".join(host_pub.split()[:2]), _proc=proc)
+    sshd = Sshd(address=address, port=port, state_dir=state_dir, host_key_line=" ".join(host_pub.split()[:2]), _proc=proc)
+    probe = [*netns_prefix(netns), sys.executable, "-c",
+             f"import socket; socket.create_connection(({address!r}, {port}), timeout=1.0).close()"]
+
     def accepts() -> bool:
         if proc.poll() is not None:
             raise RuntimeError(f"sshd on {listen} exited with code {proc.returncode}:\n{sshd.log()[-3000:]}")
-        return _accepts(address, port, netns)
+        return subprocess.run(probe, capture_output=True, timeout=10).returncode == 0
 
     if retrying(within_s=10.0, wait_s=0.1, until=bool)(accepts):
         return sshd
     sshd.stop()
     raise RuntimeError(f"sshd on {listen} did not accept connections within 10 s:\n{sshd.log()[-3000:]}")
-
-
-def _accepts(address: str, port: int, netns: str | None) -> bool:
-    if netns is None:
-        try:
-            with socket.create_connection((address, port), timeout=1.0):
-                return True
-        except OSError:
-            return False
-    probe = f"import socket; socket.create_connection(({address!r}, {port}), timeout=1.0).close()"
-    return subprocess.run(["ip", "netns", "exec", netns, sys.executable, "-c", probe], capture_output=True,
-                          timeout=10).returncode == 0
 
 
 def kill_sessions(pid: int, *also: int) -> int:

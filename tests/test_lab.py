@@ -130,13 +130,13 @@ def test_cut_link_names_host_interface_and_state_then_restore_passes(lab, direct
 
 
 def test_mtu_mismatch_is_named(direct, transports):
-    netns.set_mtu(DIRECT_IF, 1500, netns="spark2")
+    netns.ip("link", "set", DIRECT_IF, "mtu", "1500", netns="spark2")
     try:
         check = check_link(direct, transports)
         assert not check.ok
         assert check.reason == "link spark-direct: spark2 direct0 MTU 1500, expected 9000"
     finally:
-        netns.set_mtu(DIRECT_IF, 9000, netns="spark2")
+        netns.ip("link", "set", DIRECT_IF, "mtu", "9000", netns="spark2")
 
 
 def test_peer_that_does_not_answer_is_unreachable(direct, transports):
@@ -275,7 +275,7 @@ def test_down_leaves_nothing_behind_and_is_safe_twice(lab):
         assert residue(lab.dir) == []
         assert stray.wait(timeout=10) is not None
         assert not any(b"rpc-server" in line for line in _cmdlines())
-        assert BRIDGE not in netns.root_links() and not lab.inventory_path.exists()
+        assert not netns.link_exists(BRIDGE) and not lab.inventory_path.exists()
         assert lab.leftovers() == []
         lab.down()  # twice: nothing to do, no error
         assert residue(lab.dir) == []

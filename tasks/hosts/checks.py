@@ -11,24 +11,14 @@ from __future__ import annotations
 import posixpath
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol
 
 from pydantic import BaseModel
 
-from tasks.inventory.models import Host
+from tasks.inventory.models import FileRef, Host
 from tasks.hosts.files import Sha256Cache
 from tasks.hosts.transport import CommandResult, Transport, TransportError
 
 MIN_FREE_BYTES = 256 * 2**20  # a run folder, its logs and a boot log
-
-
-class FileLike(Protocol):
-    @property
-    def path(self) -> str: ...
-    @property
-    def bytes(self) -> int | None: ...
-    @property
-    def sha256(self) -> str | None: ...
 
 
 class GpuFacts(BaseModel):
@@ -100,8 +90,7 @@ def _gpus(host_name: str, host: Host, t: Transport) -> list[GpuFacts]:
     r = _run(t, ["nvidia-smi", "--query-gpu=index,name,memory.total,memory.used", "--format=csv,noheader,nounits"])
     if r.exit_code != 0:
         raise _Fail(f"{host_name} declares {host.gpus} GPU(s) but nvidia-smi failed: {_why(r)}")
-    columns = ("index", "name", "memory_total_mib", "memory_used_mib")
-    gpus = [GpuFacts(**dict(zip(columns, (p.strip() for p in line.split(",")), strict=True)))
+    gpus = [GpuFacts(**dict(zip(GpuFacts.model_fields, (p.strip() for p in line.split(",")), strict=True)))
             for line in r.stdout.strip().splitlines()]
     if len(gpus) != host.gpus:
         raise _Fail(f"{host_name} declares {host.gpus} GPU(s), nvidia-smi lists {len(gpus)}")
@@ -125,7 +114,7 @@ def _disk(host_name: str, role: str, path: str, t: Transport, must_exist: bool, 
     return DiskFacts(role=role, path=path, measured_at=at, avail_bytes=avail)
 
 
-def _file(host_name: str, host: Host, t: Transport, ref: FileLike, base_dir: Path | None,
+def _file(host_name: str, host: Host, t: Transport, ref: FileRef, base_dir: Path | None,
           cache: Sha256Cache) -> FileFacts:
     path = host_path(host, ref.path, base_dir)
     r = _run(t, ["stat", "-L", "-c", "%s %Y %F", path])
@@ -158,7 +147,7 @@ class _Fail(Exception):
     """A failed check: its message is the lane's skip reason."""
 
 
-def check_host(host_name: str, host: Host, transport: Transport, model_files: Sequence[FileLike],
+def check_host(host_name: str, host: Host, transport: Transport, model_files: Sequence[FileRef],
                needs_docker: bool, *, base_dir: Path | None = None, cache_path: Path | None = None,
                min_free_bytes: int = MIN_FREE_BYTES) -> HostCheck:
     """Every host precondition of a lane, in order; the first failure is the reason (facts so far kept)."""

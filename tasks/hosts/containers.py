@@ -21,6 +21,7 @@ import json
 import math
 import re
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import BaseModel
@@ -170,23 +171,27 @@ def remove_leftover(transport: Transport, docker_host: str | None, name: str) ->
         if labels.get(LANE_LABEL) != name:
             raise ContainerError(f"{transport.host_name}: a container named {container} exists without the label "
                                  f"{LANE_LABEL}={name}: lanebench did not start it; remove or rename it yourself")
-        if (rm := _docker(transport, docker_host, "rm", "-f", container, deadline_s=120)).exit_code != 0:
-            raise ContainerError(f"{transport.host_name}: docker rm -f {container} failed: {_message(rm)}")
+        _gone_or_ok(_docker(transport, docker_host, "rm", "-f", container, deadline_s=120),
+                    f"{transport.host_name}: docker rm -f {container}")
     _gone_or_ok(r, f"{transport.host_name}: docker container inspect {container}")
     transport.stop_leftover(f"{container}-logs")
     return found
 
 
+@dataclass(eq=False)
 class ContainerHandle(Spawned):
     """A running engine container as a spawned process: `pid` the engine's on the host, `logs` the
     `docker logs --follow` streamer."""
 
-    def __init__(self, transport: Transport, docker_host: str | None, name: str, container_id: str,
-                 argv: list[str], pid: int, logs: Spawned, log_path: Path) -> None:
-        self.transport, self.docker_host, self.name = transport, docker_host, name
-        self.container_id, self.argv, self.pid, self.logs, self.log_path = container_id, argv, pid, logs, log_path
-        self._exit_code: int | None = None
-        self._removed = False
+    transport: Transport
+    docker_host: str | None
+    name: str
+    container_id: str
+    argv: list[str]
+    pid: int
+    logs: Spawned
+    _exit_code: int | None = None
+    _removed: bool = False
 
     def poll(self) -> int | None:
         """None while running; the exit code once it has ended (-1 if it vanished unseen)."""
@@ -197,11 +202,10 @@ class ContainerHandle(Spawned):
                         f"docker inspect {self.name}")
         if r.exit_code != 0:
             self._exit_code = -1
-            return self._exit_code
-        running, code = r.stdout.split()
-        if running == "true":
+        elif (state := r.stdout.split())[0] == "true":
             return None
-        self._exit_code = int(code)
+        else:
+            self._exit_code = int(state[1])
         return self._exit_code
 
     def listeners(self, port: int) -> Listeners | None:
@@ -271,5 +275,4 @@ def run_container(transport: Transport, docker_host: str | None, name: str, imag
     except BaseException:
         _docker(transport, docker_host, "rm", "-f", container_id, deadline_s=60)  # no container without its log
         raise
-    return ContainerHandle(transport, docker_host, name, container_id, _docker_argv(docker_host, *run_argv), pid,
-                           logs, log_path)
+    return ContainerHandle(transport, docker_host, name, container_id, _docker_argv(docker_host, *run_argv), pid, logs)

@@ -18,9 +18,6 @@ from tasks.hosts.transport import Transport, TransportError
 
 QUERY = ("index,name,uuid,memory.total,memory.used,driver_version,pstate,clocks.sm,clocks.mem,"
          "clocks.max.sm,clocks.max.mem,power.draw,power.limit,utilization.gpu,temperature.gpu")
-_FIELDS = ("index", "name", "uuid", "memory_total_mib", "memory_used_mib", "driver_version", "pstate", "clock_sm_mhz",
-           "clock_mem_mhz", "clock_max_sm_mhz", "clock_max_mem_mhz", "power_draw_w", "power_limit_w",
-           "utilization_pct", "temperature_c")  # QUERY's columns
 APPS = "gpu_uuid,pid,process_name,used_memory"
 _CUDA = re.compile(r"CUDA Version:\s*([0-9.]+)")
 
@@ -70,14 +67,14 @@ def _num(value: str) -> float | None:
 
 def parse_query(text: str) -> list[Gpu]:
     """The rows of `nvidia-smi --query-gpu=QUERY --format=csv,noheader,nounits`."""
-    gpus = []
+    gpus, fields = [], tuple(Gpu.model_fields)[:-1]  # QUERY's columns are Gpu's fields but apps, in order
     for row in csv.reader(io.StringIO(text)):
         if not row or not row[0].strip():
             continue
-        if len(row) != len(_FIELDS):
-            raise ValueError(f"nvidia-smi gave {len(row)} fields, expected {len(_FIELDS)}: {row}")
-        f = dict(zip(_FIELDS, (c.strip() for c in row), strict=True))
-        gpus.append(Gpu(**f | {"pstate": f["pstate"] or None} | {k: _num(f[k]) for k in _FIELDS[7:]}))
+        if len(row) != len(fields):
+            raise ValueError(f"nvidia-smi gave {len(row)} fields, expected {len(fields)}: {row}")
+        f = dict(zip(fields, (c.strip() for c in row), strict=True))
+        gpus.append(Gpu(**f | {"pstate": f["pstate"] or None} | {k: _num(f[k]) for k in fields[7:]}))
     return gpus
 
 

@@ -96,12 +96,6 @@ def end_facts(end: LinkEnd, t: Transport) -> EndFacts:
     return facts
 
 
-def _state(f: EndFacts) -> str:
-    if not f.admin_up:
-        return f"{f.operstate} (administratively down)"
-    return f"{f.operstate} (carrier {f.carrier if f.carrier is not None else 'unknown'})"
-
-
 def _end_problems(link: Link, f: EndFacts) -> list[str]:
     if f.error and not f.exists:
         if "does not exist" in f.error:
@@ -111,7 +105,8 @@ def _end_problems(link: Link, f: EndFacts) -> list[str]:
         return [f"{f.host} {f.interface} could not be read: {f.error}"]
     out = []
     if not f.up:
-        out.append(f"{f.host} {f.interface} is {_state(f)}")
+        why = "administratively down" if not f.admin_up else f"carrier {f.carrier if f.carrier is not None else 'unknown'}"
+        out.append(f"{f.host} {f.interface} is {f.operstate} ({why})")
     if link.mtu is not None and f.mtu != link.mtu:
         out.append(f"{f.host} {f.interface} MTU {f.mtu}, expected {link.mtu}")
     if not f.has_address:
@@ -133,10 +128,6 @@ def _ping(t: Transport, iface: str, peer: str, size: int | None = None) -> tuple
 
 def _has(t: Transport, tool: str) -> bool:
     return _run(t, ["sh", "-c", 'command -v "$1" >/dev/null', "sh", tool]).exit_code == 0
-
-
-def _measured(got: Bandwidth | str) -> bool:
-    return isinstance(got, Bandwidth)
 
 
 def _iperf3(link: Link, ta: Transport, tb: Transport) -> Bandwidth | str:
@@ -161,7 +152,7 @@ def _iperf3(link: Link, ta: Transport, tb: Transport) -> Bandwidth | str:
         return data.get("error") or r.stderr.strip() or r.stdout.strip()[-200:]
 
     try:  # the daemon listens a moment after it forks
-        got = retrying(tries=10, wait_s=0.3, until=_measured)(client)
+        got = retrying(tries=10, wait_s=0.3, until=lambda got: isinstance(got, Bandwidth))(client)
         return got if isinstance(got, Bandwidth) else f"iperf3 from {link.a.host} to {link.b.address} failed: {got}"
     finally:
         _run(tb, ["sh", "-c", 'test -f "$1" && kill "$(cat "$1")" 2>/dev/null; rm -f "$1"; true', "sh", pidfile])
@@ -185,7 +176,7 @@ def _ib_write_bw(link: Link, ta: Transport, tb: Transport) -> Bandwidth | str:
         return (r.stderr or r.stdout).strip()[-200:]
 
     time.sleep(1.0)  # the server listens a moment after it starts
-    got = retrying(tries=5, wait_s=1.0, until=_measured)(client)
+    got = retrying(tries=5, wait_s=1.0, until=lambda got: isinstance(got, Bandwidth))(client)
     return got if isinstance(got, Bandwidth) else f"ib_write_bw from {link.a.host} to {link.b.address} failed: {got}"
 
 

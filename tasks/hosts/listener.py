@@ -58,17 +58,6 @@ class Listeners(BaseModel):
         return f"port {self.port} is held by {who}"
 
 
-def parse(port: int, text: str) -> Listeners:
-    found = Listeners(port=port)
-    for line in text.splitlines():
-        parts = line.split(maxsplit=3)
-        if parts[:1] == ["inode"]:
-            found.sockets += 1
-        elif parts[:1] == ["pid"] and len(parts) >= 3 and parts[1].isdigit() and parts[2].isdigit():
-            found.owners.append(Owner(pid=int(parts[1]), pgid=int(parts[2]), comm=parts[3] if len(parts) > 3 else "?"))
-    return found
-
-
 def listeners(transport: Runs, port: int, prefix: list[str] | None = None) -> Listeners | None:
     """Ask the host (or, with `prefix` such as `docker exec NAME`, a container) who listens on `port`.
     None when it cannot be asked there (no `sh`, `awk` or `find` in an image): boot then goes by
@@ -78,4 +67,11 @@ def listeners(transport: Runs, port: int, prefix: list[str] | None = None) -> Li
     r = transport.run([*(prefix or []), "sh", "-c", LISTENER_SCRIPT, "sh", str(port)], deadline_s=30.0, idempotent=True)
     if r.exit_code != 0:
         return None
-    return parse(port, r.stdout)
+    found = Listeners(port=port)
+    for line in r.stdout.splitlines():
+        parts = line.split(maxsplit=3)
+        if parts[:1] == ["inode"]:
+            found.sockets += 1
+        elif parts[:1] == ["pid"] and len(parts) >= 3 and parts[1].isdigit() and parts[2].isdigit():
+            found.owners.append(Owner(pid=int(parts[1]), pgid=int(parts[2]), comm=parts[3] if len(parts) > 3 else "?"))
+    return found

@@ -74,7 +74,7 @@ def _now() -> str:
     return datetime.now(UTC).isoformat()
 
 
-def ensure_limit(name: str, slots: int = 1) -> bool:
+def ensure_limit(name: str) -> bool:
     """Create the limit if it is missing; True when it is busy right now (someone holds it)."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
@@ -85,7 +85,7 @@ def ensure_limit(name: str, slots: int = 1) -> bool:
             limit = client.read_global_concurrency_limit_by_name(name)
         except ObjectNotFound:
             with suppress(ObjectAlreadyExists):  # another flow created it between our read and our write
-                client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=slots))
+                client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=1))
             return False
         return limit.active_slots >= limit.limit
 

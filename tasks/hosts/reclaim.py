@@ -19,10 +19,6 @@ def server_spawn_name(lane_name: str, lane: Lane) -> str:
     return f"{lane_name}.{lane.port}"
 
 
-def worker_spawn_name(lane_name: str, lane: Lane, i: int) -> str:
-    return f"{lane_name}-rpc{i}.{lane.port}"
-
-
 def reclaim_leftovers(lane_name: str, lane: Lane, host: Host, transports: dict[str, Transport],
                       host_name: str) -> list[str]:
     """Stop a dead run's server, workers and container for this lane; one line each. An unreachable
@@ -39,7 +35,7 @@ def reclaim_leftovers(lane_name: str, lane: Lane, host: Host, transports: dict[s
                          f"{host_name} (pidfile {server_spawn_name(lane_name, lane)}.pid)")
         for i, worker in enumerate(lane.rpc.workers if lane.rpc else []):
             t = transports.get(worker)
-            if t is not None and t.stop_leftover(worker_spawn_name(lane_name, lane, i)):
+            if t is not None and t.stop_leftover(f"{lane_name}-rpc{i}.{lane.port}"):
                 lines.append(f"reclaimed: a dead run's RPC worker for lane {lane_name} stopped on {worker}")
     except (TransportError, OSError) as e:
         lines.append(f"reclaim on {host_name} not done: {e}")

@@ -33,7 +33,6 @@ from typing import TYPE_CHECKING
 import paramiko
 from tenacity import Retrying
 
-from tasks.hosts.listener import Listeners, listeners
 from tasks.hosts.retry import Faults, retrying
 from tasks.hosts.transport import (
     PIDFILE_DIR,
@@ -91,6 +90,7 @@ exit 0
 '''
 
 _CONNECTION_FAULTS = (paramiko.SSHException, OSError, EOFError)
+_RSA_ALGORITHMS = ["rsa-sha2-512", "rsa-sha2-256", "ssh-rsa"]  # the host-key algorithms of a known_hosts `ssh-rsa` key
 
 
 class _Dropped(TransportError):
@@ -123,72 +123,70 @@ class _FirstLine:
     def __init__(self, out: Callable[[bytes], None]) -> None:
         self.pgid: int | None = None
         self.done = False
-        self._buf = b""
+        self.head = b""  # what came before the pid line was complete (or all of it, when none came)
         self._out = out
 
     def feed(self, data: bytes) -> None:
-        if not self.done:
-            self._buf += data
-            if b"\n" not in self._buf and len(self._buf) < 64:
-                return
-            line, _, rest = self._buf.partition(b"\n")
-            self.done = True
-            if line.startswith(_MARK) and line[len(_MARK):].strip().isdigit():
-                self.pgid = int(line[len(_MARK):])
-                data = rest
-            else:
-                data = self._buf
-            self._buf = b""
-        if data:
+        if self.done:
             self._out(data)
+            return
+        self.head += data
+        if b"\n" in self.head or len(self.head) >= 64:
+            self.flush()
 
     def flush(self) -> None:
-        if not self.done and self._buf:
-            self.done, data, self._buf = True, self._buf, b""
-            self.feed(data)
+        if self.done:
+            return
+        self.done = True
+        line, newline, rest = self.head.partition(b"\n")
+        if newline and line.startswith(_MARK) and line[len(_MARK):].strip().isdigit():
+            self.pgid = int(line[len(_MARK):])
+        else:
+            rest = self.head
+        if rest:
+            self._out(rest)
 
 
 class SSHSpawned(Spawned):
     """A remote server started by `SSHTransport.spawn`; its output is copied into a local log."""
 
+    transport: SSHTransport
+
     def __init__(self, transport: SSHTransport, chan: paramiko.Channel, argv: list[str], name: str,
                  log_path: Path) -> None:
         self.argv, self.name, self.log_path = argv, name, log_path
         self.pid = 0
-        self._transport, self._chan = transport, chan
+        self.transport, self._chan = transport, chan
         self._exit: int | None = None
         self._stopped = False
         self._started = threading.Event()
-        self._head = b""
+        self._first = _FirstLine(self._write)
         self._reader = threading.Thread(target=self._copy_output, name=f"ssh-log-{name}", daemon=True)
         self._reader.start()
 
-    def _copy_output(self) -> None:
-        with self.log_path.open("ab") as log:
-            def write(data: bytes) -> None:
-                log.write(data)
-                log.flush()
+    def _write(self, data: bytes) -> None:
+        self._log.write(data)
+        self._log.flush()
 
-            first = _FirstLine(write)
+    def _copy_output(self) -> None:
+        with self.log_path.open("ab") as self._log:
             try:
                 while data := self._chan.recv(65536):
-                    if not first.done:
-                        self._head += data
-                    first.feed(data)
-                    if first.done and not self._started.is_set():
-                        self.pid = first.pgid or 0
+                    self._first.feed(data)
+                    if self._first.done and not self._started.is_set():
+                        self.pid = self._first.pgid or 0
                         self._started.set()
             except _CONNECTION_FAULTS:
                 pass
             finally:
-                first.flush()
+                self._first.flush()
                 self._started.set()
 
     def wait_started(self, timeout_s: float) -> None:
         if not self._started.wait(timeout_s) or not self.pid:
-            head = self._head.decode(errors="replace").strip()[-2000:]
+            head = self._first.head.decode(errors="replace").strip()[-2000:]
             self._chan.close()
-            raise TransportError(f"{self._transport.host_name}: could not start {self.argv[0]} "
+            raise TransportError(f"{self.transport.host_name}: could not start {self.argv[0]} "
                                  f"(no pid reported within {timeout_s:g} s); output: {head or '(none)'}")
 
     def poll(self) -> int | None:
@@ -206,24 +204,22 @@ class SSHSpawned(Spawned):
             self._exit = status
             return status
         # The channel closed without an exit status: the connection dropped. Ask the host.
-        if self._transport.group_alive(self.pid):
+        if self.transport.run(["sh", "-c", 'kill -0 -"$1" 2>/dev/null', "sh", str(self.pid)], deadline_s=30.0,
+                               idempotent=True).exit_code == 0:
             return None
         self._exit = 255  # gone while we were cut off: its own exit code is lost (255 as ssh says)
         return self._exit
-
-    def listeners(self, port: int) -> Listeners | None:
-        return listeners(self._transport, port)
 
     def stop(self, grace_s: float = 10.0) -> None:
         if self._stopped:
             return
         if self.pid:
-            self._transport.stop_group(self.pid, grace_s, self.name)
+            self.transport.stop_group(self.pid, grace_s, self.name)
         self._reader.join(timeout=5.0)
         self._chan.close()
         self._reader.join(timeout=1.0)
         self._stopped = True
-        self._transport._spawns.discard(self)
+        self.transport._spawns.discard(self)
 
 
 class SSHTransport(Transport):
@@ -231,17 +227,17 @@ class SSHTransport(Transport):
 
     def __init__(self, host_name: str, address: str, *, port: int = 22, user: str | None = None,
                  identity_file: Path | str = "~/.ssh/id_ed25519", known_hosts: Path | str = "~/.ssh/known_hosts",
-                 trust_on_first_use: bool = False, keepalive_s: float = 15.0, connect_timeout_s: float = 10.0,
-                 attempts: int = 3, backoff_s: float = 0.5) -> None:
+                 trust_on_first_use: bool = False, keepalive_s: float = 15.0, connect_timeout_s: float = 10.0) -> None:
         self.host_name, self.address, self.port = host_name, address, port
         self.user = user or getpass.getuser()
+        self.where = f"{self.user}@{address}:{port}"
         self.identity_file = Path(os.path.expanduser(identity_file))
         self.known_hosts = Path(os.path.expanduser(known_hosts))
         self.trust_on_first_use = trust_on_first_use
         self.keepalive_s, self.connect_timeout_s = keepalive_s, connect_timeout_s
-        self.attempts, self.backoff_s = max(1, attempts), backoff_s
+        self.attempts = 3
         self._conn: paramiko.Transport | None = None
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._spawns: set[SSHSpawned] = set()  # running spawns, stopped at exit if still running
         _TRANSPORTS.add(self)
 
@@ -253,12 +249,8 @@ class SSHTransport(Transport):
                    trust_on_first_use=host.trust_on_first_use, keepalive_s=host.keepalive_s,
                    connect_timeout_s=host.connect_timeout_s)
 
-    @property
-    def where(self) -> str:
-        return f"{self.user}@{self.address}:{self.port}"
-
     def _retrying(self, on: Faults) -> Retrying:
-        return retrying(tries=self.attempts, wait_s=self.backoff_s, growth=2.0, on=on)  # 0.5 s, 1 s, 2 s, ...
+        return retrying(tries=self.attempts, wait_s=0.5, growth=2.0, on=on)  # 0.5 s, 1 s between
 
     # -- connection ---------------------------------------------------------------------------
 
@@ -267,7 +259,7 @@ class SSHTransport(Transport):
         with self._lock:
             if self._conn is not None and self._conn.is_active():
                 return self._conn
-            self._close_conn()
+            self._drop()
             key = self._load_key()
             try:
                 self._conn = self._retrying(_CONNECTION_FAULTS)(self._open, key)
@@ -299,7 +291,7 @@ class SSHTransport(Transport):
             known = self._known_keys()
             if known:  # ask for the key type we have on record, as OpenSSH does
                 opts = conn.get_security_options()
-                wanted = [t for k in known for t in _negotiated_types(k) if t in opts.key_types]
+                wanted = [t for k in known for t in (_RSA_ALGORITHMS if k == "ssh-rsa" else [k]) if t in opts.key_types]
                 opts.key_types = wanted + [t for t in opts.key_types if t not in wanted]
             conn.start_client(timeout=self.connect_timeout_s)
             self._verify_host_key(conn.get_remote_server_key(), known)
@@ -351,16 +343,13 @@ class SSHTransport(Transport):
             f"expected, check the new fingerprint on the host, then `ssh-keygen -R '{name}' -f {self.known_hosts}` "
             f"and add the new key (`ssh-keyscan -p {self.port} {self.address} >> {self.known_hosts}`)")
 
-    def _close_conn(self, conn: paramiko.Transport | None = None) -> None:
-        """Forget the connection (only `conn`, if given: another thread may have reopened it)."""
-        if self._conn is not None and (conn is None or conn is self._conn):
-            with suppress(Exception):  # already broken
-                self._conn.close()
-            self._conn = None
-
-    def _drop(self, conn: paramiko.Transport) -> None:
+    def _drop(self, conn: paramiko.Transport | None = None) -> None:
+        """Close and forget the connection (only `conn`, if given: another thread may have reopened it)."""
         with self._lock:
-            self._close_conn(conn)
+            if self._conn is not None and (conn is None or conn is self._conn):
+                with suppress(Exception):  # already broken
+                    self._conn.close()
+                self._conn = None
 
     def _channel(self) -> tuple[paramiko.Transport, paramiko.Channel]:
         conn = self._connection()
@@ -466,10 +455,6 @@ class SSHTransport(Transport):
                                  f"(exit {r.exit_code}): {r.stderr.strip()}")
         return r.exit_code == 0
 
-    def group_alive(self, pgid: int) -> bool:
-        return self.run(["sh", "-c", 'kill -0 -"$1" 2>/dev/null', "sh", str(pgid)], deadline_s=30.0,
-                        idempotent=True).exit_code == 0
-
     def stop_leftover(self, name: str, grace_s: float = 5.0) -> bool:
         return self.stop_group(0, grace_s, name)
 
@@ -484,8 +469,7 @@ class SSHTransport(Transport):
         try:
             chan.set_combine_stderr(True)
             chan.exec_command(_wrap(_SPAWN_WRAPPER, [name, *argv], env))
-            if env:
-                chan.sendall(_env_block(env))  # read by the wrapper, never on a command line
+            chan.sendall(_env_block(env))  # read by the wrapper (when there is an env), never on a command line
             chan.shutdown_write()  # the server's stdin sees EOF, as with DEVNULL locally
         except _CONNECTION_FAULTS as e:
             self._drop(conn)
@@ -497,19 +481,13 @@ class SSHTransport(Transport):
 
     def close(self) -> None:
         """Close the connection (stop spawned servers first: their output stream goes with it)."""
-        with self._lock:
-            self._close_conn()
+        self._drop()
 
 
 def _send_stdin(chan: paramiko.Channel, data: bytes) -> None:
     with suppress(*_CONNECTION_FAULTS):
         chan.sendall(data)
         chan.shutdown_write()
-
-
-def _negotiated_types(key_type: str) -> list[str]:
-    """The host-key algorithms that yield a key of this known_hosts type."""
-    return ["rsa-sha2-512", "rsa-sha2-256", "ssh-rsa"] if key_type == "ssh-rsa" else [key_type]
 
 
 _TRANSPORTS: weakref.WeakSet[SSHTransport] = weakref.WeakSet()

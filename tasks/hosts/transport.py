@@ -75,6 +75,7 @@ class Spawned(ABC):
 
     pid: int
     argv: list[str]
+    transport: Transport  # where it runs
 
     @abstractmethod
     def poll(self) -> int | None:
@@ -85,8 +86,10 @@ class Spawned(ABC):
         """SIGTERM the process group, SIGKILL after `grace_s`; idempotent."""
 
     def listeners(self, port: int) -> Listeners | None:
-        """Who listens on `port` where this process runs; None: this kind of spawn cannot be asked."""
-        return None
+        """Who listens on `port` where this process runs; None when it cannot be asked there."""
+        from tasks.hosts.listener import listeners
+
+        return listeners(self.transport, port)
 
     def owns(self, found: Listeners) -> bool:
         """A listener's owners include this spawn's process group (its pid), wrapper or not."""
@@ -156,15 +159,13 @@ class StreamText:
 # ---------------------------------------------------------------------------------------------
 # local: subprocesses on this machine
 
-_LIVE: dict[int, subprocess.Popen] = {}
+# Our running process groups, each with its pidfile (None for a `run`): none outlives this process.
+_LIVE: dict[int, Path | None] = {}
 
 
 def _killpg(pgid: int, sig: int = signal.SIGKILL) -> None:
     with suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
-
-
-_PIDFILES: dict[int, Path] = {}  # a spawned group's pidfile, removed with it at exit
 
 
 def _pidfile_pgid(pidfile: Path) -> int | None:
@@ -187,8 +188,7 @@ def _pidfile_owner_alive(pidfile: Path) -> bool:
 
 def _unrecord(pgid: int) -> None:
     """Forget the group; remove its pidfile while it still names it (a newer spawn may own the name)."""
-    _LIVE.pop(pgid, None)
-    pidfile = _PIDFILES.pop(pgid, None)
+    pidfile = _LIVE.pop(pgid, None)
     if pidfile is not None and _pidfile_pgid(pidfile) == pgid:
         with suppress(OSError):
             pidfile.unlink()
@@ -226,11 +226,11 @@ def _group_alive(pgid: int) -> bool:
         return True
 
 
-def _stop_group(pgid: int, grace_s: float) -> None:
-    """SIGTERM a process group, SIGKILL it after `grace_s` if anything in it still runs."""
+def _stop_group(pgid: int, grace_s: float, running: Callable[[int], bool] = _group_alive) -> None:
+    """SIGTERM a process group, SIGKILL it after `grace_s` while it is still `running`."""
     _killpg(pgid, signal.SIGTERM)
     _killpg(pgid, signal.SIGCONT)  # a stopped (SIGSTOP) process acts on SIGTERM only once continued
-    if retrying(within_s=grace_s, wait_s=0.05, until=lambda alive: not alive)(_group_alive, pgid):
+    if retrying(within_s=grace_s, wait_s=0.05, until=lambda alive: not alive)(running, pgid):
         _killpg(pgid, signal.SIGKILL)
 
 
@@ -239,26 +239,16 @@ def local_pidfile(name: str) -> Path:
 
 
 class LocalSpawned(Spawned):
-    def __init__(self, proc: subprocess.Popen, argv: list[str]) -> None:
-        self.proc, self.pid, self.argv = proc, proc.pid, argv
+    def __init__(self, proc: subprocess.Popen, argv: list[str], transport: Transport) -> None:
+        self.proc, self.pid, self.argv, self.transport = proc, proc.pid, argv, transport
 
     def poll(self) -> int | None:
         return self.proc.poll()
 
-    def listeners(self, port: int) -> Listeners | None:
-        from tasks.hosts.listener import listeners
-
-        return listeners(LocalTransport(), port)
-
     def stop(self, grace_s: float = 10.0) -> None:
         if self.proc.poll() is None:
-            _killpg(self.pid, signal.SIGTERM)
-            _killpg(self.pid, signal.SIGCONT)  # a stopped server would hold SIGTERM for the whole grace
-            try:
-                self.proc.wait(timeout=grace_s)
-            except subprocess.TimeoutExpired:
-                _killpg(self.pid, signal.SIGKILL)
-                self.proc.wait(timeout=10)
+            _stop_group(self.pid, grace_s, lambda _: self.proc.poll() is None)
+            self.proc.wait(timeout=10)
         _killpg(self.pid)  # children that outlived the leader
         _unrecord(self.pid)
 
@@ -283,7 +273,7 @@ class LocalTransport(Transport):
             code = 127 if isinstance(e, FileNotFoundError) else 126
             return CommandResult(argv=argv, exit_code=code, stdout="", stderr=f"{argv[0]}: {e.strerror}\n",
                                  seconds=time.monotonic() - t0)
-        _LIVE[proc.pid] = proc
+        _LIVE[proc.pid] = None
         out, err = StreamText(on_output), StreamText(on_output)
         threads = [threading.Thread(target=_pump, args=(proc.stdout, out), daemon=True),
                    threading.Thread(target=_pump, args=(proc.stderr, err), daemon=True)]
@@ -312,11 +302,10 @@ class LocalTransport(Transport):
         with log_path.open("ab") as log:
             proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     env=full_env, start_new_session=True)
-        _LIVE[proc.pid] = proc
+        _LIVE[proc.pid] = pidfile
         pidfile.parent.mkdir(parents=True, exist_ok=True)
         pidfile.write_text(f"{proc.pid}\n{Owner.here().model_dump_json()}\n")  # pgid, then who spawned it
-        _PIDFILES[proc.pid] = pidfile
-        return LocalSpawned(proc, argv)
+        return LocalSpawned(proc, argv, self)
 
     def stop_leftover(self, name: str, grace_s: float = 5.0) -> bool:
         pidfile = local_pidfile(name)
