@@ -226,7 +226,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     hosts = Path(args.hosts)
     try:
-        inventory = load_inventory(hosts)
+        inventory = load_inventory(hosts, engine_for)
     except ConfigError as e:
         return _bad_input(str(e))
     unknown = [name for name in args.lanes if name not in inventory.lanes]

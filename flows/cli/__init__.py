@@ -122,13 +122,14 @@ def cmd_nightly(args: argparse.Namespace) -> int:
 
 def _inventory(args: argparse.Namespace, files: bool) -> Any:
     """The --hosts inventory holding every --lane (`files`: its input files checked first), or the one-line problem."""
+    from tasks.engines import engine_for
     from tasks.inventory.models import ConfigError
     from tasks.inventory.load import load_inventory
     from tasks.stages.input_files import check_prompt_files
 
     hosts = Path(args.hosts)
     try:
-        inventory = load_inventory(hosts)
+        inventory = load_inventory(hosts, engine_for)
         if files:
             check_prompt_files(inventory, hosts)
     except ConfigError as e:

@@ -90,16 +90,18 @@ def read_yaml_mapping(path: Path, missing_fix: str, keys: str, example: str) -> 
 
 
 def validate(path: str | Path, model: type[M], data: Any, *, under: str = "",
-             fixes: Mapping[str, str] | None = None) -> M:
-    """`model` from `data` (read from `path`); a ValidationError is one ConfigError line."""
+             fixes: Mapping[str, str] | None = None, context: Mapping[str, Any] | None = None) -> M:
+    """`model` from `data` (read from `path`); a ValidationError is one ConfigError line. `context`
+    reaches the validators (the engine lookup a lane's draft plan needs)."""
     try:
-        return model.model_validate(data)
+        return model.model_validate(data, context=context)
     except ValidationError as e:
         raise config_error(path, e, under=under, fixes=fixes) from None
 
 
 def load_model(path: str | Path, model: type[M], *, missing_fix: str, keys: str, example: str,
-               fixes: Mapping[str, str] | None = None) -> M:
+               fixes: Mapping[str, str] | None = None, context: Mapping[str, Any] | None = None) -> M:
     """A YAML config file as `model`: any problem (missing, unreadable, bad YAML, wrong shape,
     invalid field) is one ConfigError naming the file, the field and the fix."""
-    return validate(path, model, read_yaml_mapping(Path(path), missing_fix, keys, example), fixes=fixes)
+    return validate(path, model, read_yaml_mapping(Path(path), missing_fix, keys, example), fixes=fixes,
+                    context=context)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_validator
 
 from tasks.inventory import api_key
 from tasks.inventory.base import _NAME, _SAFE_FLAG, ConfigError, _RefError, _Strict  # noqa: F401  (re-exported)
@@ -249,8 +249,8 @@ class Lane(_Strict):
         return self
 
     @model_validator(mode="after")
-    def _flags_agree(self) -> Lane:
-        if found := conflicts(self):
+    def _flags_agree(self, info: ValidationInfo) -> Lane:
+        if found := conflicts(self, (info.context or {}).get("engine_for")):
             field, problem, fix = found[0]
             raise _RefError("." + field, problem, fix)
         return self
