@@ -32,6 +32,7 @@ from flows.lane import MATRIX_ARM
 from tasks.inventory.paths import REPO
 from tasks.hosts.files import model_sha256, sha256_of
 from tasks.hosts.lock import limit_name
+from tasks.engines import engine_for
 from tasks.inventory.models import Lane
 from tasks.kl.config import strip_speculation
 from tasks.matrix.bars import EarlierRun, Registration, earlier_run, register
@@ -149,8 +150,8 @@ def _no_speculation_arm(run: RunFolder, m: Matrix) -> None:
     # No drafter, so no draft counter gate (a declared one would fail by construction).
     data.update(drafter=None, speculative=None, flags=flags, bench={**data["bench"], "acceptance": None},
                 gates=[g for g in data["gates"] if g.get("kind") != "counter"])
-
-    job = LaneJob(name=NO_SPEC, lane=Lane.model_validate(data), host=m.host, base_dir=str(m.inventory_path.parent),
+    lane = Lane.model_validate(data, context={"engine_for": engine_for})
+    job = LaneJob(name=NO_SPEC, lane=lane, host=m.host, base_dir=str(m.inventory_path.parent),
                   stages=MATRIX_ARM)
     run_lane(str(run.path), job, before=lambda job: _on(job, arm_port(m.host.address, m.target.port)[0]))
 

@@ -26,6 +26,7 @@ from flows.lanes import LaneJob, run_lanes
 from flows.lifecycle import (NOTIFY, Closing, in_artifacts, lanes_verdict, open_run, run_lifecycle, table_artifact,
                              write_report)
 from tasks.correctness import record as correctness
+from tasks.engines import engine_for
 from tasks.inventory.load import load_inventory
 from tasks.record.run_folder import RunFolder
 from tasks.record.expectations import warm_up
@@ -136,7 +137,7 @@ def nightly(hosts: str = "hosts.yaml", lanes: list[str] | None = None, artifacts
 def _nightly(hosts: str, lanes: list[str] | None, artifacts_root: str, regression: RegressionPolicy | None) -> State:
     policy = regression or RegressionPolicy.model_validate_json(os.environ.get(POLICY_ENV) or "{}")
     inventory_path = Path(hosts).resolve()
-    inventory = load_inventory(inventory_path)
+    inventory = load_inventory(inventory_path, engine_for)
     names = lanes or list(inventory.lanes)
     warm()  # started by the CLI while the API server booted; here for a run a worker started
     judged = _Judged(artifacts_root, policy)
@@ -191,7 +192,7 @@ def tools(hosts: str, lanes: list[str], artifacts_root: str = "artifacts", held_
 
 def _tools(hosts: str, lanes: list[str], artifacts_root: str, held_out: bool) -> State:
     inventory_path = Path(hosts).resolve()
-    inventory = load_inventory(inventory_path)
+    inventory = load_inventory(inventory_path, engine_for)
     closing = Closing(report=_tools_report, verdict=lambda run, _: lanes_verdict(run, "tools", []))
     run = open_run("tools", artifacts_root, inventory_path)
     run.manifest.flow.held_out_requested = held_out

@@ -216,6 +216,7 @@ class Lab:
 
     def _render(self, docker_host: str, image: str) -> None:
         """hosts.lab.yaml from the template: this machine's image digest, paths and model sizes."""
+        from tasks.engines import engine_for
         from tasks.hosts.files import file_sha256
         from tasks.inventory.load import load_inventory
 
@@ -225,7 +226,7 @@ class Lab:
             target_sha256=file_sha256(target), drafter_bytes=drafter.stat().st_size)
         tmp = self.inventory_path.with_suffix(".tmp")
         tmp.write_text(text)
-        load_inventory(tmp)  # raises ConfigError naming the field if the template is wrong
+        load_inventory(tmp, engine_for)  # raises ConfigError naming the field if the template is wrong
         tmp.replace(self.inventory_path)
         self._record(inventory=str(self.inventory_path))
         self.say(f"lab: wrote {self.inventory_path}")
@@ -233,9 +234,10 @@ class Lab:
     # ---- for tests and flows ---------------------------------------------------------------------
     def inventory(self):  # -> tasks.config.Inventory
         """The generated inventory (hosts.lab.yaml), validated."""
+        from tasks.engines import engine_for
         from tasks.inventory.load import load_inventory
 
-        return load_inventory(self.inventory_path)
+        return load_inventory(self.inventory_path, engine_for)
 
     def transports(self) -> dict[str, Any]:
         """A transport per lab host (SSH, keys checked against .lab/known_hosts); close them when done."""

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from tasks.inventory.base import ConfigError
 from tasks.inventory.load import load_inventory
+from tasks.engines import engine_for
 from tasks.stages.input_files import check_prompt_files
 from tests.conftest import REPO, shipped_inventory, write_inventory
 
@@ -79,7 +80,7 @@ def test_bad_lane_is_one_line_exit_2(case, tmp_path):
     mutate(tmp_path, inv)
     hosts = write_inventory(tmp_path, inv)
     with pytest.raises(ConfigError) as e:
-        check_prompt_files(load_inventory(hosts), hosts)
+        check_prompt_files(load_inventory(hosts, engine_for), hosts)
     assert e.value.field == field and words in str(e.value), str(e.value)
 
 
@@ -101,7 +102,7 @@ def test_unreadable_inventory_is_one_line(case, tmp_path):
     path = tmp_path / "hosts.yaml"
     path.write_bytes(data)
     with pytest.raises(ConfigError) as e:
-        load_inventory(path)
+        load_inventory(path, engine_for)
     assert words in str(e.value) and "\n" not in str(e.value)
 
 
@@ -157,7 +158,7 @@ def fuzz_dir(tmp_path_factory) -> Path:
 
 def _load_all(path: Path) -> None:
     try:
-        check_prompt_files(load_inventory(path), path)
+        check_prompt_files(load_inventory(path, engine_for), path)
     except ConfigError as e:
         assert "\n" not in str(e) and str(e).startswith(str(path)), str(e)
 

@@ -19,6 +19,7 @@ from tasks.correctness.accuracy import AccuracyAttempt, extract, in_words, score
 from tasks.engines.facts import BootFacts
 from tasks.inventory.base import ConfigError
 from tasks.inventory.load import load_inventory
+from tasks.engines import engine_for
 from tasks.inventory.models import AccuracyPlan, CapacityGate, Lane
 from tasks.stages.capacity import capacity_plan, context_per_user
 from tasks.stages.gates import capacity_gate
@@ -109,11 +110,11 @@ def test_bad_bench_declarations_are_config_errors(tmp_path):
     inv = shipped_inventory()
     inv["lanes"]["rehearsal"]["bench"]["decode"]["beyond_cap"] = {"queue": [16]}
     with pytest.raises(ConfigError, match="beyond_cap.queue names levels \\[16\\] that are not in concurrency"):
-        load_inventory(write_inventory(tmp_path / "a", inv))
+        load_inventory(write_inventory(tmp_path / "a", inv), engine_for)
     inv = shipped_inventory()
     inv["lanes"]["rehearsal"]["bench"]["accuracy"]["reask_max_tokens"] = 50
     with pytest.raises(ConfigError, match="reask_max_tokens \\(50\\) must be above max_tokens \\(88\\)"):
-        load_inventory(write_inventory(tmp_path / "b", inv))
+        load_inventory(write_inventory(tmp_path / "b", inv), engine_for)
     inv = shipped_inventory()
     inv["lanes"]["rehearsal"]["bench"]["accuracy"]["file"] = "absent.jsonl"
     result = run_cli("nightly", "--hosts", str(write_inventory(tmp_path / "c", inv)), timeout=120)

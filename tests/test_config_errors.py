@@ -11,6 +11,8 @@ import yaml
 
 from tasks.inventory.load import load_inventory
 
+from tasks.engines import engine_for
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -32,14 +34,14 @@ def write(tmp_path: Path, data: dict | str) -> Path:
 
 
 def test_shipped_inventory_is_valid():
-    inv = load_inventory(REPO / "hosts.yaml")
+    inv = load_inventory(REPO / "hosts.yaml", engine_for)
     assert "rehearsal" in inv.lanes
 
 
 def test_requests_per_level_tops_up_the_low_levels_only():
     """bench.decode.requests_per_level: streams at low levels send more; none sends fewer than
     requests_per_stream; every level reaches the asked count over the repeats."""
-    plan = load_inventory(REPO / "hosts.yaml").lanes["rehearsal"].bench.decode
+    plan = load_inventory(REPO / "hosts.yaml", engine_for).lanes["rehearsal"].bench.decode
     assert plan.requests_per_level == 24 and plan.requests_per_stream == 2
     assert [plan.per_stream(c, 3) for c in (1, 2, 4, 8)] == [8, 4, 2, 2]
     assert all(c * plan.per_stream(c, 3) * 3 >= 24 for c in (1, 2, 3, 5, 7, 8))

@@ -16,6 +16,7 @@ from conftest import REPO, manifest_of, no_llama_server_left, run_cli, run_folde
 from tasks.wire.replies import ChatReply, ToolCall, parse_openai_chat
 from tasks.inventory.models import Agentic, ConfigError, ThinkingSwitch
 from tasks.inventory.load import load_inventory
+from tasks.engines import engine_for
 from tasks.stages.input_files import check_prompt_files
 from tasks.engines import engine_for
 from tasks.correctness.needles import build, default_rungs, judge
@@ -142,7 +143,7 @@ def test_bad_correctness_inputs_are_config_errors(tmp_path):
     inv, lane = _inventory(tmp_path, 18539)
     lane["correctness"]["needles"] = {"rungs": [256, 600], "max_tokens": 32}
     with pytest.raises(ConfigError, match="needle rung 600 does not fit a context of 512"):
-        load_inventory(write_inventory(tmp_path / "a", inv))
+        load_inventory(write_inventory(tmp_path / "a", inv), engine_for)
 
     inv, lane = _inventory(tmp_path, 18539)
     (tmp_path / "b").mkdir()
@@ -159,7 +160,7 @@ def test_bad_correctness_inputs_are_config_errors(tmp_path):
     lane["correctness"]["tool_gate"]["protocol"] = "protocol.yaml"
     with pytest.raises(ConfigError, match="tool_gate.protocol: .*retries"):
         hosts = write_inventory(tmp_path / "c", inv)
-        check_prompt_files(load_inventory(hosts), hosts)
+        check_prompt_files(load_inventory(hosts, engine_for), hosts)
 
     inv, lane = _inventory(tmp_path, 18539)
     del lane["correctness"]["tool_gate"]["held_out"]

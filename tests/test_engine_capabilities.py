@@ -13,6 +13,7 @@ import yaml
 
 from tasks.inventory.base import ConfigError
 from tasks.inventory.load import load_inventory
+from tasks.engines import engine_for
 from tasks.inventory.models import FileRef, Lane
 from tasks.kl.config import load_kl_file, resolve_lanes
 from tasks.matrix.config import arm_lane, load_matrix
@@ -25,7 +26,7 @@ GGUF = REPO / "testbed" / "models" / "target-f16.gguf"
 
 
 def _rehearsal() -> tuple[Lane, object]:
-    inventory = load_inventory(REPO / "hosts.yaml")
+    inventory = load_inventory(REPO / "hosts.yaml", engine_for)
     return inventory.lanes["rehearsal"], inventory
 
 

@@ -110,6 +110,7 @@ def test_an_engine_that_takes_a_key_only_on_argv_is_refused(tmp_path):
     refused at load rather than put the key where `ps` shows it."""
     from tasks.inventory.base import ConfigError
     from tasks.inventory.load import load_inventory
+    from tasks.engines import engine_for
 
     inv = shipped_inventory()
     lane = inv["lanes"]["rehearsal"]
@@ -118,7 +119,7 @@ def test_an_engine_that_takes_a_key_only_on_argv_is_refused(tmp_path):
     lane.update(engine="sglang", api_key_env="LB_TEST_SERVER_KEY", binary="python3")
     lane["bench"] = {"decode": {"concurrency": [1], "prompts": "testbed/prompts/prose.jsonl"}}
     with pytest.raises(ConfigError) as e:
-        load_inventory(write_inventory(tmp_path, inv))
+        load_inventory(write_inventory(tmp_path, inv), engine_for)
     assert e.value.field == "lanes.rehearsal.api_key_env" and "only on its command line" in e.value.problem
 
 

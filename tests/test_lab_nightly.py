@@ -18,6 +18,7 @@ from pathlib import Path
 
 from conftest import manifest_of, run_cli, run_folder_of
 from tasks.inventory.load import load_inventory
+from tasks.engines import engine_for
 
 pytest_plugins = ["lab_fixture"]  # the session `lab` fixture, shared with tests/test_lab.py
 
@@ -51,7 +52,7 @@ def test_lab_nightly_runs_the_container_lane_by_digest_and_the_two_host_lane(lab
     gb300, pair = m["lanes"]["gb300-container"], m["lanes"]["spark-pair"]
     assert gb300["status"] == "passed" and pair["status"] == "passed", (gb300["reason"], pair["reason"])
 
-    pinned = load_inventory(lab.inventory_path).lanes["gb300-container"].image
+    pinned = load_inventory(lab.inventory_path, engine_for).lanes["gb300-container"].image
     image = gb300["image"]
     assert image["pulled"] is True and image["reference"] == pinned
     assert image["digest"] == pinned.split("@")[1] and pinned in image["repo_digests"]

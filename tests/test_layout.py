@@ -65,18 +65,19 @@ def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            names = [f"{node.module}.{a.name}" for a in node.names]
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) and not registry \
                 and (named := _BY_NAME.fullmatch(node.value)):
             names = [named.group(1)]
         else:
             continue
         for name in names:
-            # the longest prefix that is one of ours: `tasks.kl.gate.run` -> `tasks.kl.gate`
+            # the longest prefix that is one of ours: `tasks.kl.gate.run` -> `tasks.kl.gate`; a name
+            # taken from a folder's __init__ (`from tasks.engines import engine_for`) is an arrow to it
             parts = name.split(".")
-            for i in range(len(parts), 0, -1):
+            for i in range(len(parts), 1, -1):
                 candidate = ".".join(parts[:i])
-                if candidate in modules and modules[candidate].name != "__init__.py":
+                if candidate in modules:
                     out.add(candidate)
                     break
     return out
@@ -224,8 +225,8 @@ def test_a_planted_long_function_is_found():
 def test_a_class_loaded_by_name_counts_as_an_import(tmp_path):
     planted = tmp_path / "registry.py"
     planted.write_text('KINDS = {"verdict": "tasks.matrix.verdict:VerdictRow", "note": "tasks: a word"}\n'
-                       'def f():\n    from tasks.hosts import files\n')
-    assert _imports(planted, _modules()) == {"tasks.matrix.verdict", "tasks.hosts.files"}
+                       'def f():\n    from tasks.hosts import files\n    from tasks.engines import engine_for\n')
+    assert _imports(planted, _modules()) == {"tasks.matrix.verdict", "tasks.hosts.files", "tasks.engines"}
 
 
 def test_a_planted_circle_is_found():

@@ -129,7 +129,7 @@ def test_the_lane_flow_places_the_ranks_the_plan_prints(tmp_path, capsys):
 
     path = uncommented(tmp_path)
     _, (printed,) = plan(capsys, path, "spark-pair")
-    inventory = load_inventory(path)
+    inventory = load_inventory(path, engine_for)
     lane = inventory.lanes["spark-pair"]
     pre = Preflight(ok=True, binary="vllm", master=topology.master_address(lane, inventory))
     reach = Reach("spark1", {"spark1": LocalTransport("spark1"), "spark2": LocalTransport("spark2")})  # not contacted

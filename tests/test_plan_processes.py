@@ -69,7 +69,7 @@ def inventory(tmp_path: Path) -> tuple[Path, Path]:
 def launched(name: str, path: Path, recorder: Path, tmp_path: Path) -> dict[str, dict]:
     """Start the lane's processes as the lane flow does (resolved -> placement -> the boot task's
     start) and read what each was started with, by host."""
-    inv = load_inventory(path)
+    inv = load_inventory(path, engine_for)
     lane = inv.lanes[name]
     host = inv.hosts[lane.host]
     workers = [n for _, n in topology.worker_ranks(lane)]
@@ -126,7 +126,7 @@ def test_plan_shows_every_process_as_boot_launches_it(tmp_path, capsys, name):
         for key, value in proc["env"].items():
             assert real["env"][key] == ("hf_plan_secret_1234" if value == REDACTED else value), key
     head, node = plan["processes"]
-    lane = load_inventory(path).lanes[name]
+    lane = load_inventory(path, engine_for).lanes[name]
     assert head["env"] == {**lane.env, **lane.nodes.env["nodea"]} | ({"HF_TOKEN": REDACTED} if "HF_TOKEN" in lane.env else {})
     assert node["env"] == {**lane.env, **lane.nodes.env["nodeb"]} | ({"HF_TOKEN": REDACTED} if "HF_TOKEN" in lane.env else {})
     assert "hf_plan_secret_1234" not in json.dumps(plan)

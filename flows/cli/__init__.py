@@ -122,11 +122,12 @@ def cmd_nightly(args: argparse.Namespace) -> int:
 
 def inventory_of(hosts: Path, lanes: list[str] | None, files: bool = False, named: str = "--lane ") -> Any:
     """The inventory holding every lane of `lanes` (`files`: its input files checked first), or the one-line problem."""
+    from tasks.engines import engine_for
     from tasks.inventory.models import ConfigError
     from tasks.inventory.load import load_inventory
 
     try:
-        inventory = load_inventory(hosts)
+        inventory = load_inventory(hosts, engine_for)
         if files:
             from tasks.stages.input_files import check_prompt_files
 

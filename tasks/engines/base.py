@@ -44,11 +44,12 @@ class Engine(ABC):
     draft_counter: ClassVar[str | None] = None
     draft_tokens_counter: ClassVar[str | None] = None
     queue_gauge: ClassVar[str | None] = None  # the metric counting requests waiting past the running cap
-    # The variable the server reads its API key from, so the key never reaches its argv (ps,
-    # /proc/PID/cmdline). None: a key only on the command line, so a keyed lane is refused
-    # (tasks/inventory/api_key.py).
-    api_key_env: ClassVar[str | None] = None
     local_binary_name: ClassVar[str | None] = None  # what local_build runs, as `lanebench plan` shows it
+
+    @property
+    def api_key_env(self) -> str | None:
+        """The variable the server reads its API key from (the inventory's LaneRules hold it)."""
+        return RULES[self.name].api_key_env
 
     @property
     def spans_nodes_by_rpc(self) -> bool:

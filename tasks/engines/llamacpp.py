@@ -46,7 +46,6 @@ class LlamaCpp(Engine):
     info_path = "/slots"
     queue_gauge = "llamacpp:requests_deferred"
     local_binary_name = "llama-server"
-    api_key_env = "LLAMA_API_KEY"  # common/arg.cpp: --api-key ... set_env("LLAMA_API_KEY"); only /health is exempt
     draft_counter = _P + "spec_decode_num_drafts_total"
     draft_tokens_counter = _P + "spec_decode_num_draft_tokens_total"
 

@@ -121,7 +121,6 @@ class SGLang(Engine):
     draft_counter = "sglang:spec_verify_calls_total"  # srt/observability/metrics_collector.py
     queue_gauge = "sglang:num_queue_reqs"
     info_path = "/server_info"  # /get_server_info before it was renamed
-    # No api_key_env: 0.5.23 reads a key only from --api-key or --config (arg_groups/fields/serving.py).
 
     def launch_command(self, lane: Lane, binary: str, host: str) -> list[str]:
         argv = [binary, "-m", "sglang.launch_server", "--model-path", lane.model.path, "--host", host,

@@ -71,7 +71,6 @@ class VLLM(Engine):
     draft_tokens_counter = "vllm:spec_decode_num_draft_tokens_total"
     info_path = "/version"  # {"version": "0.33.0"}
     queue_gauge = "vllm:num_requests_waiting"
-    api_key_env = "VLLM_API_KEY"  # serve/middleware/register.py (0.32.0): `args.api_key or [envs.VLLM_API_KEY]`
 
     def acceptance_log_interval_s(self, env: dict[str, str]) -> float | None:
         try:

@@ -1,6 +1,6 @@
 """A lane's API key, by reference only: `api_key_env: NAME` (lanebench's environment) or `api_key_file:
 PATH` (relative to the inventory; the first line not a `#` comment). It reaches the server in the
-engine's variable (`Engine.api_key_env`), never its argv, and every request as `Authorization: Bearer`
+engine's variable (`LaneRules.api_key_env`), never its argv, and every request as `Authorization: Bearer`
 (tasks/client/auth.py). Refused at load: an inline `api_key`, `--api-key`/`--api-key-file` in flags,
 the engine's key variable under `env`, and a key for an engine taking one only on its command line.
 """
@@ -13,6 +13,7 @@ from typing import Any
 
 from tasks.inventory import secrets
 from tasks.inventory.base import _RefError
+from tasks.inventory.flag_conflicts import RULES
 
 _FIX = "export the key in lanebench's environment and name it: api_key_env: LANE_API_KEY (or api_key_file: PATH)"
 
@@ -36,9 +37,7 @@ def check(lane: Any) -> None:
         if flag.split("=", 1)[0] in ("--api-key", "--api-key-file"):
             raise _RefError(f".flags[{i}]", f"{flag.split('=', 1)[0]} puts the server's key on its command line "
                             "(ps and /proc show it), and lanebench's client would not send it", _FIX)
-    from tasks.engines import engine_for
-
-    var = engine_for(lane.engine).api_key_env
+    var = RULES[lane.engine].api_key_env
     if var is not None and var in lane.env:
         raise _RefError(f".env.{var}", f"{var} is the server's API key, written in the inventory", _FIX)
     if var is None and (lane.api_key_env or lane.api_key_file):

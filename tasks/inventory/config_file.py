@@ -81,19 +81,20 @@ def config_error(path: str | Path, e: ValidationError, *, under: str = "",
 
 
 def validate(path: str | Path, model: type[M], data: Any, *, under: str = "",
-             fixes: Mapping[str, str] | None = None) -> M:
-    """`model` from `data` (read from `path`); a ValidationError is one ConfigError line."""
+             fixes: Mapping[str, str] | None = None, context: Mapping[str, Any] | None = None) -> M:
+    """`model` from `data` (read from `path`); a ValidationError is one ConfigError line. `context`
+    reaches the validators (the engine lookup a lane's draft plan needs)."""
     try:
-        return model.model_validate(data)
+        return model.model_validate(data, context=context)
     except ValidationError as e:
         raise config_error(path, e, under=under, fixes=fixes) from None
 
 
 def load_model(path: str | Path, model: type[M], *, missing_fix: str, keys: str, example: str,
-               fixes: Mapping[str, str] | None = None) -> M:
+               fixes: Mapping[str, str] | None = None, context: Mapping[str, Any] | None = None) -> M:
     """A YAML config file as `model`: any problem (missing, unreadable, bad YAML, not a mapping,
     invalid field) is one ConfigError naming the file, the field and the fix."""
     raw = load_yaml(Path(path), missing_fix)
     if not isinstance(raw, dict):
         raise ConfigError(Path(path), "(top level)", f"must be a mapping with {keys}", f"start from {example}")
-    return validate(Path(path), model, raw, fixes=fixes)
+    return validate(Path(path), model, raw, fixes=fixes, context=context)

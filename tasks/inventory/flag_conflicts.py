@@ -41,10 +41,22 @@ class LaneRules:
     node_env: bool = True  # its node processes take `nodes.env`
     draft_plan: bool = True  # draft width and method compared on the argv it resolves (`Engine.draft_plan`)
     flags: dict[str, tuple[tuple[str, ...], _Getter]] = field(default_factory=dict)  # field -> flag spellings
+    # The variable the server reads its API key from, so the key never reaches its argv (ps,
+    # /proc/PID/cmdline). None: a key only on the command line, so a keyed lane is refused (api_key.py).
+    api_key_env: str | None = None
 
 
-RULES = {"llamacpp": LaneRules(rpc=True, node_env=False, draft_plan=False, flags=_LLAMACPP),
-         "sglang": LaneRules(flags=_SGLANG), "vllm": LaneRules()}
+RULES = {
+    # common/arg.cpp: --api-key ... set_env("LLAMA_API_KEY"); only /health is exempt
+    "llamacpp": LaneRules(rpc=True, node_env=False, draft_plan=False, flags=_LLAMACPP, api_key_env="LLAMA_API_KEY"),
+    # no key variable: 0.5.23 reads a key only from --api-key or --config (arg_groups/fields/serving.py)
+    "sglang": LaneRules(flags=_SGLANG),
+    # serve/middleware/register.py (0.32.0): `args.api_key or [envs.VLLM_API_KEY]`
+    "vllm": LaneRules(api_key_env="VLLM_API_KEY"),
+}
+# An engine adapter by name (tasks.engines.engine_for), handed down by whoever validates a lane: the
+# draft plan is read from the argv as the engine's release resolves it, which only the engine knows.
+EngineFor = Callable[[str], Any]
 
 
 def flag_values(flags: list[str], names: tuple[str, ...]) -> list[str]:
@@ -60,11 +72,8 @@ def flag_values(flags: list[str], names: tuple[str, ...]) -> list[str]:
     return out
 
 
-def draft_conflicts(lane: Any) -> list[tuple[str, str, str]]:
+def draft_conflicts(lane: Any, engine: Any) -> list[tuple[str, str, str]]:
     """The lane's speculative method and K against what the engine will run for its argv."""
-    from tasks.engines import engine_for
-
-    engine = engine_for(lane.engine)
     plan = engine.draft_plan(engine.launch_command(lane, "engine", "0.0.0.0"))
     spec = lane.speculative
     if plan is None:
@@ -86,10 +95,11 @@ def draft_conflicts(lane: Any) -> list[tuple[str, str, str]]:
     return []
 
 
-def conflicts(lane: Any) -> list[tuple[str, str, str]]:
-    """(field, problem, fix) per lane field a flag contradicts, both values named."""
+def conflicts(lane: Any, engine_for: EngineFor | None) -> list[tuple[str, str, str]]:
+    """(field, problem, fix) per lane field a flag contradicts, both values named. Without
+    `engine_for` (a lane built in code, not loaded) the draft plan is not read."""
     rules = RULES[lane.engine]
-    out = draft_conflicts(lane) if rules.draft_plan else []
+    out = draft_conflicts(lane, engine_for(lane.engine)) if rules.draft_plan and engine_for else []
     for label, (names, declared_of) in rules.flags.items():
         declared = declared_of(lane)
         for given in flag_values(list(lane.flags), names):

@@ -7,14 +7,17 @@ from pathlib import Path
 
 from tasks.inventory import secrets
 from tasks.inventory.config_file import load_model
+from tasks.inventory.flag_conflicts import EngineFor
 from tasks.inventory.models import Inventory
 from tasks.inventory.paths import REPO
 
 
-def load_inventory(path: str | Path) -> Inventory:
-    """Read and validate an inventory file; any problem is one ConfigError."""
+def load_inventory(path: str | Path, engine_for: EngineFor) -> Inventory:
+    """Read and validate an inventory file; any problem is one ConfigError. `engine_for`
+    (tasks.engines.engine_for) reads each lane's draft plan as its engine will."""
     inventory = load_model(path, Inventory, keys="'hosts' and 'lanes'", example="the shipped hosts.yaml",
-                           missing_fix="pass an existing file with --hosts, or run without --hosts for the rehearsal lane")
+                           missing_fix="pass an existing file with --hosts, or run without --hosts for the rehearsal lane",
+                           context={"engine_for": engine_for})
     secrets.remember(inventory)  # scrubbed from whatever this process says about any lane from now on
     return inventory
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, Field, ValidationInfo, field_validator, model_validator
 
 from tasks.inventory import api_key
 from tasks.inventory.base import _NAME, _SAFE_FLAG, ConfigError, _RefError, _Strict  # noqa: F401  (re-exported)
@@ -236,13 +236,13 @@ class Lane(_Strict):
         return api_key.refuse_inline(data)
 
     @model_validator(mode="after")
-    def _consistent(self) -> Lane:
+    def _consistent(self, info: ValidationInfo) -> Lane:
         api_key.check(self)
         if self.rpc is not None and not RULES[self.engine].rpc:
             raise ValueError(f"rpc is llama.cpp's RPC backend; engine {self.engine} spans hosts with 'nodes' "
                              "(nodes: {hosts: [head, worker], link: LINK}) plus its parallel flags "
                              "(e.g. --tensor-parallel-size)")
-        if found := conflicts(self):
+        if found := conflicts(self, (info.context or {}).get("engine_for")):
             field, problem, fix = found[0]
             raise _RefError("." + field, problem, fix)
         if self.nodes is not None:

@@ -138,7 +138,7 @@ def resolve_lanes(spec: KlFile, kl_path: Path) -> dict[str, ResolvedLane]:
     kl_path = kl_path.resolve()
     inv_path = resolve(kl_path.parent, spec.inventory) if spec.inventory else DEFAULT_INVENTORY
     needs_inventory = any(k.lane is not None or k.host is not None for k in spec.lanes.values())
-    inventory = load_inventory(inv_path) if needs_inventory else None
+    inventory = load_inventory(inv_path, engine_for) if needs_inventory else None
     prompts = str(resolve(kl_path.parent, spec.prompts))
     out: dict[str, ResolvedLane] = {}
     for name, k in spec.lanes.items():
@@ -158,7 +158,7 @@ def resolve_lanes(spec: KlFile, kl_path: Path) -> dict[str, ResolvedLane]:
         data = {**(base.model_dump() if base else {"host": "localhost"}), **overrides, "drafter": None, "speculative": None,
                 "gates": [], "slots": spec.concurrency, "bench": BenchPlan(decode=DecodePlan(prompts=prompts)).model_dump()}
         data["flags"], dropped = strip_speculation(list(data.get("flags") or []))
-        lane = validate(kl_path, Lane, data, under=field)
+        lane = validate(kl_path, Lane, data, under=field, context={"engine_for": engine_for})
         if inventory is not None and lane.host in inventory.hosts:
             host = inventory.hosts[lane.host]
         elif lane.host == "localhost":

@@ -228,7 +228,7 @@ def arm_lane(m: Matrix, arm: Arm) -> Lane:
                                       max_tokens=m.spec.max_tokens, prompts_per_class=m.spec.prompts_per_class),
         ).model_dump(),
     )
-    return Lane.model_validate(data)
+    return Lane.model_validate(data, context={"engine_for": engine_for})
 
 
 def load_matrix(path: str | Path) -> Matrix:
@@ -241,7 +241,7 @@ def load_matrix(path: str | Path) -> Matrix:
     if not _NAME.fullmatch(name):
         raise ConfigError(path, "name", f"{name!r} is not a valid matrix name", "letters, digits, '_', '.', '-' (at most 63)")
     inv_path = resolve(path.parent, spec.inventory) if spec.inventory else DEFAULT_INVENTORY
-    inventory = load_inventory(inv_path)
+    inventory = load_inventory(inv_path, engine_for)
     if spec.target not in inventory.lanes:
         raise ConfigError(path, "target", f"no lane {spec.target!r} in {inv_path}", f"use one of: {', '.join(inventory.lanes)}")
     target = inventory.lanes[spec.target]
