@@ -22,6 +22,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from tasks.engines import engine_for  # noqa: E402
+from tasks.engines import engine_for  # noqa: E402
 from tasks.engines.build import vllm_cpu_bin_dir  # noqa: E402
 from tasks.inventory.load import load_inventory  # noqa: E402
 from tasks.stages.boot import start, stop, wait_healthy  # noqa: E402
@@ -31,7 +32,7 @@ PROMPTS = ["Once upon a time, the little fox walked to the river and", "def area
 
 
 def record(name: str) -> None:
-    inv = load_inventory(REPO / "hosts.vllm.yaml")
+    inv = load_inventory(REPO / "hosts.vllm.yaml", engine_for)
     lane = inv.lanes[name]
     lane = lane.model_copy(update={
         "model": lane.model.model_copy(update={"path": str(REPO / lane.model.path)}),
