@@ -17,7 +17,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -209,9 +208,11 @@ def worker_args(pool: str, queues: list[str] | None = None, name: str | None = N
 def serve(host: str, port: int, home: Path | None, prefect_file: Path, pool: str, api_url: str | None,
           start_worker: bool = True, say=print, database: str | None = None, queues: list[str] | None = None) -> int:
     """Run the stack until SIGINT/SIGTERM, or until the server or worker dies (exit 1)."""
-    stopping = threading.Event()
+    # A list the handler appends to, not a threading.Event: the handler runs in the main thread,
+    # which may be inside Event.wait() holding the event's lock, and Event.set() would wait on it forever.
+    stopping: list[int] = []
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stopping.set())
+        signal.signal(sig, lambda signum, _frame: stopping.append(signum))
     logs = home or Path(os.environ.get("PREFECT_HOME", Path.home() / ".prefect"))
 
     def run(url: str) -> int:
@@ -222,7 +223,7 @@ def serve(host: str, port: int, home: Path | None, prefect_file: Path, pool: str
         say(f"{'worker running' if proc else 'no worker started'}; logs in {logs}; Ctrl-C stops")
         misses, last_check = 0, time.monotonic()
         try:
-            while not stopping.is_set():
+            while not stopping:
                 if proc is not None and proc.poll() is not None:
                     say(f"worker exited with code {proc.returncode}")
                     return 1
@@ -232,7 +233,7 @@ def serve(host: str, port: int, home: Path | None, prefect_file: Path, pool: str
                     if misses >= 3:
                         say(f"prefect server at {url} stopped answering")
                         return 1
-                stopping.wait(0.5)
+                time.sleep(0.5)
         finally:
             stop(proc)
         return 0

@@ -5,8 +5,8 @@
     uv run python scripts/engine-flags.py vllm 0.33.0
     uv run python scripts/engine-flags.py --all          # every release pinned in tasks/engines/releases.py
 
-Downloads the wheel once into ~/.cache/lanebench/wheels (`pip download --no-deps
---only-binary=:all:`), reads its argument definitions with `ast` (tasks/engines/release_flags.py:
+Downloads the wheel once into $LANEBENCH_CACHE/wheels (`pip download --no-deps --only-binary=:all:`),
+reads its argument definitions with `ast` (tasks/engines/release_flags.py:
 from which files, and the parsers' rules for boolean inverses) and writes
 tasks/engines/flags/<engine>-<version>.json. Commit that file; run this again when a pin moves.
 """

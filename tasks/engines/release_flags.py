@@ -3,7 +3,7 @@
 A committed list (CI has 45 minutes, the vLLM wheel is 336 MB): `scripts/engine-flags.py` reads a
 pinned wheel's argument definitions with `ast` into `flags/<engine>-<version>.json` (flags, sha256s).
 Tests check every flag an adapter emits against it (re-extracting where the wheel is cached in
-~/.cache/lanebench/wheels); `lanebench plan` names lane flags the release does not define.
+$LANEBENCH_CACHE/wheels); `lanebench plan` names lane flags the release does not define.
 
 Where the names live:
 - SGLang 0.5.23: fields `name: A[T, "help" | Arg(cli_name=, aliases=, no_cli=)]` of the classes in
@@ -39,7 +39,7 @@ from tasks.hosts.files import file_sha256
 from tasks.inventory.paths import CACHE
 
 FLAGS_DIR = Path(__file__).resolve().parent / "flags"
-WHEEL_CACHE = CACHE / "wheels"  # under LANEBENCH_CACHE when set, like every other cache
+WHEEL_CACHE = CACHE / "wheels"  # under LANEBENCH_CACHE when set, like the builds and quantized models
 
 # Source files (inside the wheel) that declare launch flags, per engine; patterns are regexes.
 SOURCES = {

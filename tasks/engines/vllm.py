@@ -191,6 +191,7 @@ class VLLM(Engine):
 
     def completion_request(self, prompt: str, max_tokens: int) -> RequestSpec:
         # Continuous usage makes the chunk with finish_reason a complete final event (stages stop there).
+        # No "model": /v1/completions may omit it, and the first served model answers.
         return RequestSpec(path="/v1/completions", body={
             "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "stream": True,
             "stream_options": {"include_usage": True, "continuous_usage_stats": True}, "return_token_ids": True,

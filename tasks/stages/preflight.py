@@ -17,6 +17,7 @@ from pydantic import BaseModel
 from tasks.engines import engine_for
 from tasks.engines.build import BuildError, llama_cpp_bin_dir
 from tasks.inventory import api_key
+from tasks.inventory.load import resolve
 from tasks.inventory.models import FileRef, Host, Inventory, Lane
 from tasks.record.manifest import ModelFacts
 from tasks.hosts.files import folder_sha256, sha256_of
@@ -40,11 +41,6 @@ class Preflight(BaseModel):
     rpc_binaries: dict[str, str] = {}  # worker host -> its rpc-server path
     master: str = ""  # a multi-node lane's rendezvous address (the head's end of its link)
     node_binaries: dict[str, str] = {}  # worker node host -> its engine executable (bare lanes)
-
-
-def resolve(base_dir: Path, path: str) -> Path:
-    p = Path(path)
-    return p if p.is_absolute() else (base_dir / p).resolve()
 
 
 def _check_file(role: str, ref: FileRef, base_dir: Path) -> ModelFacts | str:
