@@ -158,10 +158,9 @@ class RunFolder:
         not per record: inside a wave's event loop, a save per record held it for milliseconds."""
         rel = f"{lane}/{name}"
         path = self.lane_dir(lane) / name
-        line = record.model_dump_json() + "\n"
+        data = (record.model_dump_json() + "\n").encode()
         with self._lock:
             size = path.stat().st_size if path.exists() else 0
-            data = line.encode()
             # A file this process did not start (never, in a run) is sealed as found.
             sealed = (self._seals.get(rel) or hashlib.sha256(path.read_bytes() if size else b"")).copy()
             sealed.update(data)
@@ -244,10 +243,8 @@ class RunFolder:
             except OSError as e:
                 error = e
             (self.path / RESERVE).unlink(missing_ok=True)
-            try:
+            with suppress(OSError):  # the last manifest written stays; the next save may fit
                 self._write_manifest()
-            except OSError:
-                pass  # the last manifest written stays; the next save may fit
             if not quiet and self.write_error is None:
                 self._failed_write("manifest.json", error)
 

@@ -190,12 +190,6 @@ class Store:
         return root
 
 
-def run_folder_name(root: str, flow: str, flow_run_id: str) -> str | None:
-    """The run folder a flow run wrote under a local root (`<time>_<flow>_<id8>`), if any."""
-    found = sorted(Path(root).glob(f"*_{flow}_{flow_run_id[:8]}"))
-    return found[-1].name if found else None
-
-
 def in_store(artifacts_root: str, flow: str, flow_run_id: str, body):
     """Run a flow's body on a local root (a store's mirror, earlier runs there for baselines), then
     publish its run folder whatever the outcome (a failed night is a record too); a failed publish
@@ -203,13 +197,12 @@ def in_store(artifacts_root: str, flow: str, flow_run_id: str, body):
     store = Store(artifacts_root)
     if not store.remote:
         return body(artifacts_root)
-    from tasks.record.progress import progress
+    from tasks.record.progress import progress, written_by
 
     root = store.sync(on_refused=lambda line: progress(flow, line))
     try:
         return body(str(root))
     finally:
-        name = run_folder_name(str(root), flow, flow_run_id)
-        if name is not None:
-            address = store.publish(root / name)
+        if (folder := written_by(root, flow, flow_run_id)) is not None:
+            address = store.publish(folder)
             progress(flow, f"published {address} (every file's sha256 checked in the store)")
