@@ -125,30 +125,25 @@ def _get_engine() -> _Engine:
         return _engine
 
 
-def warm_up(kinds: list[str] | None = None, suites_dir: Path = SUITES_DIR,
-            and_then: Callable[[], object] | None = None) -> threading.Thread:
+def warm_up(kinds: list[str], and_then: Callable[[], object]) -> None:
     """Import GX and load the suites in a background thread while the server boots: GX's first check
     costs seconds, a stall with no request in flight when paid in the warmup window. `and_then`
     runs next (the plotting library: a second of the run's tail when imported after the last
     request); measuring waits for both (`warmed_up`)."""
     global _warming
     if _warming is not None:  # started already (the CLI starts it while Prefect's API server boots)
-        return _warming
+        return
 
     def load() -> None:
         engine = _get_engine()
-        for name in kinds or [p.stem for p in Path(suites_dir).glob("*.json")]:
-            path = Path(suites_dir) / f"{name}.json"
+        for path in (SUITES_DIR / f"{name}.json" for name in kinds):
             if path.is_file():
                 with engine.lock:
                     engine.definition(path)
-        if and_then is not None:
-            and_then()
+        and_then()
 
-    thread = threading.Thread(target=load, name="gx-warm-up", daemon=True)
-    thread.start()
-    _warming = thread
-    return thread
+    _warming = threading.Thread(target=load, name="gx-warm-up", daemon=True)
+    _warming.start()
 
 
 _warming: threading.Thread | None = None

@@ -45,13 +45,10 @@ def install_stop_handlers() -> None:
     handler while a flow runs (raising TerminationSignal); it is bridged so the stop is recorded too."""
     signal.signal(signal.SIGINT, _on_stop)
     signal.signal(signal.SIGTERM, _on_stop)
-    try:
-        import prefect.utilities.engine as engine
-        from prefect.exceptions import TerminationSignal
-    except ImportError:
-        return
-    original = engine._prefect_sigterm_handler
-    if getattr(original, "_lanebench", False):
+    import prefect.utilities.engine as engine
+    from prefect.exceptions import TerminationSignal
+
+    if getattr(engine._prefect_sigterm_handler, "_lanebench", False):
         return
 
     class Terminated(TerminationSignal, KeyboardInterrupt):

@@ -19,6 +19,7 @@ import hashlib
 import os
 import shutil
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -175,7 +176,7 @@ class Store:
             shutil.rmtree(tmp, ignore_errors=True)
         return target
 
-    def sync(self, on_refused=None) -> Path:
+    def sync(self, on_refused: Callable[[str], object]) -> Path:
         """Every published run folder into the local mirror (returned); one whose files do not match
         its manifest stays out, and `on_refused` gets the line."""
         root = self.local_root
@@ -185,8 +186,7 @@ class Store:
                 try:
                     self.fetch(name, root)
                 except StoreError as e:
-                    if on_refused is not None:
-                        on_refused(f"store: refused {e}")
+                    on_refused(f"store: refused {e}")
         return root
 
 

@@ -99,18 +99,17 @@ def _acceptance_meaning(df: pd.DataFrame) -> dict:
     step, acceptance without budget-cut draft steps, the interval over prompts, truncated share."""
     if "tokens_per_pass" not in df or df.tokens_per_pass.isna().all():
         return {}
-
-    def f(v: float | None, fmt: str = ".2f") -> str:
-        return "-" if v is None or pd.isna(v) else format(v, fmt)
+    def f(v: float | None, fmt: str = "{:.2f}") -> str:
+        return num(v, fmt) or "-"
 
     return {
         "tokens / target pass": [f(v) for v in df.tokens_per_pass],
-        "drafted steps %": [f(None if pd.isna(v) else 100 * v, ".0f") for v in df.drafted_share],
+        "drafted steps %": [f(None if pd.isna(v) else 100 * v, "{:.0f}") for v in df.drafted_share],
         "AL without budget-cut steps": [f"{f(v)} ({int(c)} cut)" for v, c in
                                         zip(df.acceptance_length_full_steps, df.budget_cut_steps)],
         "95% interval over prompts": [f"[{f(lo)}, {f(hi)}] of {n}{'' if ok else ' (too few: no verdict)'}"
                                       for lo, hi, n, ok in zip(df.ci_low, df.ci_high, df.prompts, df.enough_prompts)],
-        "context-truncated %": [f(100 * v, ".0f") for v in df.truncated_share],
+        "context-truncated %": [f(100 * v, "{:.0f}") for v in df.truncated_share],
     }
 
 
