@@ -180,7 +180,7 @@ def test_the_report_shows_the_comparison_and_the_trend(tmp_path):
 
 
 def test_kl_figures_are_judged_against_earlier_kl_runs(tmp_path):
-    """The KL gate's candidates appear as lanes of a `kl` run; compare_run judges them like nightly lanes."""
+    """The KL gate's candidates appear as lanes of a `kl` run; compare_lane judges them as it judges nightly lanes."""
     from tasks.record.history import open_index
     from tasks.wire.kl_probes import KlSummaryRow
     from tasks.record.regression import RegressionPolicy, compare_lane
