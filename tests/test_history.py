@@ -180,10 +180,10 @@ def test_the_report_shows_the_comparison_and_the_trend(tmp_path):
 
 
 def test_kl_figures_are_judged_against_earlier_kl_runs(tmp_path):
-    """The KL gate's candidates appear as lanes of a `kl` run; compare_run judges them like nightly lanes."""
+    """The KL gate's candidates appear as lanes of a `kl` run; compare_lane judges them as it judges nightly lanes."""
     from tasks.record.history import open_index
     from tasks.wire.kl_probes import KlSummaryRow
-    from tasks.record.regression import RegressionPolicy, compare_run
+    from tasks.record.regression import RegressionPolicy, compare_lane
 
     def kl_run(mean: float) -> RunFolder:
         run = RunFolder(tmp_path, "kl", str(uuid.uuid4()), REPO / "hosts.yaml")
@@ -200,9 +200,9 @@ def test_kl_figures_are_judged_against_earlier_kl_runs(tmp_path):
         return run
 
     runs = [kl_run(m) for m in (0.050, 0.052, 0.049, 0.120)]
-    judged = compare_run(open_index(tmp_path), runs[-1].path.name, RegressionPolicy())
-    q4 = {r.metric: r for r in judged["q4"].rows}
+    con, last = open_index(tmp_path), runs[-1].path.name
+    q4 = {r.metric: r for r in compare_lane(con, last, "q4", RegressionPolicy()).rows}
     assert q4["kl_mean_abs_dlogprob"].verdict == "regression" and q4["kl_mean_abs_dlogprob"].ci_low_pct > 0
     assert q4["kl_argmax_flip_share"].verdict == "no change"
     # The reference against itself reads 0: no percent change exists, so no verdict either way.
-    assert {r.verdict for r in judged["reference"].rows} == {"no baseline"}
+    assert {r.verdict for r in compare_lane(con, last, "reference", RegressionPolicy()).rows} == {"no baseline"}

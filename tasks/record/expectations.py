@@ -27,12 +27,9 @@ from tasks.record.kinds import kind as artifact_kind
 SUITES_DIR = REPO / "expectations"
 # Derived column -> the source columns shown beside it when it fails.
 _DERIVED_FROM: dict[str, list[str]] = {
-    "k_plus_1": ["k"],
-    "per_position_len": ["per_position"],
-    "per_position_min": ["per_position"],
-    "per_position_max": ["per_position"],
-    "per_position_nonincreasing": ["per_position"],
-    "rung_fill": ["rung", "prompt_tokens"],
+    "k_plus_1": ["k"], "rung_fill": ["rung", "prompt_tokens"],
+    **dict.fromkeys(("per_position_len", "per_position_min", "per_position_max", "per_position_nonincreasing"),
+                    ["per_position"]),
 }
 _MONOTONE_TOL = 1e-9  # rates are ratios of counters (or means of them): allow float noise only
 _ROWS_SHOWN = 3
@@ -51,18 +48,12 @@ class Validation(BaseModel):
 
 def _curve(value: Any) -> list[float] | None:
     """A per-position list from a list, tuple, array or JSON string; None if it is not one."""
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except ValueError:
-            return None
-    if not isinstance(value, list | tuple | np.ndarray):
-        return None
     try:
-        rates = [float(v) for v in value]
+        value = json.loads(value) if isinstance(value, str) else value
+        rates = [float(v) for v in value] if isinstance(value, list | tuple | np.ndarray) else None
     except (TypeError, ValueError):
         return None
-    return None if any(math.isnan(r) for r in rates) else rates
+    return None if rates is None or any(math.isnan(r) for r in rates) else rates
 
 
 def derive(kind: str, df: pd.DataFrame) -> pd.DataFrame:
@@ -134,30 +125,25 @@ def _get_engine() -> _Engine:
         return _engine
 
 
-def warm_up(kinds: list[str] | None = None, suites_dir: Path = SUITES_DIR,
-            and_then: Callable[[], object] | None = None) -> threading.Thread:
+def warm_up(kinds: list[str], and_then: Callable[[], object]) -> None:
     """Import GX and load the suites in a background thread while the server boots: GX's first check
     costs seconds, a stall with no request in flight when paid in the warmup window. `and_then`
     runs next (the plotting library: a second of the run's tail when imported after the last
     request); measuring waits for both (`warmed_up`)."""
     global _warming
     if _warming is not None:  # started already (the CLI starts it while Prefect's API server boots)
-        return _warming
+        return
 
     def load() -> None:
         engine = _get_engine()
-        for name in kinds or [p.stem for p in Path(suites_dir).glob("*.json")]:
-            path = Path(suites_dir) / f"{name}.json"
+        for path in (SUITES_DIR / f"{name}.json" for name in kinds):
             if path.is_file():
                 with engine.lock:
                     engine.definition(path)
-        if and_then is not None:
-            and_then()
+        and_then()
 
-    thread = threading.Thread(target=load, name="gx-warm-up", daemon=True)
-    thread.start()
-    _warming = thread
-    return thread
+    _warming = threading.Thread(target=load, name="gx-warm-up", daemon=True)
+    _warming.start()
 
 
 _warming: threading.Thread | None = None

@@ -68,14 +68,9 @@ def fingerprint(record: LaneRecord, host: HostFacts, base_dir: Path | None = Non
     where the inventory's relative paths start."""
     known = {m.path: m.sha256 for m in record.models if m.sha256 is not None}
     out = {f"{m.role}.sha256": str(m.sha256) for m in record.models}
-    if "drafter.sha256" not in out:
-        out["drafter.sha256"] = "none"
-    for k, v in sorted(record.engine_identity.items()):
-        if k != "path":
-            out[f"engine.{k}"] = str(v)
-    for k in ("digest", "image_id", "id"):
-        if record.image.get(k):
-            out[f"image.{k}"] = str(record.image[k])
+    out.setdefault("drafter.sha256", "none")
+    out |= {f"engine.{k}": str(v) for k, v in sorted(record.engine_identity.items()) if k != "path"}
+    out |= {f"image.{k}": str(record.image[k]) for k in ("digest", "image_id", "id") if record.image.get(k)}
     out["launch"] = _argv(record.launch_command, known, base_dir)
     facts = record.boot_facts
     extra = facts.get("extra")
@@ -83,9 +78,7 @@ def fingerprint(record: LaneRecord, host: HostFacts, base_dir: Path | None = Non
     out |= flat(_by_content({k: v for k, v in (extra if isinstance(extra, dict) else {}).items()
                               if not re.search(r"(_s|_ms|_seconds)$", k)}, base_dir, known), "server")
     out |= flat(_by_content(record.config.get("bench") or {}, base_dir, known), "bench")
-    for k in ("machine", "cpu", "cores", "memory_gib"):
-        out[f"host.{k}"] = str(getattr(host, k))
-    return out
+    return out | {f"host.{k}": str(getattr(host, k)) for k in ("machine", "cpu", "cores", "memory_gib")}
 
 
 def differences(current: dict[str, str], other: dict[str, str]) -> list[tuple[str, str | None, str | None]]:

@@ -8,6 +8,7 @@ half-written `manifest.json.tmp` and the reserve. Only passed lanes become basel
 from __future__ import annotations
 
 import hashlib
+import re
 import signal
 from collections.abc import Iterable
 from datetime import UTC, datetime
@@ -44,13 +45,10 @@ def install_stop_handlers() -> None:
     handler while a flow runs (raising TerminationSignal); it is bridged so the stop is recorded too."""
     signal.signal(signal.SIGINT, _on_stop)
     signal.signal(signal.SIGTERM, _on_stop)
-    try:
-        import prefect.utilities.engine as engine
-        from prefect.exceptions import TerminationSignal
-    except ImportError:
-        return
-    original = engine._prefect_sigterm_handler
-    if getattr(original, "_lanebench", False):
+    import prefect.utilities.engine as engine
+    from prefect.exceptions import TerminationSignal
+
+    if getattr(engine._prefect_sigterm_handler, "_lanebench", False):
         return
 
     class Terminated(TerminationSignal, KeyboardInterrupt):
@@ -115,15 +113,10 @@ def raise_if_stopped() -> None:
 def _last_seal(folder: Path, rel: str) -> tuple[int, str] | None:
     """The last whole `bytes digest` line of a raw file's seal (a torn last line is ignored)."""
     try:
-        text = (folder / SEALS / f"{rel}.seal").read_text()
+        seals = re.findall(r"^(\d+) (\S{64})\n", (folder / SEALS / f"{rel}.seal").read_text(), re.MULTILINE)
     except OSError:
         return None
-    last = None
-    for line in text.split("\n")[:-1]:
-        parts = line.split()
-        if len(parts) == 2 and parts[0].isdigit() and len(parts[1]) == 64:
-            last = (int(parts[0]), parts[1])
-    return last
+    return (int(seals[-1][0]), seals[-1][1]) if seals else None
 
 
 def _seal_problem(path: Path, size: int, digest: str) -> str | None:

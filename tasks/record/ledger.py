@@ -17,26 +17,19 @@ from pathlib import Path
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from tasks.hosts.files import file_sha256
 
 
-def ledger_dir() -> Path:
-    return Path(os.environ.get("LANEBENCH_LEDGER_DIR") or Path.home() / ".config" / "lanebench")
-
-
-def _key_path() -> Path:
-    return ledger_dir() / "ledger.key"
-
-
-def ledger_path() -> Path:
-    return ledger_dir() / "ledger.jsonl"
+def _path(name: str) -> Path:
+    """`ledger.key` or `ledger.jsonl` in LANEBENCH_LEDGER_DIR (default ~/.config/lanebench)."""
+    return Path(os.environ.get("LANEBENCH_LEDGER_DIR") or Path.home() / ".config" / "lanebench") / name
 
 
 def _private_key() -> Ed25519PrivateKey:
     """The user's signing key, created on first use (only the owner can read it)."""
-    path = _key_path()
+    path = _path("ledger.key")
     if path.exists():
         key = serialization.load_pem_private_key(path.read_bytes(), password=None)
         if not isinstance(key, Ed25519PrivateKey):
@@ -52,24 +45,13 @@ def _private_key() -> Ed25519PrivateKey:
     return key
 
 
-def _public_key() -> Ed25519PublicKey | None:
-    try:
-        return _private_key().public_key() if _key_path().exists() else None
-    except (OSError, ValueError):
-        return None
-
-
 def _body(entry: dict) -> bytes:
     return json.dumps({k: v for k, v in entry.items() if k != "sig"}, sort_keys=True, separators=(",", ":")).encode()
 
 
-def manifest_digest(folder: Path) -> str:
-    return file_sha256(folder / "manifest.json")
-
-
 def _lines() -> list[str]:
     try:
-        return ledger_path().read_text().splitlines()
+        return _path("ledger.jsonl").read_text().splitlines()
     except OSError:
         return []
 
@@ -78,19 +60,22 @@ def record(folder: Path) -> None:
     """Append the signed digest of `folder`'s manifest as it is now (its run has finished)."""
     key = _private_key()
     lines = _lines()
-    entry = {"run": folder.name, "manifest_sha256": manifest_digest(folder), "at": datetime.now(UTC).isoformat(),
-             "prev": hashlib.sha256(lines[-1].encode()).hexdigest() if lines else ""}
+    entry = {"run": folder.name, "manifest_sha256": file_sha256(folder / "manifest.json"),
+             "at": datetime.now(UTC).isoformat(), "prev": hashlib.sha256(lines[-1].encode()).hexdigest() if lines else ""}
     entry["sig"] = key.sign(_body(entry)).hex()
-    with ledger_path().open("a") as f:
+    with _path("ledger.jsonl").open("a") as f:
         f.write(json.dumps(entry, sort_keys=True) + "\n")
 
 
 def check(folder: Path) -> tuple[str, str]:
     """("verified" | "unverified" | "absent", one line why) for a run folder's manifest now."""
-    public = _public_key()
-    lines = _lines()
+    ledger = _path("ledger.jsonl")
+    try:
+        public = _private_key().public_key() if _path("ledger.key").exists() else None
+    except (OSError, ValueError):
+        public = None
     latest = None
-    for i, line in enumerate(lines):
+    for i, line in enumerate(_lines()):
         try:
             entry = json.loads(line)
         except ValueError:
@@ -98,17 +83,17 @@ def check(folder: Path) -> tuple[str, str]:
         if isinstance(entry, dict) and entry.get("run") == folder.name:
             latest = (i, entry)
     if latest is None or public is None:
-        return "absent", f"no entry for {folder.name} in the signed ledger {ledger_path()}"
+        return "absent", f"no entry for {folder.name} in the signed ledger {ledger}"
     i, entry = latest
     try:
         public.verify(bytes.fromhex(entry.get("sig", "")), _body(entry))
     except (InvalidSignature, ValueError):
-        return "unverified", f"its ledger entry (line {i + 1} of {ledger_path()}) has a bad signature"
+        return "unverified", f"its ledger entry (line {i + 1} of {ledger}) has a bad signature"
     try:
-        digest = manifest_digest(folder)
+        digest = file_sha256(folder / "manifest.json")
     except OSError as e:
         return "unverified", f"manifest.json cannot be read ({e.strerror})"
     if digest != entry["manifest_sha256"]:
         return "unverified", (f"manifest.json differs from the digest signed when the run finished ({entry['at']}, "
-                              f"{ledger_path()}): the folder was rewritten after the fact")
+                              f"{ledger}): the folder was rewritten after the fact")
     return "verified", f"manifest matches its signed ledger entry of {entry['at']}"

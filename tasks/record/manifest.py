@@ -3,7 +3,7 @@
 Every section is a model. A section another module builds from its own model (a lane's config,
 the boot facts, the matrix registration) is kept as dumped, a `JsonObject`: the record lies
 below those modules. `schema_version` says the shape; v0 folders (up to faf9901, no version;
-tests/fixtures/run-folders-v0) are read through `_from_v0`. `read_manifest` is the only parser,
+tests/fixtures/run-folders-v0) migrate in the models' `_v0` validators. `read_manifest` is the only parser,
 `RunFolder` (tasks/record/run_folder.py) the only writer.
 
 Paths a run folder names stay inside the artifacts folder (`confined`): a folder is data anyone
@@ -16,9 +16,9 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, JsonValue, ValidationError
+from pydantic import BaseModel, ConfigDict, JsonValue, ValidationError, field_validator, model_validator
 
 from tasks.hosts.gpu import GpuHostFacts
 from tasks.hosts.lock import Hold
@@ -126,6 +126,12 @@ class LaneRecord(_Section):
     bandwidth: Bandwidth | None = None
     capacity: JsonObject = {}  # the capacity plan's check before the curve (tasks/stages/capacity.py)
     fingerprint: dict[str, str] = {}  # what can move a number (tasks/record/fingerprint.py): comparisons hold it equal
+
+    @field_validator("host_lock", "bandwidth", mode="before")
+    @classmethod
+    def _v0(cls, value: Any) -> Any:
+        """v0 wrote `{}` for a section not recorded."""
+        return value or None
 
     def stopped_in(self) -> str:
         """The stage a failure or a stop happened in, not the teardown that followed it."""
@@ -272,6 +278,20 @@ class FlowRecord(_Section):
     kl: KlSection | None = None
     verdict: FlowVerdict | None = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _v0(cls, data: Any) -> Any:
+        """v0 kept the KL headline and flags and the reclaim's facts loose in `flow`."""
+        if not isinstance(data, dict) or not {"kl_headline", "kl_flags", "marked_at"} & data.keys():
+            return data
+        data = dict(data)
+        headline, flags = data.pop("kl_headline", None), data.pop("kl_flags", None)
+        if isinstance(data.get("kl"), dict):
+            data["kl"] = {**data["kl"], "headline": headline or "", "flags": flags or []}
+        if marked := data.pop("marked_at", None):
+            data["reclaim"] = {"marked_at": marked, "changed_after_crash": data.pop("changed_after_crash", None) or []}
+        return data
+
 
 class Manifest(_Section):
     schema_version: int = SCHEMA_VERSION
@@ -314,27 +334,6 @@ class ManifestError(ValueError):
         self.why = why
 
 
-def _from_v0(data: dict[str, JsonValue]) -> dict[str, JsonValue]:
-    """v0: empty dicts for absent sections, the KL headline and flags and the reclaim's facts loose in `flow`."""
-    flow = data.get("flow")
-    if isinstance(flow, dict):
-        kl = flow.get("kl")
-        headline, flags = flow.pop("kl_headline", None), flow.pop("kl_flags", None)
-        if isinstance(kl, dict):
-            kl.update(headline=headline or "", flags=flags or [])
-        marked, changed = flow.pop("marked_at", None), flow.pop("changed_after_crash", None)
-        if marked:
-            flow["reclaim"] = {"marked_at": marked, "changed_after_crash": changed or []}
-    lanes = data.get("lanes")
-    for lane in lanes.values() if isinstance(lanes, dict) else ():
-        if isinstance(lane, dict):
-            for key in ("host_lock", "bandwidth"):
-                if lane.get(key) == {}:
-                    lane[key] = None
-    data["schema_version"] = 1
-    return data
-
-
 def parse_manifest(text: str, where: str = "manifest.json") -> Manifest:
     try:
         data = json.loads(text)
@@ -343,10 +342,7 @@ def parse_manifest(text: str, where: str = "manifest.json") -> Manifest:
                             "truncated or edited") from None
     if not isinstance(data, dict):
         raise ManifestError(where, "not a JSON object")
-    version = data.get("schema_version", 0)
-    if version == 0:
-        data = _from_v0(data)
-    elif version != SCHEMA_VERSION:
+    if (version := data.get("schema_version", SCHEMA_VERSION)) != SCHEMA_VERSION:
         raise ManifestError(where, f"schema_version {version} is newer than this lanebench reads "
                             f"({SCHEMA_VERSION}); fix: update lanebench")
     try:

@@ -22,16 +22,6 @@ URL_ENV = "LANEBENCH_NOTIFY_URL"
 BLOCK_ENV = "LANEBENCH_NOTIFY_BLOCK"
 
 
-def run_folder(artifacts_root: str | None, flow_name: str, flow_run_id: str) -> Path | None:
-    if not artifacts_root:
-        return None
-    from tasks.record.store import Store, run_folder_name
-
-    root = Store(artifacts_root).local_root  # a store's run folder was written in its local mirror
-    name = run_folder_name(str(root), flow_name, flow_run_id)
-    return root / name if name else None
-
-
 class Regression(BaseModel):
     lane: str
     metric: str
@@ -104,8 +94,11 @@ def on_failure(flow: Any, flow_run: Any, state: Any) -> None:
         return
     logger = get_logger("lanebench.notify")
     try:
-        params = flow_run.parameters or {}
-        folder = run_folder(params.get("artifacts_root"), flow.name, str(flow_run.id))
+        from tasks.record.progress import written_by
+        from tasks.record.store import Store
+
+        root = (flow_run.parameters or {}).get("artifacts_root")  # a store's run folder was written in its local mirror
+        folder = written_by(Store(root).local_root, flow.name, str(flow_run.id)) if root else None
         body = payload(flow.name, str(flow_run.id), flow_run.name, state.name, state.message or "", folder)
     except Exception:  # a broken notifier must never change the run's outcome
         logger.exception("failure notification could not be built")

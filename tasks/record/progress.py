@@ -20,11 +20,14 @@ def say(message: str) -> None:
     _console.print(message)
 
 
-def run_folder_of(state: Any, artifacts: Path, flow: str) -> Path | None:
-    """The folder a flow run wrote (named `<time>_<flow>_<first 8 of the flow-run id>`)."""
-    run_id = str(state.state_details.flow_run_id or "")
-    folders = sorted(artifacts.glob(f"*_{flow}_{run_id[:8]}")) if run_id else []
+def written_by(root: str | Path, flow: str, flow_run_id: str) -> Path | None:
+    """The folder a flow run wrote under `root` (named `<time>_<flow>_<first 8 of the flow-run id>`)."""
+    folders = sorted(Path(root).glob(f"*_{flow}_{flow_run_id[:8]}")) if flow_run_id else []
     return folders[-1] if folders else None
+
+
+def run_folder_of(state: Any, artifacts: Path, flow: str) -> Path | None:
+    return written_by(artifacts, flow, str(state.state_details.flow_run_id or ""))
 
 
 def closing(state: Any, folder: Path | None, passed: str, failed: str) -> bool:

@@ -198,15 +198,6 @@ def compare_lane(con: Any, run: str, lane: str, policy: RegressionPolicy) -> Lan
     return LaneComparison(lane=lane, rows=rows, config_changes=changes, refused=refused)
 
 
-def compare_run(con: Any, run: str, policy: RegressionPolicy | None = None) -> dict[str, LaneComparison]:
-    """Every passed lane of `run` with headline metrics against its baseline window (a KL run's
-    candidates are lanes whose `kl_summary` is complete)."""
-    policy = policy or RegressionPolicy()
-    lanes = [r[0] for r in con.execute(
-        "SELECT DISTINCT lane FROM metrics WHERE run = ? AND headline AND passed ORDER BY lane", [run]).fetchall()]
-    return {lane: compare_lane(con, run, lane, policy) for lane in lanes}
-
-
 def describe(row: RegressionRow) -> str:
     """`rehearsal tok_s@c1 -31.2% [-38.0%, -24.9%] (12.1 vs 17.6 over 3 runs)`."""
     if row.change_pct is None:
@@ -215,4 +206,4 @@ def describe(row: RegressionRow) -> str:
             f"({row.current:.4g} vs {row.baseline:.4g} over {row.baseline_runs} runs)")
 
 
-__all__ = ["LaneComparison", "RegressionPolicy", "RegressionRow", "compare_lane", "compare_run", "describe"]
+__all__ = ["LaneComparison", "RegressionPolicy", "RegressionRow", "compare_lane", "describe"]

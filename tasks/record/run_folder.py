@@ -25,7 +25,6 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from typing import Literal
 from contextlib import contextmanager, suppress
 from datetime import UTC, datetime
 from pathlib import Path
@@ -158,10 +157,9 @@ class RunFolder:
         not per record: inside a wave's event loop, a save per record held it for milliseconds."""
         rel = f"{lane}/{name}"
         path = self.lane_dir(lane) / name
-        line = record.model_dump_json() + "\n"
+        data = (record.model_dump_json() + "\n").encode()
         with self._lock:
             size = path.stat().st_size if path.exists() else 0
-            data = line.encode()
             # A file this process did not start (never, in a run) is sealed as found.
             sealed = (self._seals.get(rel) or hashlib.sha256(path.read_bytes() if size else b"")).copy()
             sealed.update(data)
@@ -181,7 +179,7 @@ class RunFolder:
                 self._refresh(rel)
                 self.save_manifest()
 
-    def _refresh(self, rel: str, kind: str | None = None) -> None:
+    def _refresh(self, rel: str) -> None:
         """List a live file (or refresh its hash); its kind is kept once a stage has named it."""
         path = self.path / rel
         if not path.is_file() or (rel in self._pinned and self._pinned[rel] is None):
@@ -191,7 +189,7 @@ class RunFolder:
             if entry.path == rel:
                 entry.sha256 = digest
                 return
-        kind = kind or ("boot-log" if rel.endswith(".log") else "raw")
+        kind = "boot-log" if rel.endswith(".log") else "raw"
         self.manifest.artifacts.append(ArtifactEntry(path=rel, kind=kind, lane=rel.split("/", 1)[0], sha256=digest))
 
     def _digest(self, rel: str) -> str:
@@ -244,10 +242,8 @@ class RunFolder:
             except OSError as e:
                 error = e
             (self.path / RESERVE).unlink(missing_ok=True)
-            try:
+            with suppress(OSError):  # the last manifest written stays; the next save may fit
                 self._write_manifest()
-            except OSError:
-                pass  # the last manifest written stays; the next save may fit
             if not quiet and self.write_error is None:
                 self._failed_write("manifest.json", error)
 
@@ -261,7 +257,7 @@ class RunFolder:
     def write_table(self, lane: str, kind: str, records: Sequence[BaseModel]) -> tuple[pd.DataFrame, ArtifactEntry]:
         """Validate a table against its GX suite, then write it as a result or into quarantine."""
         df = pd.DataFrame([r.model_dump() for r in records])
-        return df, self._validated(lane, kind, df, table=True)
+        return df, self._validated(lane, kind, df)
 
     def validate_raw(self, lane: str, name: str, kind: str) -> ArtifactEntry | None:
         """Validate a raw JSONL file in place (raw records are kept even when they fail)."""
@@ -270,22 +266,22 @@ class RunFolder:
             return None
         return self._validated(lane, kind, pd.read_json(path, lines=True, convert_dates=False), raw=name)
 
-    def _validated(self, lane: str, kind: str, df: pd.DataFrame, table: bool = False, raw: str = "") -> ArtifactEntry:
-        """Run the kind's GX suite on `df`; write and list its result and the table (quarantined on failure)."""
+    def _validated(self, lane: str, kind: str, df: pd.DataFrame, raw: str = "") -> ArtifactEntry:
+        """Run the kind's GX suite on `df`; list its result and the table (written, quarantined on failure) or `raw` file."""
         t0 = time.perf_counter()
         outcome = validate(kind, df)
         seconds = time.perf_counter() - t0
         (self.lane_dir(lane) / "validation").mkdir(exist_ok=True)
         rel = f"{lane}/{raw}" if raw else f"{lane}/{'' if outcome.success else 'quarantine/'}{kind}.parquet"
         vrel = f"{lane}/validation/{kind}.json"
-        written = [self.path / vrel] + ([self.path / rel] if table else [])
+        written = [self.path / vrel] + ([] if raw else [self.path / rel])
         try:
-            if table:
+            if not raw:
                 (self.path / rel).parent.mkdir(exist_ok=True)
                 df.to_parquet(self.path / rel, index=False)
             (self.path / vrel).write_text(json.dumps(outcome.result, indent=2, default=str))
         except OSError as e:
-            self._failed_write(rel if table else vrel, e, *written)
+            self._failed_write(vrel if raw else rel, e, *written)
         with self.edit():
             self.register(lane, vrel, "validation")
             entry = self.register(lane, rel, kind, rows=len(df))
@@ -303,11 +299,11 @@ class RunFolder:
                     f"{need / (1 << 20):.0f} MiB a lane may write (LANEBENCH_MIN_FREE_MB)")
         return None
 
-    def finish(self, status: Literal["finished", "interrupted"] = "finished") -> None:
+    def finish(self) -> None:
         with self.edit() as m:
             m.flow.finished_at = datetime.now(UTC).isoformat()
             if m.flow.status == "running":
-                m.flow.status = status
+                m.flow.status = "finished"
             (self.path / RESERVE).unlink(missing_ok=True)
         shutil.rmtree(self.path / SEALS, ignore_errors=True)  # the manifest holds every final digest
 

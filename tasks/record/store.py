@@ -19,6 +19,7 @@ import hashlib
 import os
 import shutil
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -175,7 +176,7 @@ class Store:
             shutil.rmtree(tmp, ignore_errors=True)
         return target
 
-    def sync(self, on_refused=None) -> Path:
+    def sync(self, on_refused: Callable[[str], object]) -> Path:
         """Every published run folder into the local mirror (returned); one whose files do not match
         its manifest stays out, and `on_refused` gets the line."""
         root = self.local_root
@@ -185,15 +186,8 @@ class Store:
                 try:
                     self.fetch(name, root)
                 except StoreError as e:
-                    if on_refused is not None:
-                        on_refused(f"store: refused {e}")
+                    on_refused(f"store: refused {e}")
         return root
-
-
-def run_folder_name(root: str, flow: str, flow_run_id: str) -> str | None:
-    """The run folder a flow run wrote under a local root (`<time>_<flow>_<id8>`), if any."""
-    found = sorted(Path(root).glob(f"*_{flow}_{flow_run_id[:8]}"))
-    return found[-1].name if found else None
 
 
 def in_store(artifacts_root: str, flow: str, flow_run_id: str, body):
@@ -203,13 +197,12 @@ def in_store(artifacts_root: str, flow: str, flow_run_id: str, body):
     store = Store(artifacts_root)
     if not store.remote:
         return body(artifacts_root)
-    from tasks.record.progress import progress
+    from tasks.record.progress import progress, written_by
 
     root = store.sync(on_refused=lambda line: progress(flow, line))
     try:
         return body(str(root))
     finally:
-        name = run_folder_name(str(root), flow, flow_run_id)
-        if name is not None:
-            address = store.publish(root / name)
+        if (folder := written_by(root, flow, flow_run_id)) is not None:
+            address = store.publish(folder)
             progress(flow, f"published {address} (every file's sha256 checked in the store)")

@@ -25,10 +25,6 @@ EXIT_CODES: dict[str, int] = {"passed": 0, "failed": 1, "nothing-measured": 3, "
 class Verdict(BaseModel):
     outcome: Outcome
     line: str  # the closing line, without the run folder
-    passed: list[str] = []
-    failed: list[str] = []
-    skipped: dict[str, str] = {}  # lane -> reason
-    interrupted: list[str] = []
 
     @property
     def exit_code(self) -> int:
@@ -39,30 +35,21 @@ class Verdict(BaseModel):
         return FlowVerdict(outcome=self.outcome, exit_code=self.exit_code, line=self.line)
 
 
-def night_verdict(flow: str, lanes: dict[str, LaneRecord], problems: list[str], interrupted: bool = False) -> Verdict:
+def night_verdict(flow: str, lanes: dict[str, LaneRecord], problems: list[str]) -> Verdict:
     """`problems`: failures beyond the lanes (regressions, a report that could not be written)."""
-    v = Verdict(outcome="passed", line="")
-    for name, r in lanes.items():
-        if r.status == "skipped":
-            v.skipped[name] = r.reason
-        else:  # a lane still running or interrupted did not finish
-            {"passed": v.passed, "failed": v.failed}.get(r.status, v.interrupted).append(name)
-    counts = ", ".join(f"{len(names)} {word}" for names, word in ((v.passed, "passed"), (v.failed, "failed"),
-                       (v.skipped, "skipped"), (v.interrupted, "interrupted")) if names)
-    skipped = "; ".join(f"{n} skipped: {why}" for n, why in v.skipped.items())
-    if v.failed or problems:
-        v.outcome = "failed"
-        v.line = f"{flow} failed ({counts or 'no lane'}): " + "; ".join(
-            [f"{n}: {lanes[n].reason}" for n in v.failed] + problems)
-    elif interrupted or v.interrupted:
-        v.outcome = "interrupted"
-        v.line = f"{flow} interrupted ({counts or 'no lane'}): what was measured so far is kept"
-    elif not v.passed:
-        v.outcome = "nothing-measured"
-        v.line = f"{flow} measured nothing ({counts or 'no lane'})" + (f": {skipped}" if skipped else "")
-    else:
-        v.line = f"{flow} passed ({counts})" + (f": {skipped}" if skipped else "")
-    return v
+    by: dict[str, list[str]] = {"passed": [], "failed": [], "skipped": [], "interrupted": []}
+    for name, r in lanes.items():  # a lane still running or interrupted did not finish
+        by[r.status if r.status in ("passed", "failed", "skipped") else "interrupted"].append(name)
+    counts = ", ".join(f"{len(names)} {word}" for word, names in by.items() if names) or "no lane"
+    skipped = ": " + "; ".join(f"{n} skipped: {lanes[n].reason}" for n in by["skipped"]) if by["skipped"] else ""
+    if by["failed"] or problems:
+        why = "; ".join([f"{n}: {lanes[n].reason}" for n in by["failed"]] + problems)
+        return Verdict(outcome="failed", line=f"{flow} failed ({counts}): {why}")
+    if by["interrupted"]:
+        return Verdict(outcome="interrupted", line=f"{flow} interrupted ({counts}): what was measured so far is kept")
+    if not by["passed"]:
+        return Verdict(outcome="nothing-measured", line=f"{flow} measured nothing ({counts}){skipped}")
+    return Verdict(outcome="passed", line=f"{flow} passed ({counts}){skipped}")
 
 
 # Prefect has no Skipped or NothingMeasured state: a completed flow run carries the outcome in its state name.

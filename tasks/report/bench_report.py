@@ -16,18 +16,18 @@ SEEDS_TRADE = ("The seeds' trade, for reading it: 640 state slots left a 201K-to
                "user at 48 users; 254 slots gave 56K tokens per user at 32.")
 
 
-def _num(v: object, fmt: str = "{:.3g}") -> str:
+def num(v: object, fmt: str = "{:.4g}") -> str:
     return "" if v is None or (isinstance(v, float) and pd.isna(v)) else fmt.format(v)
 
 
 def prefill_lines(df: pd.DataFrame) -> list[str]:
     table = pd.DataFrame({
-        "rung": df.rung, "prompt tokens": [_num(v, "{:.0f}") for v in df.prompt_tokens],
-        "cold TTFT s": [_num(v, "{:.4f}") for v in df.cold_ttft_s],
-        "prefill tok/s (cold)": [_num(v, "{:.0f}") for v in df.prefill_tok_s],
-        "warm TTFT s": [_num(v, "{:.4f}") for v in df.warm_ttft_s],
-        "warm tok/s (cache)": [_num(v, "{:.0f}") for v in df.warm_tok_s],
-        "cache speedup": [_num(v, "{:.2f}x") for v in df.cache_speedup],
+        "rung": df.rung, "prompt tokens": [num(v, "{:.0f}") for v in df.prompt_tokens],
+        "cold TTFT s": [num(v, "{:.4f}") for v in df.cold_ttft_s],
+        "prefill tok/s (cold)": [num(v, "{:.0f}") for v in df.prefill_tok_s],
+        "warm TTFT s": [num(v, "{:.4f}") for v in df.warm_ttft_s],
+        "warm tok/s (cache)": [num(v, "{:.0f}") for v in df.warm_tok_s],
+        "cache speedup": [num(v, "{:.2f}x") for v in df.cache_speedup],
         "status": [s if not r else f"{s}: {r}" for s, r in zip(df.status, df.reason)],
     })
     return [frame(table), "", "Each rung is one prompt that opens with a fresh nonce, so no prefix cache holds any of it: "
@@ -53,14 +53,14 @@ def capacity_lines(df: pd.DataFrame, check: dict) -> list[str]:
     first = df.iloc[0]
     cap = "not stated" if pd.isna(first.running_cap) else f"{int(first.running_cap)}"
     head = (f"Pool: {int(first.pool_tokens)} KV tokens ({first.pool_shape}), running-request cap {cap}, typical "
-            f"request {_num(first.typical_tokens, '{:.0f}')} tokens (prompt + output).")
+            f"request {num(first.typical_tokens, '{:.0f}')} tokens (prompt + output).")
     table = pd.DataFrame({
         "users": df.users, "context per user": df.context_per_user,
         "within cap": ["yes" if v else "no: queued" for v in df.fits_cap],
         "typical request fits": ["yes" if v else "**no**" for v in df.typical_fits],
-        "state slots (needed/have)": [f"{_num(a, '{:.0f}')}/{_num(b, '{:.0f}')}" if not pd.isna(a) else ""
+        "state slots (needed/have)": [f"{num(a, '{:.0f}')}/{num(b, '{:.0f}')}" if not pd.isna(a) else ""
                                       for a, b in zip(df.state_slots_needed, df.state_slots)],
-        "KV bytes per seat": [_num(v, "{:.3g}") or "not stated" for v in df.kv_bytes_per_seat],
+        "KV bytes per seat": [num(v, "{:.3g}") or "not stated" for v in df.kv_bytes_per_seat],
         "decode level": ["yes" if v else "" for v in df.declared],
     })
     out = [head, ""]
@@ -74,12 +74,12 @@ def capacity_lines(df: pd.DataFrame, check: dict) -> list[str]:
 
 def queueing_lines(df: pd.DataFrame) -> list[str]:
     table = pd.DataFrame({
-        "C": df.concurrency, "regime": df.regime, "cap": [_num(v, "{:.0f}") for v in df.running_cap],
-        "beyond cap": df.beyond_cap, "TTFT p50 s": [_num(v, "{:.3f}") for v in df.ttft_p50_s],
-        "queue wait p50 s": [_num(v, "{:.3f}") for v in df.queue_wait_p50_s],
-        "queue wait p95 s": [_num(v, "{:.3f}") for v in df.queue_wait_p95_s],
-        "served TTFT p50 s": [_num(v, "{:.3f}") for v in df.served_ttft_p50_s],
-        "queued (gauge peak / mean)": [f"{_num(p, '{:.0f}')} / {_num(m, '{:.1f}')} ({g})" if g else "no gauge"
+        "C": df.concurrency, "regime": df.regime, "cap": [num(v, "{:.0f}") for v in df.running_cap],
+        "beyond cap": df.beyond_cap, "TTFT p50 s": [num(v, "{:.3f}") for v in df.ttft_p50_s],
+        "queue wait p50 s": [num(v, "{:.3f}") for v in df.queue_wait_p50_s],
+        "queue wait p95 s": [num(v, "{:.3f}") for v in df.queue_wait_p95_s],
+        "served TTFT p50 s": [num(v, "{:.3f}") for v in df.served_ttft_p50_s],
+        "queued (gauge peak / mean)": [f"{num(p, '{:.0f}')} / {num(m, '{:.1f}')} ({g})" if g else "no gauge"
                                        for p, m, g in zip(df.deferred_peak, df.deferred_mean, df.queue_gauge)],
     })
     return [frame(table), "", "Levels the lane declared `beyond_cap: queue`, run above the server's running-request "

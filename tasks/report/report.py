@@ -20,6 +20,7 @@ from tasks.client.metrics import SERVER_AGREE_PCT
 from tasks.record.markdown import frame
 from tasks.correctness import record as correctness
 from tasks.report import bench_report
+from tasks.report.bench_report import num
 from tasks.record.gpu_report import bandwidth_note, gpu_lines
 from tasks.record.speculation import speculation_verdicts
 from tasks.record.run_folder import RunFolder
@@ -44,7 +45,7 @@ def decode_table(df: pd.DataFrame) -> pd.DataFrame:
     if "unstable" in df:  # host noise beside each level (tasks/hosts/noise.py)
         out["spread %"] = [f"{s:.3g} UNSTABLE" if u else f"{s:.3g}" for s, u in zip(df.aggregate_spread_pct, df.unstable)]
         out["load 1m / busy % / steal %"] = [
-            "/".join("-" if v is None or pd.isna(v) else f"{v:.3g}" for v in (lo, b, st))
+            "/".join(num(v, "{:.3g}") or "-" for v in (lo, b, st))
             for lo, b, st in zip(df.load_1m_before, df.busy_pct, df.steal_pct)]
         out["context-cut %"] = [f"{100 * v:.0f}" for v in df.context_truncated_share]
     # Enough to say anything: one repeat has no spread, a p95 under 20 requests is near their maximum.
@@ -69,7 +70,7 @@ def decode_table(df: pd.DataFrame) -> pd.DataFrame:
         out["server tok/s (gap)"] = ["-" if pd.isna(s) else f"{s:.1f} ({g:+.1f} %){' DISAGREES' if abs(g) > SERVER_AGREE_PCT else ''}"
                                      for s, g in zip(df.server_tok_s, df.server_gap_pct)]
     if "bandwidth_share" in df and df.bandwidth_share.notna().any():  # beside the C=1 row (tasks/stages/limits.py)
-        out["bandwidth share"] = ["" if v is None or pd.isna(v) else f"{v:.3g}" for v in df.bandwidth_share]
+        out["bandwidth share"] = [num(v, "{:.3g}") for v in df.bandwidth_share]
     return out
 
 
@@ -98,18 +99,17 @@ def _acceptance_meaning(df: pd.DataFrame) -> dict:
     step, acceptance without budget-cut draft steps, the interval over prompts, truncated share."""
     if "tokens_per_pass" not in df or df.tokens_per_pass.isna().all():
         return {}
-
-    def f(v: float | None, fmt: str = ".2f") -> str:
-        return "-" if v is None or pd.isna(v) else format(v, fmt)
+    def f(v: float | None, fmt: str = "{:.2f}") -> str:
+        return num(v, fmt) or "-"
 
     return {
         "tokens / target pass": [f(v) for v in df.tokens_per_pass],
-        "drafted steps %": [f(None if pd.isna(v) else 100 * v, ".0f") for v in df.drafted_share],
+        "drafted steps %": [f(None if pd.isna(v) else 100 * v, "{:.0f}") for v in df.drafted_share],
         "AL without budget-cut steps": [f"{f(v)} ({int(c)} cut)" for v, c in
                                         zip(df.acceptance_length_full_steps, df.budget_cut_steps)],
         "95% interval over prompts": [f"[{f(lo)}, {f(hi)}] of {n}{'' if ok else ' (too few: no verdict)'}"
                                       for lo, hi, n, ok in zip(df.ci_low, df.ci_high, df.prompts, df.enough_prompts)],
-        "context-truncated %": [f(100 * v, ".0f") for v in df.truncated_share],
+        "context-truncated %": [f(100 * v, "{:.0f}") for v in df.truncated_share],
     }
 
 
@@ -130,24 +130,20 @@ _PLOT_TITLES = {"concurrency.png": "Decode curve", "acceptance.png": "Per-positi
 _EMBED_LIMIT = 400_000  # bytes of PNG inlined into one Prefect artifact at most
 
 
-def _num(v: float | None) -> str:
-    return "" if v is None or pd.isna(v) else f"{v:.4g}"
-
-
 def regression_table(df: pd.DataFrame) -> pd.DataFrame:
     def baseline(r: Any) -> str:
         if not r.baseline_runs:
             return "none"
         if pd.isna(r.baseline):
-            return f"{_num(r.baseline_min)}..{_num(r.baseline_max)} ({int(r.baseline_runs)}, too few)"
-        return f"{_num(r.baseline)} ({int(r.baseline_runs)}, ±{r.baseline_spread_pct:.1f}%)"
+            return f"{num(r.baseline_min)}..{num(r.baseline_max)} ({int(r.baseline_runs)}, too few)"
+        return f"{num(r.baseline)} ({int(r.baseline_runs)}, ±{r.baseline_spread_pct:.1f}%)"
 
     rows = list(df.itertuples())
     return pd.DataFrame({
         "metric": df.metric,
-        "tonight": [_num(v) for v in df.current],
+        "tonight": [num(v) for v in df.current],
         "baseline (runs, spread)": [baseline(r) for r in rows],
-        "noise band": ["" if pd.isna(r.change_pct) else f"{_num(r.band_low)}..{_num(r.band_high)}" for r in rows],
+        "noise band": ["" if pd.isna(r.change_pct) else f"{num(r.band_low)}..{num(r.band_high)}" for r in rows],
         "change [interval]": ["" if pd.isna(r.change_pct) else
                               f"{r.change_pct:+.1f}% [{r.ci_low_pct:+.1f}%, {r.ci_high_pct:+.1f}%]" for r in rows],
         "min effect": [f"{v:g}%" for v in df.min_effect_pct],
@@ -176,8 +172,8 @@ def _regression_summary(run: RunFolder) -> list[str]:
         df = pd.read_parquet(run.path / entry.path)
         for r in df[df.verdict.isin(["regression", "improvement"])].itertuples():
             flagged.append(f"- **{r.verdict}** {r.lane} `{r.metric}`: {r.change_pct:+.1f}% "
-                           f"[{r.ci_low_pct:+.1f}%, {r.ci_high_pct:+.1f}%], {_num(r.current)} against "
-                           f"{_num(r.baseline)} over {int(r.baseline_runs)} runs")
+                           f"[{r.ci_low_pct:+.1f}%, {r.ci_high_pct:+.1f}%], {num(r.current)} against "
+                           f"{num(r.baseline)} over {int(r.baseline_runs)} runs")
         judged = int((~df.verdict.isin(["no baseline", "too few samples", "not comparable"])).sum())
         if not judged and entry.lane not in m.flow.comparison_refused:
             out.append(f"- {entry.lane}: no baseline yet ({len(df)} metrics, fewer than "
