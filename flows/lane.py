@@ -47,7 +47,7 @@ from tasks.serving.deadlines import ServerDied
 from tasks.stages.decode_curve import decode_curve
 from tasks.stages.gates import GateFailed, conservative_cap
 from tasks.stages.limits import with_bandwidth_share
-from tasks.inventory.load import resolve
+from tasks.inventory.paths import resolve
 from tasks.stages.safety import acceptance_findings, noise_findings
 from tasks.stages.serve import Served, served_lane
 from tasks.stages.warmup import warmup

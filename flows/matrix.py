@@ -29,7 +29,7 @@ from prefect.states import Completed, Failed, State
 from flows.lanes import LaneJob, run_lane
 from flows.lifecycle import NOTIFY, Closing, in_artifacts, open_run, run_lifecycle, table_artifact, write_report
 from flows.lane import MATRIX_ARM
-from tasks.inventory.paths import REPO
+from tasks.inventory.paths import REPO, resolve
 from tasks.hosts.files import model_sha256, sha256_of
 from tasks.hosts.lock import limit_name
 from tasks.engines import engine_for
@@ -48,8 +48,7 @@ MATRIX_DIR = "matrix"  # run-folder folder of the cross-arm tables and plots
 
 
 def _in_repo(p: str) -> Path:
-    q = Path(p).expanduser()
-    return q if q.is_absolute() else (REPO / q).resolve()
+    return resolve(REPO, p)
 
 
 def _run_name() -> str:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tasks.inventory.base import ConfigError
 from tasks.inventory.load import load_inventory
 
 from tasks.engines import engine_for
@@ -142,3 +143,30 @@ def test_missing_file_and_unknown_lane(tmp_path):
     assert r.returncode == 2 and "absent.yaml" in r.stderr and "Fix:" in r.stderr
     r = run_cli("nightly", "--lane", "gb300-daily")
     assert r.returncode == 2 and "--lane gb300-daily" in r.stderr and "rehearsal" in r.stderr
+
+
+def test_a_home_relative_path_is_checked_where_the_run_reads_it(tmp_path, monkeypatch):
+    """`~/...` in an input file means the same file to the input check, preflight and the run (one
+    `resolve`): a prompt set under ~ is accepted, a model under ~ has its magic bytes checked, an
+    API key file under ~ is read. Each of these once joined `~` onto the inventory's folder."""
+    from tasks.inventory import api_key
+    from tasks.stages.input_files import check_prompt_files
+
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    (home / "prose.jsonl").write_bytes((REPO / "testbed/prompts/prose.jsonl").read_bytes())
+    (home / "target.gguf").write_bytes(b"not a model")
+    (home / "key").write_text("k-123\n")
+    data = _mutate("lanes.rehearsal.bench.acceptance.classes.prose", "~/prose.jsonl")(shipped())
+    path = write(tmp_path, data)
+    check_prompt_files(load_inventory(path, engine_for), path)  # the prompt set under ~ is found
+
+    data = _mutate("lanes.rehearsal.model.path", "~/target.gguf")(data)
+    (tmp_path / "m").mkdir()
+    other = write(tmp_path / "m", data)
+    with pytest.raises(ConfigError, match=r"lanes\.rehearsal\.model\.path.*is not a GGUF file"):
+        check_prompt_files(load_inventory(other, engine_for), other)
+
+    lane = load_inventory(path, engine_for).lanes["rehearsal"].model_copy(update={"api_key_file": "~/key"})
+    assert api_key.resolve(lane, tmp_path) == "k-123"

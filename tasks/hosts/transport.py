@@ -36,6 +36,7 @@ from pydantic import BaseModel
 
 from tasks.hosts.owner import Owner
 from tasks.hosts.retry import retrying
+from tasks.inventory.paths import resolve
 
 if TYPE_CHECKING:
     from tasks.hosts.listener import Listeners
@@ -324,5 +325,4 @@ class LocalTransport(Transport):
 
 def resolve_path(value: str | None, default: str, base_dir: Path) -> Path:
     """A config path: `~` expanded, relative to the inventory's folder."""
-    path = Path(os.path.expanduser(value if value is not None else default))
-    return path if path.is_absolute() else (Path(base_dir) / path).resolve()
+    return resolve(Path(base_dir), value if value is not None else default)

@@ -14,6 +14,7 @@ from typing import Any
 from tasks.inventory import secrets
 from tasks.inventory.base import _RefError
 from tasks.inventory.flag_conflicts import RULES
+from tasks.inventory import paths
 
 _FIX = "export the key in lanebench's environment and name it: api_key_env: LANE_API_KEY (or api_key_file: PATH)"
 
@@ -55,7 +56,7 @@ def resolve(lane: Any, base_dir: Path) -> str | None:
                                  f"(export {lane.api_key_env}=... where lanebench and its workers run)")
         return _checked(value, f"${lane.api_key_env}")
     if lane.api_key_file is not None:
-        path = Path(lane.api_key_file) if Path(lane.api_key_file).is_absolute() else base_dir / lane.api_key_file
+        path = paths.resolve(base_dir, lane.api_key_file)
         try:
             lines = path.read_text().splitlines()
         except OSError as e:

@@ -25,16 +25,10 @@ def load_inventory(path: str | Path, engine_for: EngineFor) -> Inventory:
 DEFAULT_INVENTORY = REPO / "hosts.yaml"
 
 
-def resolve(base_dir: Path, p: str) -> Path:
-    """A path a file states, relative to that file's folder (`~` expanded)."""
-    q = Path(p).expanduser()
-    return q if q.is_absolute() else (base_dir / q).resolve()
-
-
 def shipped_or_local(base: Path, rel: str) -> Path:
     """A file the inventory names, relative to its folder, else in the checkout (the shipped tool suites,
     protocol and chat templates work from an inventory kept anywhere)."""
-    p = Path(rel)
+    p = Path(rel).expanduser()
     if p.is_absolute():
         return p
     local = (base / p).resolve()

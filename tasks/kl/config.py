@@ -18,7 +18,8 @@ from tasks.engines import engine_for
 from tasks.inventory.models import BenchPlan, ConfigError, DecodePlan, FileRef, Host, Inventory, Lane
 from tasks.inventory.base import _RefError, _Strict
 from tasks.inventory.config_file import load_model, validate
-from tasks.inventory.load import DEFAULT_INVENTORY, load_inventory, resolve
+from tasks.inventory.load import DEFAULT_INVENTORY, load_inventory
+from tasks.inventory.paths import resolve
 # Text every lane tokenizes before it is trusted: KL compares token ids, so one vocabulary.
 TOKENIZER_PROBE = ("The quick brown fox jumps over the lazy dog. 1234567890 \"quotes\", (parens) "
                    "and\ttabs\nnew lines; def f(x): return x ** 2  # code\n{\"tool\": \"call\"}")

@@ -17,7 +17,8 @@ from tasks.inventory.models import _NAME, AcceptancePlan, BenchPlan, ConfigError
 from tasks.inventory.flag_conflicts import flag_values
 from tasks.inventory.base import _Strict
 from tasks.inventory.config_file import config_error, load_model
-from tasks.inventory.load import DEFAULT_INVENTORY, load_inventory, resolve
+from tasks.inventory.load import DEFAULT_INVENTORY, load_inventory
+from tasks.inventory.paths import resolve
 from tasks.matrix.bars import METRICS, Bar
 
 _DOC = "matrix/README.md"

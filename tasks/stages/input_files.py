@@ -13,6 +13,7 @@ from tasks.correctness.tool_grader import load_suite
 from tasks.engines import engine_for
 from tasks.inventory.base import ConfigError
 from tasks.inventory.load import shipped_or_local
+from tasks.inventory.paths import resolve
 from tasks.inventory.models import Inventory, Lane, load_protocol
 
 
@@ -26,7 +27,7 @@ def check_prompt_files(inventory: Inventory, path: str | Path) -> None:
         if lane.bench.prefill is not None and lane.bench.prefill.prompts is not None:
             files |= {f"lanes.{name}.bench.prefill.prompts": lane.bench.prefill.prompts}
         for field, rel in files.items():
-            target = Path(rel) if Path(rel).is_absolute() else base / rel
+            target = resolve(base, rel)
             fix = "point it at a JSONL file of {id, class, prompt} lines (paths are relative to this file)"
             if not target.is_file():
                 raise ConfigError(path, field, f"prompt file {target} does not exist" if not target.exists() else
@@ -62,7 +63,7 @@ def check_model_files(name: str, lane: Lane, inventory: Inventory, base: Path, p
                               "give the file's absolute path, or a path under the inventory's folder")
         if host.transport != "local" or lane.image is not None:
             continue  # on another host or inside a container: preflight checks it there
-        target = Path(ref.path) if Path(ref.path).is_absolute() else base / ref.path
+        target = resolve(base, ref.path)
         if not target.exists():
             continue
         engine = engine_for(lane.engine)

@@ -17,7 +17,7 @@ from pydantic import BaseModel
 from tasks.engines import engine_for
 from tasks.engines.build import BuildError, llama_cpp_bin_dir
 from tasks.inventory import api_key
-from tasks.inventory.load import resolve
+from tasks.inventory.paths import resolve
 from tasks.inventory.models import FileRef, Host, Inventory, Lane
 from tasks.record.manifest import ModelFacts
 from tasks.hosts.files import folder_sha256, sha256_of

@@ -38,7 +38,7 @@ from tasks.stages.boot import NodeLost, boot, read_facts, stop
 from tasks.serving.live import Endpoint, Placement, Server, Worker
 from tasks.stages.gates import GateFailed, capacity_gate, counter_gate, scrape_metrics
 from tasks.record.progress import progress
-from tasks.inventory.load import resolve
+from tasks.inventory.paths import resolve
 from tasks.stages.preflight import Preflight, model_paths, preflight
 from tasks.stages.safety import (as_gate, effective_findings, explain, implied_gates, pinned_identity,
                                  speculation_gates)
