@@ -56,16 +56,22 @@ def _modules() -> dict[str, Path]:
     return found
 
 
-def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
-    """Modules of ours that `path` imports: import statements anywhere, and "module:Name" strings
-    (a registry that loads a class by name imports it all the same, only later)."""
+def _imports(path: Path, modules: dict[str, Path], package: tuple[str, ...] | None = None) -> set[str]:
+    """Modules of ours that `path` imports: import statements anywhere (relative ones against
+    `package`, by default the folder `path` is in), and "module:Name" strings (a registry that
+    loads a class by name imports it all the same, only later)."""
     out: set[str] = set()
+    if package is None and path.is_relative_to(ROOT):
+        package = path.relative_to(ROOT).parts[:-1]
     registry = path.is_relative_to(ROOT) and str(path.relative_to(ROOT)) in STRING_IMPORTS_ALLOWED
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             names = [f"{node.module}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level and package is not None:
+            base = ".".join([*package[:len(package) - node.level + 1], *([node.module] if node.module else [])])
+            names = [f"{base}.{a.name}" for a in node.names]
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) and not registry \
                 and (named := _BY_NAME.fullmatch(node.value)):
             names = [named.group(1)]
@@ -227,6 +233,13 @@ def test_a_class_loaded_by_name_counts_as_an_import(tmp_path):
     planted.write_text('KINDS = {"verdict": "tasks.matrix.verdict:VerdictRow", "note": "tasks: a word"}\n'
                        'def f():\n    from tasks.hosts import files\n    from tasks.engines import engine_for\n')
     assert _imports(planted, _modules()) == {"tasks.matrix.verdict", "tasks.hosts.files", "tasks.engines"}
+
+
+def test_a_relative_import_counts_as_an_import(tmp_path):
+    planted = tmp_path / "api_key.py"
+    planted.write_text("from ..engines import engine_for\nfrom . import secrets\nfrom .base import ConfigError\n")
+    assert _imports(planted, _modules(), package=("tasks", "inventory")) == {
+        "tasks.engines", "tasks.inventory.secrets", "tasks.inventory.base"}
 
 
 def test_a_planted_circle_is_found():
