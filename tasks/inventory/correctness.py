@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, ValidationInfo, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from tasks.inventory.base import _NAME, _SAFE_FLAG, _Strict
 from tasks.inventory.config_file import load_model
@@ -65,13 +65,18 @@ class Agentic(_Strict):
     chat_template: str | None = None
     thinking_switch: list[ThinkingSwitch] = []
 
-    @field_validator("tool_parser", "reasoning_parser", "chat_template")
+    @field_validator("tool_parser", "reasoning_parser")
     @classmethod
-    def _command_line_safe(cls, v: str | None, info: ValidationInfo) -> str | None:
-        if v is not None and info.field_name == "chat_template" and not _SAFE_FLAG.fullmatch(v):
-            raise ValueError(f"chat template path {v!r} has characters not allowed on a command line")
-        if v is not None and info.field_name != "chat_template" and not _NAME.fullmatch(v):
+    def _parser_name(cls, v: str | None) -> str | None:
+        if v is not None and not _NAME.fullmatch(v):
             raise ValueError(f"parser name {v!r} must be letters, digits, '_', '.', '-'")
+        return v
+
+    @field_validator("chat_template")
+    @classmethod
+    def _template_path(cls, v: str | None) -> str | None:
+        if v is not None and not _SAFE_FLAG.fullmatch(v):
+            raise ValueError(f"chat template path {v!r} has characters not allowed on a command line")
         return v
 
     @field_validator("thinking_switch", mode="before")
