@@ -150,6 +150,7 @@ class Fake:
         self.log = open(args.log, "a", buffering=1) if args.log else None
         self.connections = 0
         self.requests = 0
+        self._tail_cache: dict[tuple[bool, bool], list[bytes]] = {}
 
     async def handle(self, writer: _Connection) -> None:
         reader = writer.reader
@@ -181,6 +182,15 @@ class Fake:
             return
         finally:
             writer.close()
+
+    def _tails(self, chat: bool, usage_each: bool, n: int) -> list[bytes]:
+        """What follows the head in token events 1..n (the same for every request: ids count from 1)."""
+        tails = self._tail_cache.setdefault((chat, usage_each), [])
+        for i in range(len(tails) + 1, n + 1):
+            ids = b"" if chat else b"%d],\"finish_reason\":null}]" % i
+            more = b',"usage":{"prompt_tokens":8,"completion_tokens":%d,"total_tokens":%d}' % (i, 8 + i) if usage_each else b""
+            tails.append(ids + more + b"}\n\n")
+        return tails[:n]
 
     def _get(self, path: str) -> dict:
         if path.startswith("/stats"):
@@ -242,6 +252,14 @@ class Fake:
         def usage(k: int) -> dict:
             return {"prompt_tokens": 8, "completion_tokens": k, "total_tokens": 8 + k}
 
+        def finish(claimed: int) -> None:
+            """The final event, the usage event if asked for, and [DONE], in one write."""
+            tail = [final(usage(claimed) if usage_each else None)]
+            if opts.get("include_usage"):
+                tail.append(b"data: " + json.dumps({"id": f"cmpl-{rid}", "choices": [],
+                                                    "usage": usage(claimed)}).encode() + b"\n\n")
+            send([*tail, b"data: [DONE]\n\n"])
+
         async def pings(t_next: float) -> None:
             """Only pings (`:`) every --ping-s from `t_next` on, until the client goes (ConnectionError)."""
             while True:
@@ -252,6 +270,15 @@ class Fake:
 
         if fault == "empty":
             send([b"data: [DONE]\n\n"])
+        elif not (self.ttft or self.itl or self.step or fault) and burst == 1 and self.per_write > 1:
+            # --zero-delay's raw ceiling: each write is the head joined over cached tails (one C-level
+            # join, no Python a token), so the server's core stops being the limit of a fast client.
+            tails = self._tails(chat, usage_each, n)
+            for i in range(0, n, self.per_write):
+                send([head, head.join(tails[i:i + self.per_write])])
+                if len(writes) % 64 == 0:
+                    await writer.drain()
+            finish(n)
         elif fault == "stall":
             await pings(t_recv)
         else:
@@ -293,12 +320,7 @@ class Fake:
                 if len(writes) % 64 == 0 or self.itl:
                     await writer.drain()
             else:
-                claimed = sent * 10 if fault == "inconsistent" else 0 if fault == "zerocount" else sent
-                tail = [final(usage(claimed) if usage_each else None)]
-                if opts.get("include_usage"):
-                    tail.append(b"data: " + json.dumps({"id": f"cmpl-{rid}", "choices": [],
-                                                        "usage": usage(claimed)}).encode() + b"\n\n")
-                send([*tail, b"data: [DONE]\n\n"])
+                finish(sent * 10 if fault == "inconsistent" else 0 if fault == "zerocount" else sent)
         writer.write(b"0\r\n\r\n")
         if self.log:
             self.log.write(json.dumps({"id": rid, "recv": t_recv, "recv_bytes": t_arrival[0], "recv_read": t_arrival[1],
