@@ -76,7 +76,33 @@ class Assembler:
                              f"{ev.tokens_total} on an event that carried output")
                 return True
             tokens, self._total = ev.tokens_total - before, ev.tokens_total
-        if ev.text or tokens:
+        self._take(t, shared, ev.text, tokens)
+        if ev.done and (out.final is None or (out.final.completion_tokens is None and ev.completion_tokens is not None)):
+            out.final = ev  # the first final event, or the first that carries the count
+        return False
+
+    def feed_read(self, events: list[tuple[float, bytes, bool]]) -> None:
+        """feed() for each event of one read (http.EventSplitter's), the common token event read
+        without a StreamEvent or a call of its own (the hot path: one event a streamed token)."""
+        stream_token, take, out = self.engine.stream_token, self._take, self.out
+        for t, raw, shared in events:
+            if out.error is not None:
+                return
+            try:
+                token = stream_token(raw)
+            except (ValueError, KeyError, TypeError, AttributeError):
+                token = None  # feed() says what is wrong with it
+            if token is None:
+                self.feed(t, raw, shared)
+            else:
+                out.events += 1
+                take(t, shared, *token)
+
+    def _take(self, t: float, shared: bool, text: str, tokens: int) -> None:
+        """A token-bearing event's place in the chunks: a new chunk, or more of the one that
+        arrived with it (same read, same stamp)."""
+        if text or tokens:
+            out = self.out
             if t == self._last_t:
                 out.tokens[-1] += tokens
             else:
@@ -84,9 +110,6 @@ class Assembler:
                 out.tokens.append(tokens)
                 out.coalesced.append(shared)
                 self._last_t = t
-        if ev.done and (out.final is None or (out.final.completion_tokens is None and ev.completion_tokens is not None)):
-            out.final = ev  # the first final event, or the first that carries the count
-        return False
 
     def finish(self) -> Outcome:
         out = self.out

@@ -172,8 +172,7 @@ class _Client:
         flight = _Flight(acc)
 
         def sink(t: float, data: bytes) -> None:
-            for et, raw, shared in splitter.feed(t, data):
-                acc.feed(et, raw, shared)  # after an error event it ignores the rest
+            acc.feed_read(splitter.feed(t, data))  # after an error event it ignores the rest
 
         if wave.stall_s:
             self.flights.add(flight)

@@ -241,6 +241,13 @@ class SGLang(Engine):
             "text": prompt, "sampling_params": {"temperature": 0.0, "max_new_tokens": max_tokens}, "stream": True,
             "extra_key": uuid.uuid4().hex})
 
+    def token_event(self, data: dict) -> tuple[str, int] | None:
+        meta = data.get("meta_info") or {}
+        text = data.get("text", "")
+        if "error" in data or meta.get("finish_reason") is not None or type(text) is not str:
+            return None
+        return text, len(data.get("output_ids") or [])
+
     def parse_event(self, data: dict) -> StreamEvent:
         if "error" in data:
             return StreamEvent(done=True, finish_reason="error")

@@ -197,6 +197,16 @@ class VLLM(Engine):
             "stream_options": {"include_usage": True, "continuous_usage_stats": True}, "return_token_ids": True,
             "cache_salt": uuid.uuid4().hex})
 
+    def token_event(self, data: dict) -> tuple[str, int] | None:
+        choices = data.get("choices")
+        if not choices or "error" in data or data.get("object") == "error":
+            return None
+        choice = choices[0]
+        text = choice.get("text") or ""
+        if choice.get("finish_reason") is not None or type(text) is not str:
+            return None
+        return text, len(choice.get("token_ids") or ())
+
     def parse_event(self, data: dict) -> StreamEvent:
         if "error" in data or data.get("object") == "error":
             return StreamEvent(done=True, finish_reason="error")
