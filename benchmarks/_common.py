@@ -100,6 +100,14 @@ class FakeServer(AbstractContextManager["FakeServer"]):
         return [json.loads(line) for i in range(len(self.procs)) if self._log(i).exists()
                 for line in self._log(i).read_text().splitlines()]
 
+    def cpu_s(self) -> float:
+        """The CPU seconds every server process has used so far (user + system)."""
+        total = 0
+        for proc in self.procs:
+            fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime: fields 14 and 15 of proc(5)
+        return total / os.sysconf("SC_CLK_TCK")
+
     def stop(self) -> None:
         for proc in self.procs:
             proc.terminate()

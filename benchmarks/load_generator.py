@@ -47,12 +47,12 @@ PORT = 18531
 
 def lanebench(url: str, concurrency: int, requests: int, tokens: int, workers: int = 1,
               cpus: list[int] | None = None) -> dict:
-    """One closed-loop wave with lanebench's client, in this (pinned) process, or over `workers`
-    processes pinned round-robin to `cpus`."""
+    """One closed-loop wave with lanebench's client: in this (pinned) process, or, given `cpus`,
+    over `workers` processes pinned one a core to them (this process then only merges records)."""
     wave = Wave(lane="bench", stage="decode", repeat=1, concurrency=concurrency,
                 requests_per_stream=max(1, requests // concurrency), max_tokens=tokens, workers=workers)
     prompts = [Prompt(id="p", prompt_class="bench", text="benchmark prompt")]
-    result = run_spread(url, engine_for("vllm"), wave, prompts, cpus=cpus) if workers > 1 else \
+    result = run_spread(url, engine_for("vllm"), wave, prompts, cpus=cpus) if cpus else \
         run_wave(url, engine_for("vllm"), wave, prompts)
     # the wave's own CPU in every client process (a worker's interpreter start-up is not in it)
     return {"cpu_s": result.client_cpu_s, "wall_s": result.wall_s,
@@ -105,26 +105,51 @@ def timed_row(client: str, got: dict, entries: list[dict], concurrency: int, itl
             "coalesced %": 100.0 * coalesced / chunks if chunks else float("nan")}
 
 
-def raw_row(client: str, got: dict, entries: list[dict], concurrency: int, conns: int) -> dict:
+def raw_row(client: str, got: dict, entries: list[dict], concurrency: int, cores: int, server_cpu_s: float,
+            servers: int) -> dict:
     """Streamed tokens/s over the server's busy span (first request received to last write):
-    the same clock for every client."""
+    the same clock for every client. `server busy %`: the fake servers' CPU over that span, per
+    server process; near 100, the row measured the server, not the client."""
     span = (max(e["writes"][-1] for e in entries) - min(e["recv"] for e in entries)) if entries else float("nan")
-    return {"client": client, "C": concurrency, "requests ok": f"{got['ok']}/{got['n']}",
+    return {"client": client, "C": concurrency, "cores": cores, "requests ok": f"{got['ok']}/{got['n']}",
             "tok/s": got["tokens"] / span if span else float("nan"),
-            "client CPU us/token": 1e6 * got["cpu_s"] / max(got["tokens"], 1), "connections": conns}
+            "client CPU us/token": 1e6 * got["cpu_s"] / max(got["tokens"], 1),
+            "server busy %": 100 * server_cpu_s / (span * servers) if span else float("nan"),
+            "connections": len({e["conn"] for e in entries})}
+
+
+def versus(raw: list[dict], clients: list[str]) -> tuple[list[dict], list[dict]]:
+    """From the raw rows: lanebench against the best peer on the same cores, and lanebench's
+    scaling (tok/s over its one-core row), per concurrency."""
+    by = {(r["client"], r["C"], r["cores"]): r["tok/s"] for r in raw}
+    ratios, scaling = [], []
+    for c, n in sorted({(r["C"], r["cores"]) for r in raw}):
+        peers = {p: by[(p, c, n)] for p in clients[1:] if (p, c, n) in by}
+        if peers and ("lanebench", c, n) in by:
+            best = max(peers, key=lambda p: peers[p])
+            ratios.append({"C": c, "cores": n, "lanebench tok/s": by[("lanebench", c, n)], "best peer": best,
+                           "its tok/s": peers[best], "lanebench / best": by[("lanebench", c, n)] / peers[best]})
+        if ("lanebench", c, 1) in by and ("lanebench", c, n) in by:
+            gain = by[("lanebench", c, n)] / by[("lanebench", c, 1)]
+            scaling.append({"C": c, "cores": n, "tok/s": by[("lanebench", c, n)], "x one core": gain,
+                            "of linear %": 100 * gain / n})
+    return ratios, scaling
 
 
 def one(client: str, server: FakeServer, concurrency: int, requests: int, tokens: int, work: Path,
-        workers: int = 1, cpus: list[int] | None = None) -> dict:
+        workers: int = 1, cpus: list[int] | None = None, parent: int | None = None) -> dict:
+    """One run of one client. Given `cpus`, the client gets its first `workers` of them for its
+    worker processes, and `parent` for the process that drives them (lanebench's merging parent;
+    a peer's controller and record services, which it starts itself, share both)."""
     server.reset()
-    if client.startswith("lanebench"):
-        return lanebench(server.url, concurrency, requests, tokens, workers, cpus)
+    if client == "lanebench":
+        return lanebench(server.url, concurrency, requests, tokens, workers, cpus[:workers] if cpus else None)
     pinned = os.sched_getaffinity(0)
-    if cpus:  # a peer spreads over its own worker processes: it gets the cores lanebench's workers get
-        os.sched_setaffinity(0, set(cpus))
+    if cpus:  # a peer spreads over its own worker processes, capped at the cores it is given
+        os.sched_setaffinity(0, {*cpus[:workers], *([] if parent is None else [parent])})
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     try:
-        got = run_peer(client, server.url, concurrency, requests, tokens, work)
+        got = run_peer(client, server.url, concurrency, requests, tokens, work, workers if cpus else None)
     except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as e:  # the row says 0/n; the run exits 1
         err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
         print(f"{client} failed at C={concurrency}: {e}\n{err[-1500:]}", file=sys.stderr, flush=True)
@@ -147,9 +172,13 @@ def main() -> int:
                    help="raw part: one zero-delay fake server per core listed, sharing the port (default: --server-cpu)")
     p.add_argument("--client-cpu", type=int, default=1)
     p.add_argument("--workers", type=ints, default="1",
-                   help="raw part: comma list of lanebench worker-process counts to run (e.g. 1,2,4,8,16)")
+                   help="raw part, with --client-cpus: comma list of core counts; each client runs on that many "
+                        "of the cores with as many worker processes (lanebench's, a peer's own), e.g. 1,2,4,8,12")
     p.add_argument("--client-cpus", type=ints, default=None,
-                   help="cores the workers are pinned to, round-robin (default: --client-cpu only)")
+                   help="raw part: the cores clients' worker processes are pinned to, one a core (default: every "
+                        "client in one process on --client-cpu)")
+    p.add_argument("--parent-cpu", type=int, default=None,
+                   help="raw part, with --client-cpus: the core of the process that drives a client's workers")
     p.add_argument("--events-per-write", type=int, default=16,
                    help="raw part: token events the zero-delay server writes at once (1: one a write, as before 2026-12-03 11:00)")
     p.add_argument("--ttft-ms", type=float, default=20.0)
@@ -160,7 +189,7 @@ def main() -> int:
     levels_timed = [1, 4] if args.smoke else [1, 4, 16]
     levels_raw = [1, 4] if args.smoke else [1, 16] if args.quick else [1, 16, 64, 256]
     per_level = 2 if args.smoke else 8 if args.quick else 32  # requests per concurrency level (x C for C > 8)
-    per_level_raw = per_level * (1 if args.smoke or args.quick else 2)  # long enough at 1M tok/s
+    per_core_raw = per_level * (1 if args.smoke or args.quick else 8)  # raw requests a core: about 1 s of lanebench
     tokens_timed, tokens_raw = (16, 32) if args.smoke else (64, 256) if args.quick else (128, 1024)
     errors: list[str] = []  # any of these: the run exits 1 after printing what it has
     peers = [] if args.peers == "none" else args.peers.split(",")
@@ -184,16 +213,20 @@ def main() -> int:
                 timed.append(timed_row(client, got, server.entries(), c, args.itl_ms))
                 print(timed[-1], flush=True)
     zero_delay = ["--zero-delay", "--events-per-write", str(args.events_per_write)]
-    with FakeServer(args.port, *zero_delay, cpus=args.raw_server_cpus or [args.server_cpu], log=log) as server:
-        cpus = args.client_cpus or [args.client_cpu]
-        raw_clients = [(f"lanebench x{w}" if w > 1 else "lanebench", w) for w in args.workers] + [(c, 1) for c in clients[1:]]
-        # peers, given --client-cpus, run on all of them (their own worker processes)
+    servers = args.raw_server_cpus or [args.server_cpu]
+    with FakeServer(args.port, *zero_delay, cpus=servers, log=log) as server:
+        if args.client_cpus and args.parent_cpu is not None:
+            os.sched_setaffinity(0, {args.parent_cpu})
+        cores = [n for n in args.workers if n <= len(args.client_cpus)] if args.client_cpus else [1]
         for c in levels_raw:
-            for client, w in raw_clients:
-                got = one(client, server, c, per_level_raw * max(1, c // 8), tokens_raw, work, w, cpus)
-                entries = server.entries()
-                raw.append(raw_row(client, got, entries, c, len({e["conn"] for e in entries})))
-                print(raw[-1], flush=True)
+            for n in [n for n in cores if n <= c]:  # more worker processes than streams would idle
+                for client in clients:
+                    before = server.cpu_s()
+                    got = one(client, server, c, max(2 * c, per_core_raw * n), tokens_raw, work, n, args.client_cpus,
+                              args.parent_cpu)
+                    raw.append(raw_row(client, got, server.entries(), c, n, server.cpu_s() - before, len(servers)))
+                    print(raw[-1], flush=True)
+    ratios, scaling = versus(raw, clients)
     if "aiperf" in clients:  # its venv has httpx and aiohttp: the HTTP layer comparison, on one server
         with FakeServer(args.port, *zero_delay, cpus=[args.server_cpu], log=log) as server:  # (its /stats counts connections)
             interpreter, env = python("aiperf")
@@ -209,6 +242,12 @@ def main() -> int:
     print(table(timed))
     print("\n## raw ceiling (zero-delay server; peers' CPU is their whole run, start-up included)\n")
     print(table(raw))
+    if ratios:
+        print("\n## lanebench against the best peer, on the same cores\n")
+        print(table(ratios))
+    if len(scaling) > len(levels_raw):
+        print("\n## lanebench's scaling over cores (worker processes, one a core)\n")
+        print(table(scaling))
     if layers:
         print("\n## HTTP layers (same zero-delay streams, same work per read)\n")
         print(table(layers))

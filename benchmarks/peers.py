@@ -62,8 +62,10 @@ json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "<unk>", "
 """
 
 
-def _guidellm(url: str, concurrency: int, requests: int, tokens: int, work: Path) -> dict:
+def _guidellm(url: str, concurrency: int, requests: int, tokens: int, work: Path, workers: int | None) -> dict:
     cli, env = command("guidellm")
+    if workers:
+        env = {**env, "GUIDELLM__MAX_WORKER_PROCESSES": str(workers)}
     data, out = work / "guidellm-data.jsonl", work / "guidellm.json"
     data.write_text("".join(json.dumps({"prompt": f"benchmark prompt {i}", "output_tokens_count": tokens}) + "\n"
                             for i in range(requests)))
@@ -81,7 +83,7 @@ def _guidellm(url: str, concurrency: int, requests: int, tokens: int, work: Path
                            if r.get("response_id") and r.get("time_to_first_token_ms") is not None}}
 
 
-def _aiperf(url: str, concurrency: int, requests: int, tokens: int, work: Path) -> dict:
+def _aiperf(url: str, concurrency: int, requests: int, tokens: int, work: Path, workers: int | None) -> dict:
     cli, env = command("aiperf")
     tok, out = work / "aiperf-tokenizer", work / f"aiperf-{concurrency}"
     if not (tok / "tokenizer.json").exists():
@@ -92,7 +94,8 @@ def _aiperf(url: str, concurrency: int, requests: int, tokens: int, work: Path) 
                     "completions", "--streaming", "--concurrency", str(concurrency), "--request-count", str(requests),
                     "--tokenizer", str(tok), "--output-tokens-mean", str(tokens), "--synthetic-input-tokens-mean",
                     "8", "--artifact-dir", str(out), "--use-server-token-count", "--ui-type", "none",
-                    "--export-level", "records"], check=True, capture_output=True, text=True, cwd=work, timeout=PEER_TIMEOUT_S, env=env)
+                    "--export-level", "records", *(["--workers-max", str(workers)] if workers else [])],
+                   check=True, capture_output=True, text=True, cwd=work, timeout=PEER_TIMEOUT_S, env=env)
     rows = [json.loads(line) for line in (out / "profile_export.jsonl").read_text().splitlines() if line.strip()]
     good = [r for r in rows if "time_to_first_token" in r.get("metrics", {})]
     good.sort(key=lambda r: r["metadata"]["request_start_ns"])
@@ -101,5 +104,9 @@ def _aiperf(url: str, concurrency: int, requests: int, tokens: int, work: Path) 
             "ttft_in_order": [r["metrics"]["time_to_first_token"]["value"] / 1000 for r in good]}
 
 
-def run_peer(name: str, url: str, concurrency: int, requests: int, tokens: int, work: Path) -> dict:
-    return {"guidellm": _guidellm, "aiperf": _aiperf}[name](url, concurrency, requests, tokens, work)
+def run_peer(name: str, url: str, concurrency: int, requests: int, tokens: int, work: Path,
+             workers: int | None = None) -> dict:
+    """One run of a peer; `workers`: the most worker processes it may start (its own knob: aiperf's
+    --workers-max, guidellm's GUIDELLM__MAX_WORKER_PROCESSES; None: its default, which counts the
+    host's cores, not the ones it is pinned to)."""
+    return {"guidellm": _guidellm, "aiperf": _aiperf}[name](url, concurrency, requests, tokens, work, workers)

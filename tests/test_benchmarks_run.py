@@ -29,8 +29,9 @@ def _free_port() -> int:
 
 PORT, LOADGEN_PORT, BURSTS_PORT = _free_port(), _free_port(), _free_port()  # others' tests may hold fixed ones
 SMOKE: dict[str, list[str]] = {
-    # starts fake_server.py itself, twice; the raw part also over two worker processes
-    "load_generator.py": ["--smoke", "--peers", "none", "--port", str(LOADGEN_PORT), "--workers", "1,2"],
+    # starts fake_server.py itself, twice; the raw part on one core, then over two worker processes
+    "load_generator.py": ["--smoke", "--peers", "none", "--port", str(LOADGEN_PORT), "--workers", "1,2",
+                          "--client-cpus", "0,1", "--parent-cpu", "0"],
     "http_layers.py": ["--url", f"http://127.0.0.1:{PORT}", "--levels", "1,2", "--requests", "1", "--tokens", "8",
                        "--layers", "httpx,lean"],  # aiohttp is a peer's, not the project's
     "fake_server.py": ["--help"],  # served every run above
@@ -71,7 +72,8 @@ def test_a_benchmark_runs_and_exits_cleanly(script, fake_server):
     assert r.returncode == 0 and "Traceback" not in out, out[-3000:]
     assert time.monotonic() - t < 120, "a smoke run is seconds, not minutes"
     if script == "load_generator.py":
-        assert "## raw ceiling" in r.stdout and "coalesced %" in r.stdout and "| lanebench x2 | 4 | 4/4 |" in r.stdout
+        assert "## raw ceiling" in r.stdout and "coalesced %" in r.stdout and "| lanebench | 4 | 2 | 8/8 |" in r.stdout
+        assert "## lanebench's scaling over cores" in r.stdout
 
 
 def test_the_load_generator_exits_nonzero_when_a_part_fails(fake_server, tmp_path):
