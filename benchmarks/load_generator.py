@@ -58,6 +58,7 @@ def lanebench(url: str, concurrency: int, requests: int, tokens: int, workers: i
     return {"cpu_s": result.client_cpu_s, "wall_s": result.wall_s,
             "ok": sum(r.ok for r in result.records), "n": len(result.records),
             "tokens": sum(r.output_tokens for r in result.records if r.ok),
+            "span_s": max(r.ended_s or 0.0 for r in result.records) - min(r.sent_s or 0.0 for r in result.records),
             "ttft": [(r.nonce, r.ttft_s) for r in result.records if r.ok],
             "chunks": {r.nonce: (r.chunk_arrivals_s, r.chunk_tokens, r.chunk_coalesced) for r in result.records if r.ok}}
 
@@ -107,12 +108,16 @@ def timed_row(client: str, got: dict, entries: list[dict], concurrency: int, itl
 
 def raw_row(client: str, got: dict, entries: list[dict], concurrency: int, cores: int, server_cpu_s: float,
             servers: int) -> dict:
-    """Streamed tokens/s over the server's busy span (first request received to last write):
-    the same clock for every client. `server busy %`: the fake servers' CPU over that span, per
-    server process; near 100, the row measured the server, not the client."""
+    """Streamed tokens/s from the first request's send to the last response's end, on the client's
+    own per-request stamps (lanebench's records, aiperf's request_start/end_ns, guidellm's
+    request_start/end_time). Not the server's busy span: a fast server has written the last
+    round of responses into the socket buffers long before a client reads them, which overstated a
+    row run in k rounds by about k/(k-1) (2x at 2 requests a stream; docs/benchmarks.md).
+    `server busy %`: the fake servers' CPU over their busy span, per server process; near 100,
+    the row measured the server, not the client."""
     span = (max(e["writes"][-1] for e in entries) - min(e["recv"] for e in entries)) if entries else float("nan")
     return {"client": client, "C": concurrency, "cores": cores, "requests ok": f"{got['ok']}/{got['n']}",
-            "tok/s": got["tokens"] / span if span else float("nan"),
+            "tok/s": got["tokens"] / got["span_s"] if got.get("span_s") else float("nan"),
             "client CPU us/token": 1e6 * got["cpu_s"] / max(got["tokens"], 1),
             "server busy %": 100 * server_cpu_s / (span * servers) if span else float("nan"),
             "connections": len({e["conn"] for e in entries})}
@@ -153,7 +158,7 @@ def one(client: str, server: FakeServer, concurrency: int, requests: int, tokens
     except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as e:  # the row says 0/n; the run exits 1
         err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
         print(f"{client} failed at C={concurrency}: {e}\n{err[-1500:]}", file=sys.stderr, flush=True)
-        got = {"ok": 0, "n": requests, "tokens": 0}
+        got = {"ok": 0, "n": requests, "tokens": 0, "span_s": 0.0}
     finally:
         os.sched_setaffinity(0, pinned)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -222,7 +227,7 @@ def main() -> int:
             for n in [n for n in cores if n <= c]:  # more worker processes than streams would idle
                 for client in clients:
                     before = server.cpu_s()
-                    got = one(client, server, c, max(2 * c, per_core_raw * n), tokens_raw, work, n, args.client_cpus,
+                    got = one(client, server, c, max(4 * c, per_core_raw * n), tokens_raw, work, n, args.client_cpus,
                               args.parent_cpu)
                     raw.append(raw_row(client, got, server.entries(), c, n, server.cpu_s() - before, len(servers)))
                     print(raw[-1], flush=True)

@@ -79,6 +79,7 @@ def _guidellm(url: str, concurrency: int, requests: int, tokens: int, work: Path
     good = reqs["successful"]
     return {"ok": len(good), "n": len(good) + len(reqs["errored"]) + len(reqs["incomplete"]),
             "tokens": sum(int(r["output_tokens"] or 0) for r in good),
+            "span_s": max(r["request_end_time"] for r in good) - min(r["request_start_time"] for r in good) if good else 0.0,
             "ttft_by_id": {int(r["response_id"].split("-")[-1]): r["time_to_first_token_ms"] / 1000 for r in good
                            if r.get("response_id") and r.get("time_to_first_token_ms") is not None}}
 
@@ -101,6 +102,8 @@ def _aiperf(url: str, concurrency: int, requests: int, tokens: int, work: Path, 
     good.sort(key=lambda r: r["metadata"]["request_start_ns"])
     return {"ok": len(good), "n": len(rows),
             "tokens": sum(int(r["metrics"].get("output_token_count", {}).get("value", 0)) for r in good),
+            "span_s": (max(r["metadata"]["request_end_ns"] for r in good)
+                       - min(r["metadata"]["request_start_ns"] for r in good)) / 1e9 if good else 0.0,
             "ttft_in_order": [r["metrics"]["time_to_first_token"]["value"] / 1000 for r in good]}
 
 
