@@ -122,6 +122,23 @@ def test_events_written_together_arrive_whole(tmp_path):
     assert [len(e["writes"]) for e in entries] == [3 + 1] * 4  # 16 + 16 + 8 token events, then the final one
 
 
+def test_the_raw_ceilings_batched_writes_carry_the_same_events_byte_for_byte():
+    """--zero-delay with several events a write renders them from cached tails (the server's own
+    CPU must not cap the clients it measures): the events are the one-a-write path's, to the byte,
+    for a vLLM completion with running usage and for a chat stream."""
+    bodies = [({"prompt": "x", "max_tokens": 37, "stream": True, "return_token_ids": True,
+                "stream_options": {"include_usage": True, "continuous_usage_stats": True}}, "/v1/completions"),
+              ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 21, "stream": True}, "/v1/chat/completions")]
+    streams = {}
+    for per_write in ("1", "16"):
+        with fake_server(PORT + 40, "--zero-delay", "--events-per-write", per_write) as url:
+            streams[per_write] = [urllib.request.urlopen(urllib.request.Request(
+                url + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})).read()
+                for body, path in bodies]
+    assert streams["16"] == streams["1"]
+    assert streams["1"][0].count(b'"finish_reason":null') == 37 and streams["1"][1].count(b'"content":" tok"') == 21
+
+
 def test_speculative_bursts_show_as_bursts(fake):
     url, _ = fake
     result = run_wave(url, VLLM, _wave(2, 2, max_tokens=32), _prompts("spec #burst=4"))
