@@ -9,6 +9,7 @@ the flows they time run end to end in tests/test_rehearsal_lane.py and tests/tes
 
 from __future__ import annotations
 
+import re
 import socket
 import subprocess
 import sys
@@ -72,7 +73,7 @@ def test_a_benchmark_runs_and_exits_cleanly(script, fake_server):
     assert r.returncode == 0 and "Traceback" not in out, out[-3000:]
     assert time.monotonic() - t < 120, "a smoke run is seconds, not minutes"
     if script == "load_generator.py":
-        assert "## raw ceiling" in r.stdout and "coalesced %" in r.stdout and "| lanebench | 4 | 2 | 8/8 |" in r.stdout
+        assert "## raw ceiling" in r.stdout and "coalesced %" in r.stdout and re.search(r"\| lanebench \| 4 \| 2 \| (\d+)/\1 \|", r.stdout)
         assert "## lanebench's scaling over cores" in r.stdout
 
 
