@@ -527,6 +527,28 @@ def test_the_one_split_splitter_gives_what_event_by_event_slicing_gave():
         assert got == _splitter_by_slicing(chunks), chunks
 
 
+def test_the_token_fast_path_takes_only_plain_token_events():
+    """Engine.stream_token, the hot path: a plain token event as (text, tokens), the event
+    parse_stream_event would build; anything else (final, usage, error, comment, a text that is not
+    a string) is left to parse_stream_event; llama.cpp's running count is never read here, so its
+    events are not parsed twice (malformed JSON passes through untouched)."""
+    vllm, sglang, llama = engine_for("vllm"), engine_for("sglang"), engine_for("llamacpp")
+    token = b'data: {"choices":[{"text":"ab","token_ids":[5,6],"finish_reason":null}],"usage":{"completion_tokens":2}}'
+    assert vllm.stream_token(token) == ("ab", 2)
+    ev = vllm.parse_stream_event(token)
+    assert ev is not None and (ev.text, ev.tokens, ev.done) == ("ab", 2, False)
+    for other in (b'data: {"choices":[{"text":"","token_ids":[],"finish_reason":"length"}]}',
+                  b'data: {"choices":[],"usage":{"completion_tokens":9}}', b'data: {"error":{"message":"x"}}',
+                  b'data: {"choices":[{"text":7,"finish_reason":null}]}', b": ping", b"data: [DONE]"):
+        assert vllm.stream_token(other) is None, other
+    assert sglang.stream_token(b'data: {"text":"a","output_ids":[1],"meta_info":{}}') == ("a", 1)
+    assert sglang.stream_token(b'data: {"text":"","output_ids":[],"meta_info":{"finish_reason":{"type":"length"}}}') is None
+    assert llama.stream_token(b'data: {"content":"a","tokens":[1],"stop":false,"tokens_predicted":1}') is None
+    assert llama.stream_token(b'data: {"content": "a"') is None
+    with pytest.raises(ValueError):
+        vllm.stream_token(b'data: {"choices": [')
+
+
 def test_the_fast_json_path_reads_what_the_standard_parser_read():
     """orjson refuses NaN and Infinity, which Python's json (and servers written with it) emit:
     such an event still parses, through the fallback, and malformed JSON is still an error."""

@@ -168,8 +168,9 @@ class Engine(ABC):
     def stream_token(self, raw: bytes) -> tuple[str, int] | None:
         """The client's hot path, one call a streamed token: the common event off the wire as
         (text, tokens), without building a StreamEvent (that cost a third of the CPU a token);
-        None: read `raw` with parse_stream_event. Malformed JSON raises ValueError."""
-        if not raw.startswith(b"data: {") or b"\n" in raw:
+        None: read `raw` with parse_stream_event. Malformed JSON raises ValueError. An engine
+        without a token_event of its own (llama.cpp: a running count) is not parsed twice."""
+        if type(self).token_event is Engine.token_event or not raw.startswith(b"data: {") or b"\n" in raw:
             return None
         data = _loads(raw[6:])
         return self.token_event(data) if type(data) is dict else None
