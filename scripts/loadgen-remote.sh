@@ -7,8 +7,9 @@
 # Timed part: one fake server on core 0, every client on core 1 (as on the CPU VM). Raw part: three
 # zero-delay fake servers on cores 0-2 sharing the port, 64 token events a write; core 3 for the
 # process that drives a client's workers; each client (lanebench and each peer) on 1, 2, 4, 8 and
-# 12 of cores 4-15 with as many worker processes. The whole output goes to $OUT/loadgen.md and the exit code is the
-# benchmark's (non-zero on any error: a peer that fails, a request lost, a script that breaks).
+# 12 of cores 4-15 with as many worker processes. The whole output goes to $OUT/loadgen.md and
+# the exit code is the benchmark's (non-zero on any error: a peer that fails, a request lost, a
+# script that breaks).
 set -uo pipefail
 OUT="${OUT:-/tmp/out}"
 R=/tmp/loadgen-run  # survives between calls while the machine stays warm
