@@ -95,3 +95,17 @@ def test_the_load_generator_exits_nonzero_when_its_server_cannot_start(fake_serv
                         "--port", str(PORT)], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert r.returncode != 0 and f"did not start on port {PORT}" in r.stderr, r.stdout + r.stderr
     assert "## raw ceiling" not in r.stdout
+
+
+def test_a_raw_row_counts_tokens_over_the_clients_own_span(monkeypatch):
+    """The raw ceiling's tok/s is tokens over the client's own first send to last response end.
+    The fake server's busy span ends when its last write reached the socket buffers, before a
+    slower client read it: one lanebench core at C=256 and 2 rounds read 690k tok/s at 3.2 µs of
+    CPU a token on 2026-12-03, more than that core could do. The servers' span stays for their CPU."""
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    from load_generator import raw_row
+
+    entries = [{"recv": 0.0, "writes": [0.001, 0.4], "conn": "7:1"}, {"recv": 0.4, "writes": [0.401, 0.5], "conn": "7:1"}]
+    got = {"ok": 2, "n": 2, "tokens": 2048, "cpu_s": 0.5, "span_s": 2.0}  # the client read for 2 s
+    row = raw_row("lanebench", got, entries, 1, 1, server_cpu_s=0.1, servers=1)
+    assert row["tok/s"] == 1024.0 and row["server busy %"] == pytest.approx(20.0) and row["connections"] == 1
