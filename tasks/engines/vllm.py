@@ -221,7 +221,7 @@ class VLLM(Engine):
         choice = choices[0]
         finish = choice.get("finish_reason")
         text, tokens = choice.get("text") or "", len(choice.get("token_ids") or ())
-        if finish is None:  # a token event: one a streamed event, the client's hot path
+        if finish is None:  # a token event (the client reads these through token_event; here: prefill, tests)
             return StreamEvent(text=text, tokens=tokens)
         usage = data.get("usage") or {}
         return StreamEvent(text=text, tokens=tokens, done=True, completion_tokens=usage.get("completion_tokens"),
