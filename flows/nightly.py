@@ -111,6 +111,7 @@ def _against_baseline(run: RunFolder, artifacts_root: str, policy: RegressionPol
         if comparison.config_changes:
             record.warnings.append("lane config differs from the newest baseline run: "
                                    + "; ".join(comparison.config_changes))
+        record.flags += comparison.suspect_flags()
         _, entry = run.write_table(name, "regression", comparison.rows)
         if entry.validation == "failed":
             record.status, record.reason = "failed", "expectations failed for regression; comparison quarantined"

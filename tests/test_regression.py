@@ -230,7 +230,7 @@ def test_a_replaced_model_file_refuses_the_comparison_and_baselines_hold_the_fin
     assert entry.validation == "passed", entry.failed_expectations
     # The same change of tok/s with only the night changed (same bytes, same engine) is judged.
     same = _night(tmp_path, 10.0, a)
-    c = compare_lane(open_index(tmp_path), same.path.name, "rehearsal", RegressionPolicy())
+    c = compare_lane(open_index(tmp_path), same.path.name, "rehearsal", RegressionPolicy(confirm_runs={}))
     assert not c.refused and {r.verdict for r in c.rows if r.metric.startswith("tok_s")} == {"regression"}
     assert swapped.path.name not in c.rows[0].baseline_from  # another model's night is no baseline
     # An engine upgraded in place: refused, naming the engine's sha256.

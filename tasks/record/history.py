@@ -117,13 +117,15 @@ def _metrics_view(con: Any) -> None:
             FROM {d.table} t LEFT JOIN lanes l ON l.run = t.run AND l.lane = t.lane WHERE {d.where}""")
     con.execute(f"""CREATE VIEW metrics AS
         WITH m AS ({' UNION ALL '.join(selects)}),
-             regressed AS (SELECT DISTINCT run, lane FROM regression WHERE verdict = 'regression')
-        SELECT r.started_at, r.flow, m.*, (g.run IS NOT NULL) AS regressed,
+             regressed AS (SELECT DISTINCT run, lane FROM regression WHERE verdict = 'regression'),
+             suspect AS (SELECT DISTINCT run, lane FROM regression WHERE verdict = 'suspect')
+        SELECT r.started_at, r.flow, m.*, (g.run IS NOT NULL) AS regressed, (s.run IS NOT NULL) AS suspect,
                r.git_sha, r.dirty, l.image, l.model_sha256, l.drafter_sha256, l.engine_source, l.engine_sha256,
                l.config_sha256, r.path AS run_path
         FROM m JOIN runs r ON r.run = m.run
              LEFT JOIN lanes l ON l.run = m.run AND l.lane = m.lane
-             LEFT JOIN regressed g ON g.run = m.run AND g.lane = m.lane""")
+             LEFT JOIN regressed g ON g.run = m.run AND g.lane = m.lane
+             LEFT JOIN suspect s ON s.run = m.run AND s.lane = m.lane""")
 
 
 def refuse_tampered(artifacts: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -186,7 +188,7 @@ _PROVENANCE = ["git_sha", "dirty", "image", "model_sha256", "drafter_sha256", "e
 
 def metric_history(con: Any, lane: str, metric: str, last: int = 20, flow: str | None = None) -> pd.DataFrame:
     """A metric of a lane over its last `last` runs, oldest first, with what produced each number."""
-    cols = ", ".join(["run", "started_at", "flow", "value", "lo", "hi", "passed", "regressed", *_PROVENANCE])
+    cols = ", ".join(["run", "started_at", "flow", "value", "lo", "hi", "passed", "regressed", "suspect", *_PROVENANCE])
     df = con.execute(f"""SELECT {cols} FROM (
             SELECT * FROM metrics WHERE lane = ? AND metric = ? AND (? IS NULL OR flow = ?)
             ORDER BY started_at DESC LIMIT ?) ORDER BY started_at""", [lane, metric, flow, flow, last]).df()

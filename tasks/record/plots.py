@@ -16,7 +16,7 @@ import pandas as pd
 from tasks.record.regression import RegressionRow
 
 _DPI = 80
-_VERDICT_COLOUR = {"regression": "tab:red", "improvement": "tab:green", "no change": "tab:blue",
+_VERDICT_COLOUR = {"regression": "tab:red", "suspect": "tab:purple", "improvement": "tab:green", "no change": "tab:blue",
                    "no baseline": "tab:gray",
                    "too few samples": "tab:gray", "not comparable": "tab:orange"}
 

@@ -30,6 +30,11 @@ class RegressionPolicy(BaseModel):
         default_factory=lambda: {"throughput": 5.0, "latency": 10.0, "acceptance": 3.0, "kl": 25.0},
         description="smallest change (percent) that can fail a night, per metric family")
     since: str | None = Field(None, description="ISO time or run folder name: ignore baseline runs before it")
+    confirm_runs: dict[str, int] = Field(
+        default_factory=lambda: {"throughput": 2, "latency": 2},
+        description="runs in a row a metric of this family must read as a regression before it fails a night "
+                    "(1 for the families not listed): speed moves with whatever else shares the host, so one "
+                    "slow night alone is 'suspect', kept out of the baselines and confirmed or cleared by the next")
 
 
 class LaneComparison(BaseModel):
@@ -42,6 +47,18 @@ class LaneComparison(BaseModel):
     @property
     def regressions(self) -> list[RegressionRow]:
         return [r for r in self.rows if r.verdict == "regression"]
+
+    @property
+    def suspects(self) -> list[RegressionRow]:
+        return [r for r in self.rows if r.verdict == "suspect"]
+
+    def suspect_flags(self) -> list[dict[str, Any]]:
+        """One lane flag per suspect metric: the night passes, and says so."""
+        return [{"check": "suspect", "declared": f"{r.metric} in [{r.band_low:.4g}, {r.band_high:.4g}]",
+                 "effective": f"{r.current:.4g}", "severity": "flag",
+                 "message": f"{describe(r)}: suspect, not yet a regression: speed moves with whatever else shares "
+                            "the host, so one run alone does not fail the night; the next run confirms or clears it; "
+                            "fix: re-run on a quiet host"} for r in self.suspects]
 
 
 def t_quantile(p: float, df: int) -> float:
@@ -126,6 +143,26 @@ def _fingerprint_of(con: Any, run: str, lane: str, cache: dict[str, dict[str, st
     return cache[run]
 
 
+def _suspect_streaks(con: Any, flow: str, lane: str, started: Any) -> dict[str, int]:
+    """Per metric, how many of the lane's latest judged runs before this one, in a row, read it as
+    "suspect" or "regression" (a CI run caught a ~28 % slowdown on one night while another job shared
+    the 2-core box; the next night read it as noise)."""
+    rows = con.execute(
+        """SELECT g.metric, g.verdict FROM regression g JOIN runs r ON r.run = g.run
+           WHERE r.flow = ? AND g.lane = ? AND r.started_at < ? ORDER BY r.started_at DESC""",
+        [flow, lane, started]).fetchall()
+    streaks: dict[str, int] = {}
+    ended: set[str] = set()
+    for metric, v in rows:
+        if metric in ended:
+            continue
+        if v in ("suspect", "regression"):
+            streaks[metric] = streaks.get(metric, 0) + 1
+        else:
+            ended.add(metric)
+    return streaks
+
+
 def compare_lane(con: Any, run: str, lane: str, policy: RegressionPolicy) -> LaneComparison:
     """Every headline metric of `lane` in `run` against its baseline window of fingerprint-equal runs
     (a replaced model file or upgraded engine is not noise); with too few of those but enough
@@ -150,7 +187,7 @@ def compare_lane(con: Any, run: str, lane: str, policy: RegressionPolicy) -> Lan
         assert d is not None
         earlier = con.execute(
             """SELECT run, value FROM metrics
-               WHERE flow = ? AND lane = ? AND metric = ? AND passed AND NOT regressed AND run <> ?
+               WHERE flow = ? AND lane = ? AND metric = ? AND passed AND NOT regressed AND NOT suspect AND run <> ?
                  AND started_at < ? AND (? IS NULL OR started_at >= ?) AND value IS NOT NULL AND NOT isnan(value)
                  AND (samples IS NULL OR samples >= ?)
                ORDER BY started_at DESC LIMIT ?""",
@@ -163,6 +200,7 @@ def compare_lane(con: Any, run: str, lane: str, policy: RegressionPolicy) -> Lan
     judged_count = sum(1 for m in enough if len(bases[m]) >= policy.min_runs)
     confidence = 1 - (1 - policy.confidence) / max(judged_count, 1)  # for the lane as a whole (docstring)
     rows = []
+    suspects = _suspect_streaks(con, flow, lane, started)
     for metric, value, _samples in current:
         d = metric_def(metric)
         assert d is not None
@@ -179,10 +217,12 @@ def compare_lane(con: Any, run: str, lane: str, policy: RegressionPolicy) -> Lan
             rows.append(RegressionRow(**common, verdict="too few samples" if metric not in enough else
                                       "not comparable" if not_comparable else "no baseline"))
         else:
+            v = verdict(d.better, j.change_pct, j.low_pct, j.high_pct, min_effect)
+            if v == "regression" and suspects.get(metric, 0) + 1 < policy.confirm_runs.get(d.family, 1):
+                v = "suspect"
             rows.append(RegressionRow(**common, baseline=j.centre, baseline_spread_pct=j.spread_pct, band_low=j.band_low,
                                       band_high=j.band_high, change_pct=j.change_pct, ci_low_pct=j.low_pct,
-                                      ci_high_pct=j.high_pct,
-                                      verdict=verdict(d.better, j.change_pct, j.low_pct, j.high_pct, min_effect)))
+                                      ci_high_pct=j.high_pct, verdict=v))
     prev = con.execute("SELECT config FROM lanes WHERE run = ? AND lane = ?",
                        [newest_baseline or refused_against, lane]).fetchone()  # refused: what changed, too
     changes = config_changes(config, prev[0]) if prev and config else []

@@ -192,7 +192,8 @@ class VerdictRow(Record):
     note: str
 
 
-Verdict = Literal["regression", "improvement", "no change", "no baseline", "too few samples", "not comparable"]
+Verdict = Literal["regression", "suspect", "improvement", "no change", "no baseline", "too few samples",
+                  "not comparable"]
 
 
 class RegressionRow(Record):

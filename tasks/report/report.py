@@ -147,7 +147,7 @@ def regression_table(df: pd.DataFrame) -> pd.DataFrame:
         "change [interval]": ["" if pd.isna(r.change_pct) else
                               f"{r.change_pct:+.1f}% [{r.ci_low_pct:+.1f}%, {r.ci_high_pct:+.1f}%]" for r in rows],
         "min effect": [f"{v:g}%" for v in df.min_effect_pct],
-        "verdict": [f"**{v}**" if v in ("regression", "improvement") else v for v in df.verdict],
+        "verdict": [f"**{v}**" if v in ("regression", "suspect", "improvement") else v for v in df.verdict],
     })
 
 
@@ -163,14 +163,15 @@ def _regression_summary(run: RunFolder) -> list[str]:
                 f"(at least {policy.get('min_runs')}), with a {policy.get('confidence', 0.95):.0%} t interval on the "
                 "change from the baseline runs' own spread (a zero-width interval: the baseline runs agreed "
                 "exactly). A regression needs the whole interval on the worse side and at least the minimum "
-                "effect; the noise band is where tonight's value would have been ordinary (docs/nightly.md).", ""]
+                "effect; a speed metric needs it on two runs in a row (one alone is suspect); the noise band is "
+                "where tonight's value would have been ordinary (docs/nightly.md).", ""]
     flagged = [f"- **COMPARISON REFUSED** {why}" for why in m.flow.comparison_refused.values()]
     for entry in entries:
         if entry.validation != "passed":
             out.append(f"- {entry.lane}: comparison QUARANTINED ({'; '.join(entry.failed_expectations)})")
             continue
         df = pd.read_parquet(run.path / entry.path)
-        for r in df[df.verdict.isin(["regression", "improvement"])].itertuples():
+        for r in df[df.verdict.isin(["regression", "suspect", "improvement"])].itertuples():
             flagged.append(f"- **{r.verdict}** {r.lane} `{r.metric}`: {r.change_pct:+.1f}% "
                            f"[{r.ci_low_pct:+.1f}%, {r.ci_high_pct:+.1f}%], {num(r.current)} against "
                            f"{num(r.baseline)} over {int(r.baseline_runs)} runs")
