@@ -28,6 +28,10 @@ from conftest import REPO, manifest_of, run_cli, run_folder_of, write_inventory
 pytestmark = pytest.mark.slow
 
 PORT = 18190
+# The gate-failure lanes boot only to fail a gate: no torch.compile. vLLM compiles at boot unless
+# ~/.cache/vllm holds that graph (keyed by model path and config), and a fresh CI clone holds none:
+# ~35 s a boot on 2 cores (init 52 s -> 15 s), for a gate that reads the same either way.
+EAGER = ["--enforce-eager"]
 
 
 @pytest.fixture(scope="module")
@@ -129,8 +133,9 @@ def test_tokens_are_counted_from_usage_not_chunks(draft_run):
 
 def test_a_drafter_without_speculative_config_fails_the_counter_gate(vllm_ready, tmp_path):
     """The lane names a drafter, but nothing tells vLLM to speculate (no `speculative` block, so
-    no --speculative-config): the implied counter gate fails at boot, naming the counter and its value."""
-    lane = vllm_lane()
+    no --speculative-config): the implied counter gate fails at boot, naming the counter and its value.
+    Eager (no graph compile): the lane boots only to fail a gate, and a compile is ~30 s of a CI boot."""
+    lane = vllm_lane(flags=EAGER)
     lane.pop("speculative")
     path = inventory(tmp_path, "vllm-draft", lane)
     result = run_cli("nightly", "--hosts", str(path), "--artifacts", str(tmp_path / "artifacts"), timeout=900)
@@ -146,7 +151,7 @@ def test_a_bench_past_vllms_maximum_concurrency_fails_the_capacity_gate(vllm_rea
     """A 2048-token context per request in 1 GiB of KV (262,144 tokens) still runs 128 at once;
     `--max-num-seqs` is the lane's slots, so the server's own line is what must stop a bench of 8
     when the pool holds fewer: here the pool is cut with --num-gpu-blocks-override."""
-    lane = vllm_lane("vllm-plain", flags=["--num-gpu-blocks-override", "8", "--block-size", "128"])
+    lane = vllm_lane("vllm-plain", flags=["--num-gpu-blocks-override", "8", "--block-size", "128", *EAGER])
     path = inventory(tmp_path, "vllm-plain", lane)
     result = run_cli("nightly", "--hosts", str(path), "--artifacts", str(tmp_path / "artifacts"), timeout=900)
     folder = run_folder_of(result)
