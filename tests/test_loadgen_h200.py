@@ -71,3 +71,26 @@ def test_lanebench_on_its_own_span_passes_a_million_tokens_a_second_from_eight_c
     assert all(float(r["tok/s"]) >= 1e6 for r in raw if int(r["cores"]) >= 8)
     scaling = {(r["C"], r["cores"]): float(r["x one core"]) for r in rows(CLIENT_SPAN, "lanebench's scaling over cores")}
     assert scaling["64", "12"] >= 7 and scaling["256", "12"] >= 7
+
+
+def test_twelve_workers_lose_to_their_share_of_streams_not_to_the_merge(monkeypatch):
+    """The 18:04 run's 12-core rows read 58-64 % of linear against one core at the same C. One
+    process reading C streams takes more events a read than N workers of C/N streams each (one core:
+    192k tok/s at C=16, 301k at C=256), and at C=16 four of twelve workers carry two streams and set
+    the span. Held against that bound, every multi-core row is 85-96 %: the loss that is the
+    workers' own is 4-15 %, at 2 cores as at 12."""
+    import importlib.util
+
+    monkeypatch.syspath_prepend(str(RUNS.parents[2] / "benchmarks"))  # its own `_common`
+    spec = importlib.util.spec_from_file_location("load_generator", RUNS.parents[2] / "benchmarks/load_generator.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    raw = [r | {"C": int(r["C"]), "cores": int(r["cores"]), "tok/s": float(r["tok/s"])}
+           for r in rows(CLIENT_SPAN, "raw ceiling")]
+    _, scaling = bench.versus(raw, ["lanebench"])
+    multi = [r for r in scaling if r["cores"] > 1]
+    assert len(multi) == 12
+    twelve = [r for r in multi if r["cores"] == 12]
+    assert all(r["of linear %"] < 65 for r in twelve), twelve
+    assert all(84 <= r["of workers' bound %"] <= 97 for r in multi), multi
+    assert next(r for r in twelve if r["C"] == 16)["streams a worker"] == "1-2"
