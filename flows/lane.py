@@ -38,7 +38,7 @@ from tasks.record.expectations import warmed_up
 from tasks.record.fingerprint import fingerprint
 from tasks.record.manifest import Bandwidth
 from tasks.record.interrupted import stop_requested
-from tasks.record.rows import DecodeRow, GateResult, WarmupRow
+from tasks.record.rows import DecodeRow, Finding, GateResult, WarmupRow
 from tasks.record.run_folder import LaneRecord, RunFolder, RunFolderWriteError
 from tasks.stages.acceptance import acceptance_probe, draft_shape
 from tasks.serving import live
@@ -239,7 +239,7 @@ class _OnServer:
         if queue_rows:
             self.run.write_table(self.name, "queueing", queue_rows)
         # Noise made visible: unstable levels and warmup faster than steady (tasks/stages/safety.py).
-        record.flags += [f.model_dump(mode="json") for f in noise_findings(lane, rows, warm)]
+        record.flags += noise_findings(lane, rows, warm)
         return rows
 
     def prefill_ladder(self) -> None:
@@ -265,7 +265,7 @@ class _OnServer:
                                             draft_shape(lane.engine, self.served.server.argv))
         live.check(endpoint)
         self.record.warnings += [f"acceptance probe: class {c} had no verification step" for c in silent]
-        self.record.flags += [f.model_dump(mode="json") for f in acceptance_findings(lane, acc_rows)]
+        self.record.flags += acceptance_findings(lane, acc_rows)
         if acc_rows:
             self.run.write_table(self.name, "acceptance", acc_rows)
 
@@ -277,9 +277,9 @@ class _OnServer:
         if self.stages.tool_gate and checks is not None and checks.tool_gate is not None:
             self.stage("tool gate")
             verdicts += tool_gate(endpoint, str(run.path), lane, self.host, self.base_dir, self.stages.held_out)
-            record.flags += [{"check": "tool score truncated", "declared": "a score of finished answers",
-                              "effective": r.detail.split("; ")[-1], "severity": "flag",
-                              "message": f"{r.gate}: {r.detail}; fix: raise the protocol's max_tokens"}
+            record.flags += [Finding(check="tool score truncated", declared="a score of finished answers",
+                                     effective=r.detail.split("; ")[-1], severity="flag",
+                                     message=f"{r.gate}: {r.detail}; fix: raise the protocol's max_tokens")
                              for r in verdicts if "dominated by truncation" in r.detail]
         if self.stages.needles and checks is not None and checks.needles is not None:
             self.stage("needle ladder")

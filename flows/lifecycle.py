@@ -136,6 +136,6 @@ def lanes_verdict(run: RunFolder, kind: str, problems: list[str], flagged: bool 
     run.save_manifest()
     if verdict.outcome == "failed":
         return Failed(message=verdict.line)
-    flags = [f"{n}: {f['message']}" for n, r in run.manifest.lanes.items() for f in r.flags] if flagged else []
+    flags = [f"{n}: {f.message}" for n, r in run.manifest.lanes.items() for f in r.flags] if flagged else []
     line = verdict.line + ("; FLAGGED: " + " | ".join(flags) if flags else "")
     return Completed(name=STATE_NAMES[verdict.outcome], message=line)

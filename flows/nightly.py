@@ -32,8 +32,8 @@ from tasks.record.run_folder import RunFolder
 from tasks.record.expectations import warm_up
 from tasks.record.progress import progress
 from tasks.record.regression import LaneComparison, RegressionPolicy, describe
+from tasks.record.rows import Finding
 from tasks.record.table_rows import RegressionRow
-from tasks.stages.safety import Finding
 from tasks.record import plots
 from tasks.report.report import embed_images, render
 
@@ -122,7 +122,7 @@ def _against_baseline(run: RunFolder, artifacts_root: str, policy: RegressionPol
         if comparison.config_changes:
             record.warnings.append("lane config differs from the newest baseline run: "
                                    + "; ".join(comparison.config_changes))
-        record.flags += [suspect_flag(r).model_dump(mode="json") for r in comparison.suspects]
+        record.flags += [suspect_flag(r) for r in comparison.suspects]
         _, entry = run.write_table(name, "regression", comparison.rows)
         if entry.validation == "failed":
             record.status, record.reason = "failed", "expectations failed for regression; comparison quarantined"

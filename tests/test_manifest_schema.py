@@ -164,3 +164,23 @@ def test_lanes_of_many_threads_change_the_record_while_others_save(tmp_path: Pat
     assert errors == []
     m = read_manifest(run.path)
     assert len(m.lanes) == 240 and len(m.flow.correctness) == 240 and len(m.flow.comparison_refused) == 240
+
+
+def test_a_lane_flag_is_a_finding_with_its_fix(tmp_path: Path) -> None:
+    """A flag is typed (check, declared, effective, severity, message), not a dict each writer
+    shapes: CI once failed on a flag built by hand as `dict[str, Any]`, and a hand-built flag missing
+    its message would have shown in the report as a KeyError. Read back as a Finding; a flag
+    without its message, or of an unknown severity, is refused naming the field."""
+    from tasks.record.rows import Finding
+
+    data = json.loads((_folder(V0, "*_nightly_0f1e2d3c") / "manifest.json").read_text())
+    flag = {"check": "suspect", "declared": "tok_s@c1 in [270, 290]", "effective": "201.3", "severity": "flag",
+            "message": "tok_s@c1 -28.4 %: suspect, not yet a regression; fix: re-run on a quiet host"}
+    data["lanes"]["rehearsal"]["flags"] = [flag]
+    (read,) = parse_manifest(json.dumps(data)).lanes["rehearsal"].flags
+    assert isinstance(read, Finding) and read.message.endswith("quiet host")
+    for broken, why in (({k: v for k, v in flag.items() if k != "message"}, "lanes.rehearsal.flags.0.message: Field required"),
+                        (flag | {"severity": "warning"}, "lanes.rehearsal.flags.0.severity")):
+        data["lanes"]["rehearsal"]["flags"] = [broken]
+        with pytest.raises(ManifestError, match=re.escape(why)):
+            parse_manifest(json.dumps(data))

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, JsonValue, ValidationError, field_va
 from tasks.hosts.gpu import GpuHostFacts
 from tasks.hosts.lock import Hold
 from tasks.hosts.owner import Owner
-from tasks.record.rows import GateResult
+from tasks.record.rows import Finding, GateResult
 
 SCHEMA_VERSION = 1
 JsonObject = dict[str, JsonValue]
@@ -114,9 +114,9 @@ class LaneRecord(_Section):
     boot_facts: JsonObject = {}  # the engine's facts from its boot log and API (tasks/engines)
     gates: list[GateResult] = []
     warnings: list[str] = []
-    # Safe by default (tasks/stages/safety.py): flags (check, declared, effective, severity, message)
-    # and the implied gates the lane turned off, with their reasons.
-    flags: list[JsonObject] = []
+    # Safe by default (tasks/stages/safety.py): flags, and the implied gates the lane turned off, with
+    # their reasons.
+    flags: list[Finding] = []
     waivers: list[JsonObject] = []
     started_at: str | None = None  # when the lane got its hosts (UTC ISO); lanes of two hosts overlap
     finished_at: str | None = None

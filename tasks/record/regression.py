@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 from typing import Any
+
 import numpy as np
 import pandas as pd
 from pydantic import BaseModel, Field

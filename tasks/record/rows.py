@@ -5,7 +5,20 @@ from __future__ import annotations
 
 from typing import Literal
 
+from pydantic import JsonValue
+
 from tasks.wire.base import InFlight, Record
+
+
+class Finding(Record):
+    """A lane flag: one declared value the server does not serve as declared, a value too good to be
+    true, or a number the night passed but does not vouch for (tasks/stages/safety.py, the nightly)."""
+
+    check: str
+    declared: JsonValue = None
+    effective: JsonValue = None
+    severity: Literal["failure", "flag"]
+    message: str  # names declared value, effective value and the fix
 
 
 class GateResult(Record):

@@ -208,7 +208,7 @@ def _verdict_line(run: RunFolder, judged: list[str]) -> str:
         ([m.flow.regression_error] if m.flow.regression_error else []) + \
         [f"comparison refused for {lane}" for lane in m.flow.comparison_refused]
     if not parts:
-        flagged = [f"{n}: {f['check']}" for n, lane in m.lanes.items() for f in lane.flags]
+        flagged = [f"{n}: {f.check}" for n, lane in m.lanes.items() for f in lane.flags]
         flagged += [f"{line.split(': ', 1)[1].split(' ')[0]}: {line.split(':')[0]}"
                     for line in judged if line.startswith(("SPECULATION LOSES", "NOT COMPARABLE"))]
         if flagged:
@@ -272,7 +272,7 @@ def render(run: RunFolder) -> str:
         out += gpu_lines(lane.gpu, lane.boot_facts)
         out += [f"- gate **{gate.gate}** ({gate.kind}): {gate.detail}" for gate in lane.gates]
         out += [f"- waiver: implied gate **{w['gate']}** turned off: {w['reason']}" for w in lane.waivers]
-        out += [f"- **{'FAILED' if f['severity'] == 'failure' else 'FLAG'}** {f['check']}: {f['message']}" for f in lane.flags]
+        out += [f"- **{'FAILED' if f.severity == 'failure' else 'FLAG'}** {f.check}: {f.message}" for f in lane.flags]
         # Agentic smoke, thinking switch, tool gate, needle ladder (also in <lane>/correctness.md).
         out += correctness.section(run, name)
         out += [f"- warning: {warning}" for warning in lane.warnings]

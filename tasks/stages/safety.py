@@ -9,9 +9,7 @@ turning one off takes a recorded waiver. Each declared/effective difference name
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
-
-from pydantic import BaseModel, ConfigDict
+from typing import Any
 
 from tasks.wire.records import RequestRecord
 from tasks.engines import Engine, engine_for
@@ -19,7 +17,7 @@ from tasks.engines.build import BuildError
 from tasks.engines.facts import BootFacts, Metrics
 from tasks.inventory.models import CapacityGate, CounterGate, Gate, Lane
 from tasks.record.manifest import ModelFacts
-from tasks.record.rows import GateResult
+from tasks.record.rows import Finding, GateResult
 
 # Acceptance this close to K+1 means the drafter almost never disagrees with the target: in
 # the seeds that was the target serving as its own drafter (4.70 at K=4), reported as a triumph.
@@ -33,17 +31,6 @@ WARMUP_JITTER = 0.25  # a first hit faster than steady by more than this share o
 WARMUP_JITTER_S = 0.02  # ... and by more than this: a few ms either way is a 2-core scheduler, not a finding
 TTFT_DOMINATES = 0.5  # a decode row whose median TTFT is over this share of e2el measures prefill
 MIN_PROMPTS = 8  # = tasks/stages/acceptance.py MIN_PROMPTS_FOR_VERDICT
-
-
-class Finding(BaseModel):
-    """One declared value the server does not serve as declared (or a value too good to be true)."""
-
-    model_config = ConfigDict(extra="forbid")
-    check: str
-    declared: Any = None
-    effective: Any = None
-    severity: Literal["failure", "flag"]
-    message: str  # names declared value, effective value and the fix
 
 
 def waived(lane: Lane, gate: str) -> bool:

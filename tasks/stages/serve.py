@@ -119,7 +119,7 @@ def boot_gates(run: RunFolder, served: Served, probe: Prompt | None) -> None:
     served.facts = read_facts(served.endpoint, lane.engine, served.facts)  # the counters' readings kept
     record.boot_facts = served.facts.model_dump(mode="json")
     findings = effective_findings(lane, served.facts, record.models, record.engine_identity, pinned_identity(lane))
-    record.flags += [f.model_dump(mode="json") for f in findings]
+    record.flags += findings
     run.save_manifest()
     if failed_gate := next((r for r in results if not r.passed), None) or \
             next((as_gate(f) for f in findings if f.severity == "failure"), None):
