@@ -147,9 +147,11 @@ def workers_bound(concurrency: int, workers: int, one_core: dict[int, float]) ->
     return concurrency / max(c / rate(c) for c in shares if c)
 
 
-def versus(raw: list[dict], clients: list[str]) -> tuple[list[dict], list[dict]]:
+def versus(raw: list[dict], clients: list[str], streams_a_core: int | None = None) -> tuple[list[dict], list[dict]]:
     """From the raw rows: lanebench against the best peer on the same cores, and lanebench's
-    scaling (tok/s over its one-core row), per concurrency, with the bound of `workers_bound`."""
+    scaling (tok/s over its one-core row), per concurrency, with the bound of `workers_bound`.
+    With `streams_a_core` (weak scaling: C grows with the cores) the one-core row is the one at
+    that C, so "of linear" holds each worker to what one core did with the same streams."""
     by = {(r["client"], r["C"], r["cores"]): r["tok/s"] for r in raw}
     ratios, scaling = [], []
     for c, n in sorted({(r["C"], r["cores"]) for r in raw}):
@@ -158,8 +160,9 @@ def versus(raw: list[dict], clients: list[str]) -> tuple[list[dict], list[dict]]
             best = max(peers, key=lambda p: peers[p])
             ratios.append({"C": c, "cores": n, "lanebench tok/s": by[("lanebench", c, n)], "best peer": best,
                            "its tok/s": peers[best], "lanebench / best": by[("lanebench", c, n)] / peers[best]})
-        if ("lanebench", c, 1) in by and ("lanebench", c, n) in by:
-            gain = by[("lanebench", c, n)] / by[("lanebench", c, 1)]
+        base = streams_a_core if streams_a_core and c == streams_a_core * n else c
+        if ("lanebench", base, 1) in by and ("lanebench", c, n) in by:
+            gain = by[("lanebench", c, n)] / by[("lanebench", base, 1)]
             one_core = {k: v for (who, k, cores), v in by.items() if who == "lanebench" and cores == 1 and v > 0}
             shares = [len(range(i, c, n)) for i in range(n)]
             scaling.append({"C": c, "cores": n, "tok/s": by[("lanebench", c, n)], "x one core": gain,
@@ -211,6 +214,10 @@ def main() -> int:
                         "client in one process on --client-cpu)")
     p.add_argument("--parent-cpu", type=int, default=None,
                    help="raw part, with --client-cpus: the core of the process that drives a client's workers")
+    p.add_argument("--streams-a-core", type=int, default=None,
+                   help="raw part, with --client-cpus: weak scaling, C = this many streams x each core count of "
+                        "--workers (instead of C 1, 16, 64, 256 at every core count), so each worker keeps the "
+                        "streams one core had")
     p.add_argument("--events-per-write", type=int, default=16,
                    help="raw part: token events the zero-delay server writes at once (1: one a write, as before 2026-12-03 11:00)")
     p.add_argument("--ttft-ms", type=float, default=20.0)
@@ -250,15 +257,16 @@ def main() -> int:
         if args.client_cpus and args.parent_cpu is not None:
             os.sched_setaffinity(0, {args.parent_cpu})
         cores = [n for n in args.workers if n <= len(args.client_cpus)] if args.client_cpus else [1]
-        for c in levels_raw:
-            for n in [n for n in cores if n <= c]:  # more worker processes than streams would idle
-                for client in clients:
-                    before = server.cpu_s()
-                    got = one(client, server, c, max(4 * c, per_core_raw * n), tokens_raw, work, n, args.client_cpus,
-                              args.parent_cpu)
-                    raw.append(raw_row(client, got, server.entries(), c, n, server.cpu_s() - before, len(servers)))
-                    print(raw[-1], flush=True)
-    ratios, scaling = versus(raw, clients)
+        rows = [(args.streams_a_core * n, n) for n in cores] if args.streams_a_core else \
+            [(c, n) for c in levels_raw for n in cores if n <= c]  # more worker processes than streams would idle
+        for c, n in rows:
+            for client in clients:
+                before = server.cpu_s()
+                got = one(client, server, c, max(4 * c, per_core_raw * n), tokens_raw, work, n, args.client_cpus,
+                          args.parent_cpu)
+                raw.append(raw_row(client, got, server.entries(), c, n, server.cpu_s() - before, len(servers)))
+                print(raw[-1], flush=True)
+    ratios, scaling = versus(raw, clients, args.streams_a_core)
     if "aiperf" in clients:  # its venv has httpx and aiohttp: the HTTP layer comparison, on one server
         with FakeServer(args.port, *zero_delay, cpus=[args.server_cpu], log=log) as server:  # (its /stats counts connections)
             interpreter, env = python("aiperf")
@@ -277,7 +285,7 @@ def main() -> int:
     if ratios:
         print("\n## lanebench against the best peer, on the same cores\n")
         print(table(ratios))
-    if len(scaling) > len(levels_raw):
+    if any(r["cores"] > 1 for r in scaling):
         print("\n## lanebench's scaling over cores (worker processes, one a core)\n")
         print(table(scaling))
     if layers:

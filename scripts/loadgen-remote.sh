@@ -4,6 +4,7 @@
 #   bash scripts/loadgen-remote.sh [load_generator.py flags]          # in this call
 #   bash scripts/loadgen-remote.sh detach [flags]; bash scripts/loadgen-remote.sh wait SECONDS
 #     (the run outlives a call; `wait` returns its exit code, or 124 while it still runs)
+#   weak scaling (each worker keeps 16 streams, C = 16 x cores): detach --peers none --streams-a-core 16
 # Timed part: one fake server on core 0, every client on core 1 (as on the CPU VM). Raw part: three
 # zero-delay fake servers on cores 0-2 sharing the port, 64 token events a write; core 3 for the
 # process that drives a client's workers; each client (lanebench and each peer) on 1, 2, 4, 8 and

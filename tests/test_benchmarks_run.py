@@ -109,3 +109,18 @@ def test_a_raw_row_counts_tokens_over_the_clients_own_span(monkeypatch):
     got = {"ok": 2, "n": 2, "tokens": 2048, "cpu_s": 0.5, "span_s": 2.0}  # the client read for 2 s
     row = raw_row("lanebench", got, entries, 1, 1, server_cpu_s=0.1, servers=1)
     assert row["tok/s"] == 1024.0 and row["server busy %"] == pytest.approx(20.0) and row["connections"] == 1
+
+
+def test_weak_scaling_holds_each_worker_to_one_core_with_the_same_streams(monkeypatch):
+    """`--streams-a-core 16`: C = 16 x cores, and "of linear" is against one core at C=16, the streams
+    each worker keeps; against one core at the same C (64 on 4 cores) the split would read as loss."""
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    from load_generator import versus
+
+    raw = [{"client": "lanebench", "C": c, "cores": n, "tok/s": t} for c, n, t in
+           ((16, 1, 200e3), (32, 2, 390e3), (64, 4, 760e3), (64, 1, 265e3))]
+    _, weak = versus(raw, ["lanebench"], streams_a_core=16)
+    four = next(r for r in weak if r["cores"] == 4)
+    assert four["of linear %"] == pytest.approx(95.0) and four["streams a worker"] == "16-16"
+    _, strong = versus(raw, ["lanebench"])
+    assert next(r for r in strong if r["cores"] == 4)["of linear %"] == pytest.approx(100 * 760 / (4 * 265))
