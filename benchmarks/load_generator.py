@@ -129,22 +129,17 @@ def workers_bound(concurrency: int, workers: int, one_core: dict[int, float]) ->
     requests, so a worker with c streams is done after c / rate(c). One process reading many streams
     takes more events a read (one core: ~195k tok/s at C 1-16, ~301k at C 256 on a 16-core Xeon), so
     N workers of C/N streams each cannot reach N x the one-core row at C: that is the scaling loss this
-    bound separates from the workers' own overhead. rate(c): log-interpolated over the one-core rows."""
-    import math
-
+    bound separates from the workers' own overhead. rate(c): log-log interpolated over the one-core
+    rows, held at the end rows beyond them."""
     levels = sorted(one_core)
+    x, y = np.log(levels), np.log([one_core[c] for c in levels])
+    return concurrency / max(c / float(np.exp(np.interp(np.log(c), x, y)))
+                             for c in streams_a_worker(concurrency, workers) if c)
 
-    def rate(c: int) -> float:
-        if c <= levels[0] or len(levels) == 1:
-            return one_core[levels[0]]
-        for a, b in zip(levels, levels[1:]):
-            if c <= b:
-                f = (math.log(c) - math.log(a)) / (math.log(b) - math.log(a))
-                return one_core[a] * (one_core[b] / one_core[a]) ** f
-        return one_core[levels[-1]]
 
-    shares = [len(range(i, concurrency, workers)) for i in range(workers)]
-    return concurrency / max(c / rate(c) for c in shares if c)
+def streams_a_worker(concurrency: int, workers: int) -> list[int]:
+    """Streams each worker runs: stream i goes to worker i mod N (tasks/client/workers.py)."""
+    return [len(range(i, concurrency, workers)) for i in range(workers)]
 
 
 def versus(raw: list[dict], clients: list[str], streams_a_core: int | None = None) -> tuple[list[dict], list[dict]]:
@@ -153,6 +148,7 @@ def versus(raw: list[dict], clients: list[str], streams_a_core: int | None = Non
     With `streams_a_core` (weak scaling: C grows with the cores) the one-core row is the one at
     that C, so "of linear" holds each worker to what one core did with the same streams."""
     by = {(r["client"], r["C"], r["cores"]): r["tok/s"] for r in raw}
+    one_core = {c: v for (who, c, cores), v in by.items() if who == "lanebench" and cores == 1 and v > 0}
     ratios, scaling = [], []
     for c, n in sorted({(r["C"], r["cores"]) for r in raw}):
         peers = {p: by[(p, c, n)] for p in clients[1:] if (p, c, n) in by}
@@ -163,8 +159,7 @@ def versus(raw: list[dict], clients: list[str], streams_a_core: int | None = Non
         base = streams_a_core if streams_a_core and c == streams_a_core * n else c
         if ("lanebench", base, 1) in by and ("lanebench", c, n) in by:
             gain = by[("lanebench", c, n)] / by[("lanebench", base, 1)]
-            one_core = {k: v for (who, k, cores), v in by.items() if who == "lanebench" and cores == 1 and v > 0}
-            shares = [len(range(i, c, n)) for i in range(n)]
+            shares = streams_a_worker(c, n)
             scaling.append({"C": c, "cores": n, "tok/s": by[("lanebench", c, n)], "x one core": gain,
                             "of linear %": 100 * gain / n, "streams a worker": f"{min(shares)}-{max(shares)}",
                             "of workers' bound %": 100 * by[("lanebench", c, n)] / workers_bound(c, n, one_core)})

@@ -32,8 +32,6 @@ from tasks.record.run_folder import RunFolder
 from tasks.record.expectations import warm_up
 from tasks.record.progress import progress
 from tasks.record.regression import LaneComparison, RegressionPolicy, describe
-from tasks.record.rows import Finding
-from tasks.record.table_rows import RegressionRow
 from tasks.record import plots
 from tasks.report.report import embed_images, render
 
@@ -93,15 +91,6 @@ def _plots(run: RunFolder, name: str, con: Any, comparison: LaneComparison | Non
             run.register(name, str(path.relative_to(run.path)), "plot")
 
 
-def suspect_flag(row: RegressionRow) -> Finding:
-    """A suspect metric is a lane flag: the night passes, and says why it is not yet a regression."""
-    return Finding(check="suspect", declared=f"{row.metric} in [{row.band_low:.4g}, {row.band_high:.4g}]",
-                   effective=f"{row.current:.4g}", severity="flag",
-                   message=f"{describe(row)}: suspect, not yet a regression: speed moves with whatever else shares "
-                           "the host, so one run alone does not fail the night; the next run confirms or clears it; "
-                           "fix: re-run on a quiet host")
-
-
 def _against_baseline(run: RunFolder, artifacts_root: str, policy: RegressionPolicy) -> dict[str, LaneComparison]:
     """Compare every passed lane with its baseline window; write each comparison (GX-validated) and the plots."""
     from tasks.record.history import open_index
@@ -122,7 +111,7 @@ def _against_baseline(run: RunFolder, artifacts_root: str, policy: RegressionPol
         if comparison.config_changes:
             record.warnings.append("lane config differs from the newest baseline run: "
                                    + "; ".join(comparison.config_changes))
-        record.flags += [suspect_flag(r) for r in comparison.suspects]
+        record.flags += comparison.suspect_flags()
         _, entry = run.write_table(name, "regression", comparison.rows)
         if entry.validation == "failed":
             record.status, record.reason = "failed", "expectations failed for regression; comparison quarantined"

@@ -137,8 +137,7 @@ def test_baselines_skip_regressed_and_failed_runs(tmp_path):
     rows = {r.metric: r for r in first.rows}
     # One slow night is suspect (speed moves with whatever shares the host); the next confirms it.
     assert rows["tok_s@c1"].verdict == "suspect" and not first.regressions
-    from flows.nightly import suspect_flag
-    assert "suspect, not yet a regression" in suspect_flag(first.suspects[0]).message
+    assert "suspect, not yet a regression" in first.suspect_flags()[0].message
     assert rows["tok_s@c1"].baseline_from.split(",") == [r.path.name for r in good]
     assert rows["acceptance_length@prose"].verdict == "no change"
     assert first.config_changes == ["threads: 2 -> 1"]

@@ -17,6 +17,7 @@ import pandas as pd
 from pydantic import BaseModel, Field
 
 from tasks.record.kinds import metric_def
+from tasks.record.rows import Finding
 from tasks.record.table_rows import RegressionRow, Verdict
 
 
@@ -51,6 +52,14 @@ class LaneComparison(BaseModel):
     @property
     def suspects(self) -> list[RegressionRow]:
         return [r for r in self.rows if r.verdict == "suspect"]
+
+    def suspect_flags(self) -> list[Finding]:
+        """One lane flag per suspect metric: the night passes, and says why it is not yet a regression."""
+        return [Finding(check="suspect", declared=f"{r.metric} in [{r.band_low:.4g}, {r.band_high:.4g}]",
+                        effective=f"{r.current:.4g}", severity="flag",
+                        message=f"{describe(r)}: suspect, not yet a regression: speed moves with whatever else "
+                                "shares the host, so one run alone does not fail the night; the next run confirms "
+                                "or clears it; fix: re-run on a quiet host") for r in self.suspects]
 
 
 def t_quantile(p: float, df: int) -> float:
