@@ -37,7 +37,8 @@ multidict==7.2.1 orjson==3.11.9 propcache==0.5.4 pydantic==2.14.4 pydantic-core=
 pydantic-settings==2.16.3 ruamel-yaml==0.18.17 ruamel-yaml-clib==0.2.15 setproctitle==1.3.8
 typing-inspection==0.4.5 uvloop==0.23.0 yarl==1.25.1 pyzmq==26.4.0 zstandard==0.25.0 rich==14.1.0
 docstring-parser==0.18.0 rich-rst==2.2.0 prometheus-client==0.23.1 frozenlist==1.8.0"
-LANEBENCH="pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 orjson==3.13.0"
+LANEBENCH="pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 orjson==3.13.0
+msgspec==0.23.0"
 
 plats=(); for p in manylinux_2_28 manylinux_2_27 manylinux_2_24 manylinux_2_17 manylinux2014 manylinux1 manylinux_2_5; do
   plats+=(--platform "${p}_x86_64"); done

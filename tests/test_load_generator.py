@@ -549,6 +549,50 @@ def test_the_token_fast_path_takes_only_plain_token_events():
         vllm.stream_token(b'data: {"choices": [')
 
 
+def test_a_read_decoded_whole_gives_what_event_by_event_gave():
+    """Engine.stream_tokens decodes a read's events as one array (the hot path at full speed): random
+    reads of token events with finals, usage, [DONE], comments, errors, NaN, multi-line and
+    malformed events among them give, through Assembler.feed_read, the outcome that feed() event by
+    event gives; a read of plain token events is decoded whole, and one of another kind is not."""
+    import random
+
+    from tasks.client.stream import Assembler
+
+    vllm, sglang = engine_for("vllm"), engine_for("sglang")
+    tok = {vllm: [b'data: {"id":"c","choices":[{"index":0,"text":" a","token_ids":[%d],"finish_reason":null}],'
+                  b'"usage":{"completion_tokens":1}}', b'data: {"choices":[{"text":"","token_ids":[%d,9],"finish_reason":null}]}'],
+           sglang: [b'data: {"text":" a","output_ids":[%d],"meta_info":{"id":"x"}}', b'data: {"text":"b","output_ids":[%d,1]}']}
+    other = {vllm: [b'data: {"choices":[{"text":"","token_ids":[],"finish_reason":"length"}],"usage":{"completion_tokens":3}}',
+                    b'data: {"choices":[],"usage":{"completion_tokens":3}}', b'data: {"error":{"message":"x"}}',
+                    b'data: {"choices":[{"text":7,"finish_reason":null}]}', b'data: {"choices":{"0":1}}',
+                    b'data: {"choices":[{"text":"n","token_ids":[1],"finish_reason":null,"lp":NaN}]}'],
+             sglang: [b'data: {"text":"","output_ids":[],"meta_info":{"finish_reason":{"type":"length"},"completion_tokens":3}}',
+                      b'data: {"error":"x"}', b'data: {"text":"m","output_ids":[1],"meta_info":[]}']}
+    common = [b"data: [DONE]", b": ping", b'data: {"choices": [', b'event: message\ndata: {"text":"z"}', b"data: 5"]
+    rng = random.Random(28)
+    for engine in (vllm, sglang):
+        assert engine.stream_tokens([tok[engine][0] % i for i in range(5)] + [b"data: [DONE]"]) == \
+            [(" a", 1)] * 5 + [None]
+        assert engine.stream_tokens([b": ping", tok[engine][0] % 1]) is None
+        for _ in range(2000):
+            reads, t = [], 0.0
+            for _ in range(rng.randint(1, 4)):
+                t += 1.0
+                n = rng.randint(1, 6)
+                events = [rng.choice(tok[engine]) % rng.randint(0, 99) if rng.random() < 0.8
+                          else rng.choice(other[engine] + common) for _ in range(n)]
+                reads.append([(t, raw, k < n - 1) for k, raw in enumerate(events)])
+            whole, one = Assembler(engine, 0.0), Assembler(engine, 0.0)
+            for read in reads:
+                whole.feed_read(read)
+                for ev in read:
+                    if one.feed(*ev):
+                        break
+            a, b = whole.finish(), one.finish()
+            assert (a.error, a.arrivals, a.tokens, a.coalesced, a.events, a.final, a.output_tokens) == \
+                (b.error, b.arrivals, b.tokens, b.coalesced, b.events, b.final, b.output_tokens), reads
+
+
 def test_the_fast_json_path_reads_what_the_standard_parser_read():
     """orjson refuses NaN and Infinity, which Python's json (and servers written with it) emit:
     such an event still parses, through the fallback, and malformed JSON is still an error."""

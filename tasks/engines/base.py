@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
+from functools import cache
 from typing import Any, ClassVar
 
+import msgspec
 import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -16,6 +18,15 @@ from tasks.wire.kl_probes import ForcedProbe, ForcedScore
 from tasks.wire.records import RequestRecord, RequestSpec, StreamEvent
 from tasks.engines.build import BuildError
 from tasks.engines.facts import Acceptance, BootFacts, DraftPlan, LoggedAcceptance, Metrics, PlannedCap
+
+
+_TAIL = 3  # events of another kind a read may end with and still be parsed together (Engine.stream_tokens)
+
+
+@cache
+def _token_decoders(chunk: type) -> tuple[msgspec.json.Decoder, msgspec.json.Decoder]:
+    """One event's and one read's decoder for an engine's token chunk (Engine.token_chunk)."""
+    return msgspec.json.Decoder(chunk), msgspec.json.Decoder(list[chunk])  # type: ignore[valid-type]
 
 
 def _loads(payload: bytes) -> Any:
@@ -160,20 +171,51 @@ class Engine(ABC):
         makes a CUDA context and compute buffers (~800 MiB on an H200)."""
         return {"CUDA_VISIBLE_DEVICES": ""}
 
-    def token_event(self, data: dict) -> tuple[str, int] | None:
-        """A decoded chunk that is a plain token event, as (text, tokens); None for anything else
-        (final, usage, error, or an engine that keeps a running count), which parse_event reads."""
+    # The fields of a plain token event that token_event reads, as a msgspec Struct (None: the
+    # engine has no token fast path; llama.cpp keeps a running count). Decoded into it, an event
+    # skips every other field: a dict of all of them cost more than the rest of a token's work.
+    token_chunk: ClassVar[type[msgspec.Struct] | None] = None
+
+    def token_event(self, chunk: Any) -> tuple[str, int] | None:
+        """A decoded token_chunk that is a plain token event, as (text, tokens); None for anything
+        else (final, usage, error), which parse_event reads."""
         return None
 
     def stream_token(self, raw: bytes) -> tuple[str, int] | None:
-        """The client's hot path, one call a streamed token: the common event off the wire as
-        (text, tokens), without building a StreamEvent (that cost a third of the CPU a token);
-        None: read `raw` with parse_stream_event. Malformed JSON raises ValueError. An engine
-        without a token_event of its own (llama.cpp: a running count) is not parsed twice."""
-        if type(self).token_event is Engine.token_event or not raw.startswith(b"data: {") or b"\n" in raw:
+        """The client's hot path for one event: the common event off the wire as (text, tokens),
+        without building a StreamEvent; None: read `raw` with parse_stream_event. JSON that is
+        malformed, or of another shape than token_chunk, raises ValueError."""
+        if self.token_chunk is None or not raw.startswith(b"data: {") or b"\n" in raw:
             return None
-        data = _loads(raw[6:])
-        return self.token_event(data) if type(data) is dict else None
+        return self.token_event(_token_decoders(self.token_chunk)[0].decode(raw[6:]))
+
+    def stream_tokens(self, raws: list[bytes]) -> list[tuple[str, int] | None] | None:
+        """stream_token for every event of one read, decoded as one JSON array: a zero-delay stream
+        brings hundreds of events a read, and a parse and two calls an event were most of the CPU
+        a token. The read's last events may be of another kind (`[DONE]`, a comment): they come
+        back None, for parse_stream_event. None for the whole read where the rest is not all
+        one-line `data: {` events of token_chunk's shape: then stream_token, event by event, says
+        which event is what. A raw newline cannot sit inside a one-line JSON payload, so the
+        newlines counted are exactly the separators."""
+        if self.token_chunk is None:
+            return None
+        n = len(raws)
+        while n and not raws[n - 1].startswith(b"data: {") and len(raws) - n < _TAIL:
+            n -= 1
+        if not n:
+            return None
+        blob = b"\n\n".join(raws[:n]) if n < len(raws) else b"\n\n".join(raws)
+        if not blob.startswith(b"data: {") or blob.count(b"\n") != 2 * (n - 1):
+            return None
+        body = blob[6:].replace(b"\n\ndata: ", b",")
+        if len(body) != len(blob) - 6 - 7 * (n - 1):  # a separator not followed by `data: `
+            return None
+        try:  # an element that is not an object of token_chunk's shape fails here
+            chunks = _token_decoders(self.token_chunk)[1].decode(b"[" + body + b"]")
+        except msgspec.DecodeError:
+            return None
+        token_event = self.token_event
+        return [token_event(c) for c in chunks] + [None] * (len(raws) - n)
 
     def parse_stream_event(self, raw: bytes) -> StreamEvent | None:
         """One server-sent event off the wire: None for a comment (llama-server's `:` ping); an `error`

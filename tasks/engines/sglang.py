@@ -30,6 +30,8 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+import msgspec
+
 from tasks.inventory.models import Agentic, Lane
 from tasks.engines.base import Engine, parser_flags
 from tasks.wire.kl_probes import ForcedProbe, ForcedScore
@@ -47,6 +49,19 @@ _NGRAM_DRAFT_TOKENS, _NGRAM_BFS_BREADTH = 12, 10  # srt/arg_groups: _handle_ngra
 _CORRECT = ("spec_num_correct_drafts", "spec_accepted_drafts", "spec_accept_token_num")
 _PROPOSED = ("spec_num_proposed_drafts", "spec_proposed_drafts", "spec_draft_token_num")
 _HIST = ("spec_correct_drafts_histogram", "spec_accept_histogram")
+
+
+
+class _TokenMeta(msgspec.Struct):
+    finish_reason: Any = None
+
+
+class _TokenChunk(msgspec.Struct):
+    """What SGLang.token_event reads of a /generate stream chunk (Engine.token_chunk)."""
+    text: Any = ""
+    output_ids: Any = None
+    meta_info: _TokenMeta | None = None
+    error: Any = msgspec.UNSET  # present at all: an error body
 
 
 def sglang_method(method: str) -> str:
@@ -120,6 +135,7 @@ class SGLang(Engine):
     name = "sglang"
     draft_counter = "sglang:spec_verify_calls_total"  # srt/observability/metrics_collector.py
     queue_gauge = "sglang:num_queue_reqs"
+    token_chunk = _TokenChunk
     info_path = "/server_info"  # /get_server_info before it was renamed
 
     def launch_command(self, lane: Lane, binary: str, host: str) -> list[str]:
@@ -241,12 +257,12 @@ class SGLang(Engine):
             "text": prompt, "sampling_params": {"temperature": 0.0, "max_new_tokens": max_tokens}, "stream": True,
             "extra_key": uuid.uuid4().hex})
 
-    def token_event(self, data: dict) -> tuple[str, int] | None:
-        meta = data.get("meta_info") or {}
-        text = data.get("text", "")
-        if "error" in data or meta.get("finish_reason") is not None or type(text) is not str:
+    def token_event(self, chunk: _TokenChunk) -> tuple[str, int] | None:
+        meta, text = chunk.meta_info, chunk.text
+        if chunk.error is not msgspec.UNSET or (meta is not None and meta.finish_reason is not None) \
+                or type(text) is not str:
             return None
-        return text, len(data.get("output_ids") or [])
+        return text, len(chunk.output_ids or [])
 
     def parse_event(self, data: dict) -> StreamEvent:
         if "error" in data:

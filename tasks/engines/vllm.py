@@ -27,6 +27,9 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from typing import Any
+
+import msgspec
 
 from tasks.inventory.models import Agentic, Lane
 from tasks.engines.base import Engine, parser_flags
@@ -45,6 +48,20 @@ _ALIASES = {"simple": "draft_model", "standalone": "draft_model", "nextn": "mtp"
 # seconds (default 10) in which drafts happened, over that interval only.
 _SPEC_LINE = re.compile(r"SpecDecoding metrics: Mean acceptance length: ([\d.]+), .*?Accepted: (\d+) tokens, "
                         r"Drafted: (\d+) tokens, Per-position acceptance rate: ([\d., ]+?), Avg Draft")
+
+
+
+class _TokenChoice(msgspec.Struct):
+    text: Any = None
+    token_ids: Any = None
+    finish_reason: Any = None
+
+
+class _TokenChunk(msgspec.Struct):
+    """What VLLM.token_event reads of a /v1/completions stream chunk (Engine.token_chunk)."""
+    choices: list[_TokenChoice] | None = None
+    error: Any = msgspec.UNSET  # present at all: an error body
+    object: Any = None
 
 
 def vllm_method(method: str) -> str:
@@ -71,6 +88,7 @@ class VLLM(Engine):
     draft_tokens_counter = "vllm:spec_decode_num_draft_tokens_total"
     info_path = "/version"  # {"version": "0.33.0"}
     queue_gauge = "vllm:num_requests_waiting"
+    token_chunk = _TokenChunk
 
     def acceptance_log_interval_s(self, env: dict[str, str]) -> float | None:
         try:
@@ -197,15 +215,15 @@ class VLLM(Engine):
             "stream_options": {"include_usage": True, "continuous_usage_stats": True}, "return_token_ids": True,
             "cache_salt": uuid.uuid4().hex})
 
-    def token_event(self, data: dict) -> tuple[str, int] | None:
-        choices = data.get("choices")
-        if not choices or "error" in data or data.get("object") == "error":
+    def token_event(self, chunk: _TokenChunk) -> tuple[str, int] | None:
+        choices = chunk.choices
+        if not choices or chunk.error is not msgspec.UNSET or chunk.object == "error":
             return None
         choice = choices[0]
-        text = choice.get("text") or ""
-        if choice.get("finish_reason") is not None or type(text) is not str:
+        text = choice.text or ""
+        if choice.finish_reason is not None or type(text) is not str:
             return None
-        return text, len(choice.get("token_ids") or ())
+        return text, len(choice.token_ids or ())
 
     def parse_event(self, data: dict) -> StreamEvent:
         if "error" in data or data.get("object") == "error":
