@@ -321,11 +321,11 @@ class Fake:
                     await writer.drain()
             else:
                 finish(sent * 10 if fault == "inconsistent" else 0 if fault == "zerocount" else sent)
-        writer.write(b"0\r\n\r\n")
-        if self.log:
+        if self.log:  # before the body's last chunk: a client that has its response may read the log at once
             self.log.write(json.dumps({"id": rid, "recv": t_recv, "recv_bytes": t_arrival[0], "recv_read": t_arrival[1],
                                        "writes": writes, "conn": conn,
                                        "burst": burst, "fault": fault, "prompt": prompt[:80].decode(errors="replace")}) + "\n")
+        writer.write(b"0\r\n\r\n")
         return True
 
 
