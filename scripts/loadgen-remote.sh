@@ -17,9 +17,11 @@ R=/tmp/loadgen-run  # survives between calls while the machine stays warm
 mkdir -p "$OUT" "$R"
 case "${1:-}" in
 detach)
-  shift; rm -f "$R/done" "$R/loadgen.md"
-  setsid nohup bash "$0" "$@" > "$R/remote.log" 2>&1 < /dev/null &
-  echo "loadgen-remote: detached, pid $!"; exit 0 ;;
+  # From a copy of the checkout: each later call (`wait`) re-sends the working tree over this one,
+  # and a worker process started mid-copy failed its imports (2026-12-08, the 12-core row lost).
+  shift; rm -rf "$R/done" "$R/loadgen.md" "$R/tree"; cp -a . "$R/tree"
+  (cd "$R/tree" && setsid nohup bash scripts/loadgen-remote.sh "$@" > "$R/remote.log" 2>&1 < /dev/null &)
+  echo "loadgen-remote: detached, from $R/tree"; exit 0 ;;
 wait)
   limit=${2:-540}; start=$SECONDS
   while [ ! -f "$R/done" ] && [ $((SECONDS - start)) -lt "$limit" ]; do sleep 5; done

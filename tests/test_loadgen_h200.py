@@ -94,3 +94,42 @@ def test_twelve_workers_lose_to_their_share_of_streams_not_to_the_merge(monkeypa
     assert all(r["of linear %"] < 65 for r in twelve), twelve
     assert all(84 <= r["of workers' bound %"] <= 97 for r in multi), multi
     assert next(r for r in twelve if r["C"] == 16)["streams a worker"] == "1-2"
+
+
+# 2026-12-08: weak scaling (16 streams a core, C = 16 x cores) with every client on its own span,
+# on a fresh lent host's 16 cores (an H100 host: the H200 kind did not start), after the client
+# decoded a read's token events as one msgspec array. Run 1 printed its rows up to 8 cores, then
+# lost its 12-core row (the tree re-sent under it: scripts/loadgen-remote.sh now detaches from a
+# copy); run 2 on the same host took the 1- and 12-core rows again, whole.
+WEAK_1, WEAK_2 = "loadgen-2026-12-08-weak-1.md", "loadgen-2026-12-08-weak-2.md"
+
+
+def printed(name: str) -> list[dict]:
+    """The rows a run printed as it went (one dict a line), which a run cut short still has."""
+    import ast
+
+    lines = (RUNS / name).read_text().splitlines()
+    return [ast.literal_eval(line.replace("nan", "None")) for line in lines if line.startswith("{'client'")]
+
+
+def test_weak_scaling_every_client_on_its_own_span():
+    raw = [r for r in printed(WEAK_1) + printed(WEAK_2) if "cores" in r]
+    assert all(r["requests ok"].split("/")[0] == r["requests ok"].split("/")[1] for r in raw)
+    assert all(r["C"] == 16 * r["cores"] for r in raw)
+    by = {(r["client"], r["cores"]): r["tok/s"] for r in printed(WEAK_1) if "cores" in r}
+    by |= {(r["client"], r["cores"]): r["tok/s"] for r in printed(WEAK_2) if "cores" in r and r["cores"] == 12}
+    ratio = {n: by["lanebench", n] / max(by["guidellm", n], by["aiperf", n]) for n in (1, 2, 4, 8, 12)}
+    assert min(ratio.values()) > 3.5 and ratio[2] > 5, ratio  # 5x the best peer in one row of five, not every
+    assert by["lanebench", 12] > 3e6 and by["lanebench", 8] > 2e6
+    # each multi-core row against its own run's one-core row
+    one_core_2 = next(r["tok/s"] for r in printed(WEAK_2) if r["client"] == "lanebench" and r.get("cores") == 1)
+    linear = {n: by["lanebench", n] / (n * by["lanebench", 1]) for n in (4, 8)} | {12: by["lanebench", 12] / (12 * one_core_2)}
+    assert all(0.8 < v < 1.0 for v in linear.values()), linear  # 82-94 % of linear: not linear
+    assert all(float(r["server busy %"]) < 50 for r in raw)  # the servers never set the pace
+
+
+@pytest.mark.parametrize("name", [WEAK_1, WEAK_2])
+def test_the_stamps_hold_after_the_read_is_decoded_whole(name):
+    timed = [r for r in printed(name) if "cores" not in r and r["client"] == "lanebench"]
+    assert [r["C"] for r in timed] == [1, 4, 16]
+    assert all(r["TTFT err p50 ms"] <= 0.1 and r["ITL |err| p99 ms"] <= 0.1 for r in timed), timed
