@@ -51,7 +51,6 @@ _PROPOSED = ("spec_num_proposed_drafts", "spec_proposed_drafts", "spec_draft_tok
 _HIST = ("spec_correct_drafts_histogram", "spec_accept_histogram")
 
 
-
 class _TokenMeta(msgspec.Struct):
     finish_reason: Any = None
 

@@ -50,7 +50,6 @@ _SPEC_LINE = re.compile(r"SpecDecoding metrics: Mean acceptance length: ([\d.]+)
                         r"Drafted: (\d+) tokens, Per-position acceptance rate: ([\d., ]+?), Avg Draft")
 
 
-
 class _TokenChoice(msgspec.Struct):
     text: Any = None
     token_ids: Any = None
