@@ -341,3 +341,18 @@ def test_vllm_request_shape():
         "prompt": "hello", "max_tokens": 64, "temperature": 0.0, "stream": True,
         "stream_options": {"include_usage": True, "continuous_usage_stats": True}, "return_token_ids": True}
     assert a.body["cache_salt"] != b.body["cache_salt"]
+
+
+@pytest.mark.parametrize("engine,name", [("vllm", "0.32.0-cpu/ngram/stream_0.sse"), ("vllm", "stream_length.sse"),
+                                         ("sglang", "0.5.23/dflash_block7/stream_stop.sse"), ("sglang", "stream_length.sse")])
+def test_a_released_engines_stream_is_decoded_whole_as_event_by_event(engine, name):
+    """The client's hot path (Engine.stream_tokens: a read's token events in one decode) takes the
+    streams the releases wrote whole, not through the event-by-event fallback, and reads each
+    event as stream_token does: a token_chunk that no longer fits the release would fall back
+    silently, and the client would lose its speed without a wrong number to show it."""
+    adapter = engine_for(engine)
+    raws = [e for e in read(engine, name).replace("\r\n", "\n").encode().split(b"\n\n") if e.strip()]
+    whole = adapter.stream_tokens(raws)
+    assert whole is not None
+    assert whole == [adapter.stream_token(r) for r in raws]
+    assert sum(t is not None for t in whole) >= len(raws) - 3
