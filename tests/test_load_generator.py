@@ -569,11 +569,33 @@ def test_a_read_decoded_whole_gives_what_event_by_event_gave():
              sglang: [b'data: {"text":"","output_ids":[],"meta_info":{"finish_reason":{"type":"length"},"completion_tokens":3}}',
                       b'data: {"error":"x"}', b'data: {"text":"m","output_ids":[1],"meta_info":[]}']}
     common = [b"data: [DONE]", b": ping", b'data: {"choices": [', b'event: message\ndata: {"text":"z"}', b"data: 5"]
+    # Reads that decode as an array yet not one element an event, or skip what the old parse checked
+    # (found by review, 2026-12-08): one event with two objects; a string one event leaves open,
+    # closed by the next (the comma between them lands inside it); invalid UTF-8 in a field no
+    # token_chunk reads; nesting deeper than msgspec goes but orjson reads.
+    deep = b'"x":' + b"[" * 1000 + b"]" * 1000
+    directed = {vllm: [[b'data: {"choices":[{"text":"a","token_ids":[1]}]},{"choices":[{"text":"b","token_ids":[1,2,3]}]}'],
+                       [b'data: {"id":"', b'data: {","choices":[{"text":"a","token_ids":[1]}]}', b"data: [DONE]"],
+                       [b'data: {"choices":[{"text":"a","token_ids":[1],"finish_reason":null}],"id":"\xff"}'],
+                       [b'data: {"choices":[{"text":"a","token_ids":[1]}],' + deep + b"}"]],
+                sglang: [[b'data: {"text":"a","output_ids":[1]},{"text":"b","output_ids":[2,3]}'],
+                         [b'data: {"text":"', b'data: {","output_ids":[1]}',
+                          b'data: {"text":"b","output_ids":[2]},{"text":"c","output_ids":[3,3]}'],
+                         [b'data: {"text":"a","output_ids":[1],"\xc0\xaf":1}'],
+                         [b'data: {"text":"a","output_ids":[1],' + deep + b"}"]]}
     rng = random.Random(28)
     for engine in (vllm, sglang):
         assert engine.stream_tokens([tok[engine][0] % i for i in range(5)] + [b"data: [DONE]"]) == \
             [(" a", 1)] * 5 + [None]
         assert engine.stream_tokens([b": ping", tok[engine][0] % 1]) is None
+        for read in directed[engine]:
+            whole, one = Assembler(engine, 0.0), Assembler(engine, 0.0)
+            whole.feed_read([(1.0, raw, k < len(read) - 1) for k, raw in enumerate(read)])
+            for k, raw in enumerate(read):
+                if one.feed(1.0, raw, k < len(read) - 1):
+                    break
+            a, b = whole.finish(), one.finish()
+            assert (a.error, a.tokens, a.events) == (b.error, b.tokens, b.events), read
         for _ in range(2000):
             reads, t = [], 0.0
             for _ in range(rng.randint(1, 4)):

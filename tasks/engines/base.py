@@ -23,6 +23,9 @@ from tasks.engines.facts import Acceptance, BootFacts, DraftPlan, LoggedAcceptan
 _TAIL = 3  # events of another kind a read may end with and still be parsed together (Engine.stream_tokens)
 
 
+_RAW_ARRAY = msgspec.json.Decoder(list[msgspec.Raw])  # a read's array, each element's bytes as they are
+
+
 @cache
 def _token_decoders(chunk: type) -> tuple[msgspec.json.Decoder, msgspec.json.Decoder]:
     """One event's and one read's decoder for an engine's token chunk (Engine.token_chunk)."""
@@ -184,19 +187,26 @@ class Engine(ABC):
     def stream_token(self, raw: bytes) -> tuple[str, int] | None:
         """The client's hot path for one event: the common event off the wire as (text, tokens),
         without building a StreamEvent; None: read `raw` with parse_stream_event. JSON that is
-        malformed, or of another shape than token_chunk, raises ValueError."""
+        malformed (invalid UTF-8 in any field too), or of another shape than token_chunk, raises
+        ValueError; JSON nested deeper than msgspec goes (orjson's limit is fixed) is left to
+        parse_stream_event."""
         if self.token_chunk is None or not raw.startswith(b"data: {") or b"\n" in raw:
             return None
-        return self.token_event(_token_decoders(self.token_chunk)[0].decode(raw[6:]))
+        payload = raw[6:]
+        if not payload.isascii():
+            payload.decode()  # msgspec skips the fields the Struct does not read without checking them
+        try:
+            return self.token_event(_token_decoders(self.token_chunk)[0].decode(payload))
+        except RecursionError:
+            return None
 
     def stream_tokens(self, raws: list[bytes]) -> list[tuple[str, int] | None] | None:
         """stream_token for every event of one read, decoded as one JSON array: a zero-delay stream
         brings hundreds of events a read, and a parse and two calls an event were most of the CPU
         a token. The read's last events may be of another kind (`[DONE]`, a comment): they come
         back None, for parse_stream_event. None for the whole read where the rest is not all
-        one-line `data: {` events of token_chunk's shape: then stream_token, event by event, says
-        which event is what. A raw newline cannot sit inside a one-line JSON payload, so the
-        newlines counted are exactly the separators."""
+        one-line `data: {` events that each hold exactly one element of the array, of token_chunk's
+        shape, in valid UTF-8: then stream_token, event by event, says which event is what."""
         if self.token_chunk is None:
             return None
         n = len(raws)
@@ -206,13 +216,20 @@ class Engine(ABC):
             return None
         blob = b"\n\n".join(raws[:n]) if n < len(raws) else b"\n\n".join(raws)
         if not blob.startswith(b"data: {") or blob.count(b"\n") != 2 * (n - 1):
+            return None  # a raw newline cannot sit inside one-line JSON: these are the separators
+        array = b"[" + blob[6:].replace(b"\n\ndata: ", b",") + b"]"
+        if len(array) != len(blob) - 4 - 7 * (n - 1):  # a separator not followed by `data: `
             return None
-        body = blob[6:].replace(b"\n\ndata: ", b",")
-        if len(body) != len(blob) - 6 - 7 * (n - 1):  # a separator not followed by `data: `
-            return None
-        try:  # an element that is not an object of token_chunk's shape fails here
-            chunks = _token_decoders(self.token_chunk)[1].decode(b"[" + body + b"]")
-        except msgspec.DecodeError:
+        try:
+            if not array.isascii():
+                array.decode()
+            # Each element must be one event's whole payload: a string or array one event leaves
+            # open would take the next event's comma inside it, and `{..},{..}` in one event is two.
+            spans = _RAW_ARRAY.decode(array)
+            if len(spans) != n or list(map(len, spans)) != [len(r) - 6 for r in raws[:n]]:
+                return None
+            chunks = _token_decoders(self.token_chunk)[1].decode(array)
+        except (ValueError, RecursionError):  # msgspec's DecodeError is a ValueError, as is bad UTF-8
             return None
         token_event = self.token_event
         return [token_event(c) for c in chunks] + [None] * (len(raws) - n)
