@@ -94,6 +94,8 @@ class Assembler:
             parsed = None
         if parsed is None:
             parsed = [self._one_token(raw) for _, raw, _ in events]
+        # _take inlined, with its last stamp in a local: a call an event cost 7 % of the CPU a token
+        # (alternating runs on the 2-core VM, 2026-12-08); feed() still goes through _take.
         arrivals, tokens, coalesced, t_send = out.arrivals, out.tokens, out.coalesced, self.t_send
         last_t = self._last_t
         for (t, raw, shared), token in zip(events, parsed):

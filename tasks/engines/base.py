@@ -214,7 +214,7 @@ class Engine(ABC):
             n -= 1
         if not n:
             return None
-        blob = b"\n\n".join(raws[:n]) if n < len(raws) else b"\n\n".join(raws)
+        blob = b"\n\n".join(raws[:n])
         if not blob.startswith(b"data: {") or blob.count(b"\n") != 2 * (n - 1):
             return None  # a raw newline cannot sit inside one-line JSON: these are the separators
         array = b"[" + blob[6:].replace(b"\n\ndata: ", b",") + b"]"
